@@ -1,0 +1,1 @@
+"""The agent: providers, tools and the run loop."""

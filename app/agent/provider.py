@@ -1,0 +1,58 @@
+"""The model provider seam."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from app.sessions.messages import ChatMessage
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """What the model is told about a tool (OpenAI function-tool shape)."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+    def to_provider(self) -> dict[str, Any]:
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.parameters,
+            },
+        }
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class ProviderReply:
+    content: str | None
+    tool_calls: tuple[dict[str, Any], ...] = ()
+    usage: Usage = field(default_factory=Usage)
+    model: str | None = None
+
+
+class ChatProvider(Protocol):
+    name: str
+
+    async def complete(
+        self,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpec],
+        *,
+        model: str | None = None,
+    ) -> ProviderReply:
+        """One model call. `messages` is a legal provider input (system first)."""
+        ...
+
+    async def aclose(self) -> None: ...

@@ -1,0 +1,134 @@
+"""Tools the model may call: the protocol, a registry and built-in tools."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Protocol
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from app.agent.provider import ToolSpec
+from app.db.models import utcnow
+
+
+class Risk(StrEnum):
+    SAFE = "safe"
+    RISKY = "risky"
+
+
+@dataclass
+class ToolContext:
+    """What a tool may know about the turn it runs in."""
+
+    session_id: int
+    session_key: str
+    channel: str
+    chat_id: str
+    sender_id: str
+    message_count: Callable[[], Awaitable[int]]
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+class Tool(Protocol):
+    spec: ToolSpec
+    risk: Risk
+
+    async def run(self, arguments: dict[str, Any], ctx: ToolContext) -> str: ...
+
+
+class ToolError(Exception):
+    """A tool failed in a way the model should be told about."""
+
+
+class ToolRegistry:
+    def __init__(self, tools: Iterable[Tool] = ()) -> None:
+        self._tools: dict[str, Tool] = {}
+        for tool in tools:
+            self.register(tool)
+
+    def register(self, tool: Tool) -> None:
+        if tool.spec.name in self._tools:
+            raise ValueError(f"tool {tool.spec.name!r} is registered twice")
+        self._tools[tool.spec.name] = tool
+
+    def get(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
+    def specs(self) -> list[ToolSpec]:
+        return [t.spec for t in self._tools.values()]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._tools
+
+    async def execute(self, call: dict[str, Any], ctx: ToolContext) -> str:
+        """Run one tool call; every failure becomes a result the model can read."""
+        fn = call.get("function", {})
+        name = fn.get("name", "")
+        tool = self._tools.get(name)
+        if tool is None:
+            return json.dumps({"error": f"unknown tool {name!r}"})
+        try:
+            raw = fn.get("arguments") or "{}"
+            arguments = json.loads(raw) if isinstance(raw, str) else dict(raw)
+            if not isinstance(arguments, dict):
+                raise ValueError("arguments must be a JSON object")
+        except ValueError as exc:
+            return json.dumps({"error": f"invalid arguments: {exc}"})
+        try:
+            return await tool.run(arguments, ctx)
+        except ToolError as exc:
+            return json.dumps({"error": str(exc)})
+
+
+class CurrentTimeTool:
+    spec = ToolSpec(
+        name="current_time",
+        description="The current date and time, optionally in an IANA time zone.",
+        parameters={
+            "type": "object",
+            "properties": {
+                "timezone": {"type": "string", "description": "e.g. Europe/Berlin; default UTC"}
+            },
+            "additionalProperties": False,
+        },
+    )
+    risk = Risk.SAFE
+
+    def __init__(self, clock: Callable[[], datetime] = utcnow) -> None:
+        self.clock = clock
+
+    async def run(self, arguments: dict[str, Any], ctx: ToolContext) -> str:
+        tz_name = arguments.get("timezone") or "UTC"
+        try:
+            tz = ZoneInfo(tz_name)
+        except (ZoneInfoNotFoundError, ValueError) as exc:
+            raise ToolError(f"unknown time zone {tz_name!r}") from exc
+        now = self.clock().astimezone(tz)
+        return json.dumps(
+            {"iso": now.isoformat(timespec="seconds"), "timezone": tz_name, "weekday": now.strftime("%A")}
+        )
+
+
+class SessionInfoTool:
+    spec = ToolSpec(
+        name="session_info",
+        description="Facts about this conversation: its key, channel and message count.",
+        parameters={"type": "object", "properties": {}, "additionalProperties": False},
+    )
+    risk = Risk.SAFE
+
+    async def run(self, arguments: dict[str, Any], ctx: ToolContext) -> str:
+        return json.dumps(
+            {
+                "session_key": ctx.session_key,
+                "channel": ctx.channel,
+                "message_count": await ctx.message_count(),
+            }
+        )
+
+
+def builtin_tools() -> list[Tool]:
+    return [CurrentTimeTool(), SessionInfoTool()]

@@ -1,0 +1,51 @@
+"""`create_app(settings)`: the FastAPI application factory."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from app.agent.provider import ChatProvider
+from app.agent.tools import Tool
+from app.api.routes import admin, channels, health
+from app.channel import ChannelSettings
+from app.config import Settings
+from app.errors import ChannelRequestError
+from app.logs import configure_logging
+from app.runtime import Runtime
+
+
+def create_app(
+    settings: Settings,
+    *,
+    channel_settings: Mapping[str, ChannelSettings] | None = None,
+    provider: ChatProvider | None = None,
+    tools: Sequence[Tool] | None = None,
+) -> FastAPI:
+    """Build the app; nothing connects until the lifespan starts the runtime."""
+    configure_logging(settings.log_level, settings.log_format)
+    runtime = Runtime(settings, channel_settings=channel_settings, provider=provider, tools=tools)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await runtime.start()
+        try:
+            yield
+        finally:
+            await runtime.stop()
+
+    app = FastAPI(title="chatgate", version="0.1.0", lifespan=lifespan)
+    app.state.runtime = runtime
+    app.state.settings = settings
+
+    @app.exception_handler(ChannelRequestError)
+    async def _channel_error(_request: Request, exc: ChannelRequestError) -> JSONResponse:
+        return JSONResponse({"error": exc.code, "detail": exc.detail}, status_code=exc.http_status)
+
+    app.include_router(health.router)
+    app.include_router(channels.router)
+    app.include_router(admin.router)
+    return app

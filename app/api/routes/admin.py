@@ -1,0 +1,131 @@
+"""Admin REST API: sessions, history, runs and the pipeline's queues (bearer ADMIN_TOKEN).
+
+Session keys go into paths percent-encoded (`telegram%3A42`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, HTTPException, Query
+
+from app.api.deps import get_runtime, require_admin
+from app.events import InboundEvent, TextPart
+from app.runtime import Runtime
+from app.sessions import queries
+from app.sessions.store import SessionStatus
+
+router = APIRouter(prefix="/admin/api", tags=["admin"], dependencies=[Depends(require_admin)])
+
+
+@router.get("/sessions")
+async def list_sessions(
+    channel: str | None = None,
+    status: str | None = None,
+    key: str | None = None,
+    key_prefix: str | None = None,
+    q: str | None = Query(None, description="Search in keys and message text"),
+    include_archived: bool = False,
+    limit: int = Query(100, ge=1, le=1000),
+    offset: int = Query(0, ge=0),
+    runtime: Runtime = Depends(get_runtime),
+) -> dict[str, Any]:
+    """Sessions, newest activity first (archived ones only when asked for)."""
+    items = await queries.list_sessions(
+        runtime.engine,
+        channel=channel,
+        status=status,
+        key=key,
+        key_prefix=key_prefix,
+        text=q,
+        include_archived=include_archived,
+        limit=limit,
+        offset=offset,
+    )
+    return {"sessions": items}
+
+
+async def _current(runtime: Runtime, key: str, generation: int | None = None) -> dict[str, Any]:
+    if generation is not None:
+        found = await queries.session_by_generation(runtime.engine, key, generation)
+    else:
+        found = await queries.current_session(runtime.engine, key)
+    if found is None:
+        raise HTTPException(404, f"no session with key {key!r}")
+    return found
+
+
+@router.get("/sessions/{key:path}/messages")
+async def session_messages(
+    key: str,
+    generation: int | None = None,
+    after_seq: int = Query(0, ge=0),
+    limit: int = Query(1000, ge=1, le=10000),
+    runtime: Runtime = Depends(get_runtime),
+) -> dict[str, Any]:
+    """The messages of the key's current (or given) generation, in order, with tool calls."""
+    session = await _current(runtime, key, generation)
+    items = await queries.session_messages(runtime.engine, session["id"], after_seq=after_seq, limit=limit)
+    return {"key": key, "generation": session["generation"], "messages": items}
+
+
+@router.get("/sessions/{key:path}/runs")
+async def session_runs(key: str, runtime: Runtime = Depends(get_runtime)) -> dict[str, Any]:
+    """Run traces of the key (newest first): model, tool calls, tokens, timing, outcome."""
+    return {"key": key, "runs": await queries.session_runs(runtime.engine, key)}
+
+
+@router.post("/sessions/{key:path}/reset", status_code=202)
+async def reset_session(key: str, runtime: Runtime = Depends(get_runtime)) -> dict[str, Any]:
+    """Close the current generation. Queued behind the key's events, like a user's /reset."""
+    await _current(runtime, key)
+    event = InboundEvent(
+        channel="admin",
+        chat_id=key,
+        sender_id="admin",
+        parts=(TextPart(text="/reset"),),
+        session_key_override=key,
+        metadata={"silent": True},
+    )
+    [result] = await runtime.inbox.accept([event])
+    return {"event_id": result.event_id, "session_key": key}
+
+
+@router.post("/sessions/{key:path}/archive")
+async def archive_session(key: str, runtime: Runtime = Depends(get_runtime)) -> dict[str, Any]:
+    """Archive the current generation (kept and readable, hidden from default lists)."""
+    session = await _current(runtime, key)
+    await runtime.store.set_status(session["id"], SessionStatus.ARCHIVED)
+    return {"key": key, "generation": session["generation"], "status": "archived"}
+
+
+@router.post("/sessions/{key:path}/reopen")
+async def reopen_session(
+    key: str, generation: int, runtime: Runtime = Depends(get_runtime)
+) -> dict[str, Any]:
+    """Make an earlier generation the key's current, active one again."""
+    session = await _current(runtime, key, generation)
+    await runtime.store.reopen(key, session["id"])
+    return {"key": key, "generation": generation, "status": "active"}
+
+
+@router.get("/sessions/{key:path}")
+async def get_session(key: str, runtime: Runtime = Depends(get_runtime)) -> dict[str, Any]:
+    """The key's current generation: status, counts, lease."""
+    return await _current(runtime, key)
+
+
+@router.get("/inbox")
+async def list_inbox(
+    status: str | None = None, limit: int = Query(100, ge=1, le=1000), runtime: Runtime = Depends(get_runtime)
+) -> dict[str, Any]:
+    """Accepted events, newest first."""
+    return {"events": await queries.pipeline_rows(runtime.engine, "inbox", status=status, limit=limit)}
+
+
+@router.get("/outbox")
+async def list_outbox(
+    status: str | None = None, limit: int = Query(100, ge=1, le=1000), runtime: Runtime = Depends(get_runtime)
+) -> dict[str, Any]:
+    """Replies and their delivery state, newest first."""
+    return {"messages": await queries.pipeline_rows(runtime.engine, "outbox", status=status, limit=limit)}

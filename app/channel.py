@@ -1,0 +1,189 @@
+"""The one seam between the core and platform adapters.
+
+Adapters are thin (slack-bolt style): they see framework-neutral `ChannelRequest`
+objects and answer `ChannelResponse`s; `app.api` does the conversion. An adapter
+verifies and parses platform payloads into `InboundEvent`s, hands them to
+`ChannelContext.accept` (which commits them to the inbox before returning), and sends
+`OutboundMessage`s back. No adapter knows about the database, sessions or the agent.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Protocol, runtime_checkable
+
+import httpx
+from pydantic import BaseModel, Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from app.errors import InvalidPayload, UnsupportedMediaType
+from app.events import BusyPolicy, InboundEvent, OutboundMessage, SessionScope
+
+
+class ChannelSettings(BaseSettings):
+    """Settings every channel has.
+
+    Subclasses set `env_prefix` to the channel's URL name in upper case with `-` as `_`
+    (`TELEGRAM_`, `WECHAT_MP_`). Whether a channel runs is the service setting `CHANNELS`.
+    """
+
+    model_config = SettingsConfigDict(env_file=".env", extra="ignore")
+
+    session_scope: SessionScope = Field(SessionScope.CHAT, description="chat, thread or user_in_chat.")
+    busy_policy: BusyPolicy = Field(BusyPolicy.QUEUE, description="queue, collect or steer.")
+    allow_session_override: bool = Field(False, description="Honour session keys given by the client.")
+    allowed_senders: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Comma-separated sender ids; empty allows everyone."
+    )
+    answer_unknown_dm: bool = Field(
+        False, description="With allowed_senders set, still answer direct messages from others."
+    )
+    max_body_bytes: int = Field(1024 * 1024, description="Larger request bodies get 413.")
+    suspend_after_seconds: float | None = Field(None, description="Overrides the global default.")
+    expire_after_seconds: float | None = Field(None, description="Overrides the global default.")
+    archive_after_seconds: float | None = Field(None, description="Overrides the global default.")
+    llm_model: str | None = Field(None, description="Model for this channel's sessions.")
+    approvers: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Comma-separated sender ids allowed to /approve."
+    )
+
+    @field_validator("allowed_senders", "approvers", mode="before")
+    @classmethod
+    def _comma_list(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [v.strip() for v in value.split(",") if v.strip()]
+        return value
+
+    def sender_allowed(self, sender_id: str) -> bool:
+        return not self.allowed_senders or sender_id in self.allowed_senders
+
+
+@dataclass(frozen=True)
+class ChannelRequest:
+    """An HTTP request to `/channels/{channel}/{path}`; header names are lower-case."""
+
+    method: str
+    path: str
+    headers: Mapping[str, str]
+    query: Mapping[str, str]
+    body: bytes
+    client: str | None = None
+
+    @property
+    def content_type(self) -> str:
+        return self.headers.get("content-type", "").split(";")[0].strip().lower()
+
+    def json(self) -> Any:
+        """Parse the body as JSON, refusing other content types."""
+        if self.content_type != "application/json":
+            raise UnsupportedMediaType(
+                f"expected Content-Type application/json, got {self.content_type or 'none'!r}"
+            )
+        try:
+            return json.loads(self.body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise InvalidPayload(f"body is not valid JSON: {exc}") from exc
+
+
+@dataclass
+class ChannelResponse:
+    status: int = 200
+    body: bytes | str | dict[str, Any] | list[Any] | None = None
+    content_type: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def json(cls, data: Any, status: int = 200) -> ChannelResponse:
+        return cls(status=status, body=data, content_type="application/json")
+
+    @classmethod
+    def text(cls, text: str, status: int = 200) -> ChannelResponse:
+        return cls(status=status, body=text, content_type="text/plain; charset=utf-8")
+
+
+@runtime_checkable
+class ChannelWebSocket(Protocol):
+    """A WebSocket a platform opened to us (OneBot reverse WS)."""
+
+    headers: Mapping[str, str]
+    query: Mapping[str, str]
+
+    async def accept(self) -> None: ...
+    async def receive_text(self) -> str: ...
+    async def send_text(self, data: str) -> None: ...
+    async def close(self, code: int = 1000, reason: str = "") -> None: ...
+
+
+class AcceptResult(BaseModel):
+    """What the inbox said about one event: stored now, or seen before."""
+
+    event_id: str
+    session_key: str
+    duplicate: bool = False
+    skipped: bool = False  # not stored: sender not allowed by the channel's policy
+
+
+class Reply(BaseModel):
+    """A reply produced for an event, as synchronous channels return it."""
+
+    message_id: str
+    text: str
+    parts: list[dict[str, Any]] = Field(default_factory=list)
+    status: str
+
+
+class WaitResult(BaseModel):
+    done: bool
+    replies: list[Reply] = Field(default_factory=list)
+
+
+@dataclass
+class ChannelContext:
+    """What the core gives an adapter."""
+
+    accept: Callable[[Sequence[InboundEvent]], Awaitable[list[AcceptResult]]]
+    wait_for_replies: Callable[[str, float], Awaitable[WaitResult]]
+    http: httpx.AsyncClient
+
+
+@dataclass(frozen=True)
+class SendResult:
+    platform_message_id: str | None = None
+
+
+class ChannelAdapter(Protocol):
+    """A platform adapter. HTTP and WebSocket handling are optional capabilities."""
+
+    name: str
+    settings: ChannelSettings
+
+    async def start(self) -> None:
+        """Begin background work (polling, sockets). Called once after the app started."""
+
+    async def stop(self) -> None:
+        """Stop background work and release clients."""
+
+    async def send(self, message: OutboundMessage) -> SendResult:
+        """Deliver one message; raise a `DeliveryError` subclass on failure."""
+        ...
+
+
+@runtime_checkable
+class HttpChannel(Protocol):
+    async def handle_request(self, request: ChannelRequest) -> ChannelResponse: ...
+
+
+@runtime_checkable
+class WebSocketChannel(Protocol):
+    async def handle_websocket(self, path: str, ws: ChannelWebSocket) -> None: ...
+
+
+@dataclass(frozen=True)
+class ChannelSpec:
+    """How the core finds, configures and builds a channel (`channels/<name>/__init__.py`)."""
+
+    name: str
+    settings_class: type[ChannelSettings]
+    factory: Callable[[Any, ChannelContext], ChannelAdapter]

@@ -1,0 +1,45 @@
+"""Run alembic migrations from code (`chatgate migrate`, start-up, tests)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+import migrations
+
+
+def alembic_config(database_url: str) -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(Path(migrations.__file__).parent))
+    cfg.set_main_option("sqlalchemy.url", database_url.replace("%", "%%"))
+    return cfg
+
+
+def upgrade_to_head(database_url: str) -> None:
+    """Blocking; alembic's env.py runs its own event loop, so call it from a thread."""
+    command.upgrade(alembic_config(database_url), "head")
+
+
+async def upgrade(database_url: str) -> None:
+    await asyncio.to_thread(upgrade_to_head, database_url)
+
+
+def head_revision(database_url: str) -> str | None:
+    return ScriptDirectory.from_config(alembic_config(database_url)).get_current_head()
+
+
+async def current_revision(engine: AsyncEngine) -> str | None:
+    async with engine.connect() as conn:
+        return await conn.run_sync(
+            lambda sync_conn: MigrationContext.configure(sync_conn).get_current_revision()
+        )
+
+
+async def at_head(engine: AsyncEngine) -> bool:
+    return await current_revision(engine) == head_revision(str(engine.url))

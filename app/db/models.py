@@ -1,0 +1,239 @@
+"""Tables (SQLAlchemy Core). One schema for PostgreSQL and SQLite.
+
+The hot paths (inbox, history appends, leases) use Core statements rather than the ORM:
+they are a handful of fixed queries and the ORM's unit of work would only add cost.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.types import TypeDecorator
+
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+# SQLite only auto-increments an INTEGER PRIMARY KEY.
+Id = BigInteger().with_variant(Integer, "sqlite")
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC datetimes on both backends (SQLite stores naive UTC)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTC column")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+session_keys = Table(
+    "session_keys",
+    metadata,
+    Column("key", String(512), primary_key=True),
+    Column("current_session_id", Id, nullable=True),
+    Column("lease_owner", String(200), nullable=True),
+    Column("lease_fence", BigInteger, nullable=False, default=0),
+    Column("lease_expires_at", UTCDateTime, nullable=True),
+)
+
+sessions = Table(
+    "sessions",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("key", String(512), nullable=False),
+    Column("generation", Integer, nullable=False),
+    Column("channel", String(64), nullable=False),
+    Column("status", String(16), nullable=False, default="active"),
+    Column("last_consolidated", BigInteger, nullable=False, default=0),
+    Column("next_seq", BigInteger, nullable=False, default=1),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("updated_at", UTCDateTime, nullable=False),
+    Column("last_active_at", UTCDateTime, nullable=False),
+    Column("closed_at", UTCDateTime, nullable=True),
+    Column("title", String(200), nullable=True),
+    Column("metadata", JSON, nullable=False, default=dict),
+    UniqueConstraint("key", "generation"),
+    Index("ix_sessions_status_last_active", "status", "last_active_at"),
+    Index("ix_sessions_channel", "channel"),
+)
+
+messages = Table(
+    "messages",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("session_id", Id, ForeignKey("sessions.id"), nullable=False),
+    Column("seq", BigInteger, nullable=False),
+    Column("role", String(16), nullable=False),
+    Column("content", Text, nullable=True),
+    Column("parts", JSON, nullable=True),
+    Column("tool_calls", JSON, nullable=True),
+    Column("tool_call_id", String(200), nullable=True),
+    Column("name", String(200), nullable=True),
+    Column("event_id", String(64), nullable=True),
+    Column("run_id", Id, nullable=True),
+    Column("created_at", UTCDateTime, nullable=False),
+    UniqueConstraint("session_id", "seq"),
+    Index("ix_messages_event_id", "event_id"),
+)
+
+inbox = Table(
+    "inbox",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("event_id", String(64), nullable=False, unique=True),
+    Column("channel", String(64), nullable=False),
+    Column("external_id", String(256), nullable=True),
+    Column("session_key", String(512), nullable=False),
+    Column("payload", JSON, nullable=False),
+    Column("status", String(16), nullable=False, default="pending"),
+    Column("attempts", Integer, nullable=False, default=0),
+    Column("error", Text, nullable=True),
+    Column("run_id", Id, nullable=True),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("updated_at", UTCDateTime, nullable=False),
+    UniqueConstraint("channel", "external_id"),
+    Index("ix_inbox_key_status_id", "session_key", "status", "id"),
+    Index("ix_inbox_status_id", "status", "id"),
+)
+
+outbox = Table(
+    "outbox",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("message_id", String(64), nullable=False, unique=True),
+    Column("session_key", String(512), nullable=False),
+    Column("session_id", Id, nullable=True),
+    Column("run_id", Id, nullable=True),
+    Column("event_id", String(64), nullable=True),
+    Column("channel", String(64), nullable=False),
+    Column("chat_id", String(256), nullable=False),
+    Column("payload", JSON, nullable=False),
+    Column("status", String(16), nullable=False, default="pending"),
+    Column("attempts", Integer, nullable=False, default=0),
+    Column("next_attempt_at", UTCDateTime, nullable=False),
+    Column("claimed_until", UTCDateTime, nullable=True),
+    Column("last_error", Text, nullable=True),
+    Column("platform_message_id", String(256), nullable=True),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("sent_at", UTCDateTime, nullable=True),
+    Index("ix_outbox_status_next", "status", "next_attempt_at"),
+    Index("ix_outbox_key_id", "session_key", "id"),
+    Index("ix_outbox_run_id", "run_id"),
+)
+
+runs = Table(
+    "runs",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("session_id", Id, nullable=False),
+    Column("session_key", String(512), nullable=False),
+    Column("event_ids", JSON, nullable=False),
+    Column("provider", String(64), nullable=False),
+    Column("model", String(200), nullable=True),
+    Column("tool_calls", JSON, nullable=False, default=list),
+    Column("iterations", Integer, nullable=False, default=0),
+    Column("prompt_tokens", Integer, nullable=False, default=0),
+    Column("completion_tokens", Integer, nullable=False, default=0),
+    Column("started_at", UTCDateTime, nullable=False),
+    Column("finished_at", UTCDateTime, nullable=True),
+    Column("duration_ms", Integer, nullable=True),
+    Column("outcome", String(32), nullable=False, default="running"),
+    Column("error", Text, nullable=True),
+    Column("details", JSON, nullable=False, default=dict),
+    Index("ix_runs_session_id", "session_id"),
+)
+
+memories = Table(
+    "memories",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    # user: owner is a person's identity; session: owner is a session key; global: "".
+    Column("scope", String(16), nullable=False),
+    Column("owner", String(512), nullable=False),
+    Column("key", String(200), nullable=True),
+    Column("content", Text, nullable=False),
+    Column("source_session_id", Id, nullable=True),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("updated_at", UTCDateTime, nullable=False),
+    Column("metadata", JSON, nullable=False, default=dict),
+    Index("ix_memories_scope_owner", "scope", "owner"),
+)
+
+approvals = Table(
+    "approvals",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("session_id", Id, nullable=False),
+    Column("session_key", String(512), nullable=False),
+    Column("run_id", Id, nullable=True),
+    Column("tool_call_id", String(200), nullable=False),
+    Column("tool_name", String(200), nullable=False),
+    Column("arguments", JSON, nullable=False),
+    Column("status", String(16), nullable=False, default="pending"),
+    Column("requested_at", UTCDateTime, nullable=False),
+    Column("expires_at", UTCDateTime, nullable=False),
+    Column("decided_at", UTCDateTime, nullable=True),
+    Column("decided_by", String(256), nullable=True),
+    Index("ix_approvals_key_status", "session_key", "status"),
+)
+
+cron_jobs = Table(
+    "cron_jobs",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("name", String(200), nullable=False),
+    Column("schedule", String(200), nullable=False),
+    Column("timezone", String(64), nullable=False, default="UTC"),
+    Column("prompt", Text, nullable=False),
+    Column("source_session_key", String(512), nullable=False),
+    Column("target_channel", String(64), nullable=False),
+    Column("target_chat_id", String(256), nullable=False),
+    Column("target_thread_id", String(256), nullable=True),
+    Column("enabled", Boolean, nullable=False, default=True),
+    Column("next_fire_at", UTCDateTime, nullable=True),
+    Column("last_fired_at", UTCDateTime, nullable=True),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("created_by", String(256), nullable=True),
+    Column("metadata", JSON, nullable=False, default=dict),
+    Index("ix_cron_jobs_enabled_next", "enabled", "next_fire_at"),
+)

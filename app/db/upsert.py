@@ -1,0 +1,16 @@
+"""`INSERT … ON CONFLICT DO NOTHING` for both backends."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Table
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+
+def insert_ignore(conn: AsyncConnection, table: Table, conflict_columns: Sequence[str]) -> Any:
+    """An insert statement for `table` that skips rows conflicting on `conflict_columns`."""
+    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+    return dialect.insert(table).on_conflict_do_nothing(index_elements=list(conflict_columns))

@@ -1,0 +1,169 @@
+"""The event model: what every channel turns platform payloads into.
+
+An `InboundEvent` always lands on exactly one session key, computed here from the
+channel's session scope (or an explicit override), so no other module has to know how
+keys are built.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ChatType(StrEnum):
+    DIRECT = "direct"
+    GROUP = "group"
+
+
+class SessionScope(StrEnum):
+    CHAT = "chat"
+    THREAD = "thread"
+    USER_IN_CHAT = "user_in_chat"
+
+
+class BusyPolicy(StrEnum):
+    QUEUE = "queue"
+    COLLECT = "collect"
+    STEER = "steer"
+
+
+class _Part(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class TextPart(_Part):
+    type: Literal["text"] = "text"
+    text: str
+
+
+class ImagePart(_Part):
+    type: Literal["image"] = "image"
+    url: str | None = None
+    data_base64: str | None = None
+    mime_type: str | None = None
+
+
+class FilePart(_Part):
+    type: Literal["file"] = "file"
+    url: str | None = None
+    name: str | None = None
+    mime_type: str | None = None
+    size: int | None = None
+
+
+class MentionPart(_Part):
+    type: Literal["mention"] = "mention"
+    user_id: str
+    is_self: bool = False
+
+
+class ReplyToPart(_Part):
+    type: Literal["reply_to"] = "reply_to"
+    message_id: str
+
+
+Part = Annotated[
+    TextPart | ImagePart | FilePart | MentionPart | ReplyToPart, Field(discriminator="type")
+]
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _new_id() -> str:
+    return uuid.uuid4().hex
+
+
+def escape_key_component(value: str) -> str:
+    """Escape one session-key component so that joined keys never collide.
+
+    `%` is escaped first, then the `:` separator; the mapping is injective, so two
+    different component tuples always give two different keys.
+    """
+    return value.replace("%", "%25").replace(":", "%3A")
+
+
+def build_session_key(
+    channel: str,
+    chat_id: str,
+    scope: SessionScope = SessionScope.CHAT,
+    *,
+    thread_id: str | None = None,
+    sender_id: str | None = None,
+) -> str:
+    parts = [escape_key_component(channel), escape_key_component(chat_id)]
+    if scope is SessionScope.THREAD and thread_id:
+        parts.append(escape_key_component(thread_id))
+    elif scope is SessionScope.USER_IN_CHAT:
+        if sender_id is None:
+            raise ValueError("user_in_chat scope needs a sender_id")
+        parts += ["user", escape_key_component(sender_id)]
+    return ":".join(parts)
+
+
+class InboundEvent(BaseModel):
+    """One thing that happened on a channel and must be handled by one session."""
+
+    model_config = ConfigDict(frozen=True)
+
+    event_id: str = Field(default_factory=_new_id)
+    channel: str
+    chat_id: str
+    sender_id: str
+    thread_id: str | None = None
+    chat_type: ChatType = ChatType.DIRECT
+    parts: tuple[Part, ...] = ()
+    external_id: str | None = None
+    session_scope: SessionScope = SessionScope.CHAT
+    session_key_override: str | None = None
+    source_session_key: str | None = None
+    received_at: datetime = Field(default_factory=_utcnow)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def session_key(self) -> str:
+        if self.session_key_override:
+            return self.session_key_override
+        if self.source_session_key:
+            return self.source_session_key
+        return build_session_key(
+            self.channel,
+            self.chat_id,
+            self.session_scope,
+            thread_id=self.thread_id,
+            sender_id=self.sender_id,
+        )
+
+    @property
+    def text(self) -> str:
+        return "\n".join(p.text for p in self.parts if isinstance(p, TextPart))
+
+    @classmethod
+    def from_text(cls, channel: str, chat_id: str, sender_id: str, text: str, **kw: Any) -> InboundEvent:
+        return cls(channel=channel, chat_id=chat_id, sender_id=sender_id, parts=(TextPart(text=text),), **kw)
+
+
+class OutboundMessage(BaseModel):
+    """A reply to deliver; `message_id` is stable across retries, for delivery dedup."""
+
+    model_config = ConfigDict(frozen=True)
+
+    message_id: str = Field(default_factory=_new_id)
+    channel: str
+    chat_id: str
+    thread_id: str | None = None
+    parts: tuple[Part, ...] = ()
+    reply_to: str | None = None
+    session_key: str | None = None
+    in_reply_to_event: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def text(self) -> str:
+        return "\n".join(p.text for p in self.parts if isinstance(p, TextPart))

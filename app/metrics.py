@@ -1,0 +1,47 @@
+"""Prometheus metrics, one registry per app instance (no process globals)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.events_accepted = Counter(
+            "chatgate_events_accepted", "Events stored in the inbox", ["channel"], registry=r
+        )
+        self.events_deduplicated = Counter(
+            "chatgate_events_deduplicated", "Redeliveries answered from the inbox", ["channel"], registry=r
+        )
+        self.events_rejected = Counter(
+            "chatgate_events_rejected", "Requests refused before storage", ["channel", "reason"], registry=r
+        )
+        self.events_skipped = Counter(
+            "chatgate_events_skipped", "Events dropped by sender policy", ["channel"], registry=r
+        )
+        self.run_duration = Histogram(
+            "chatgate_run_duration_seconds",
+            "Agent run duration",
+            ["outcome"],
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+            registry=r,
+        )
+        self.deliveries = Counter(
+            "chatgate_deliveries", "Outbox delivery results", ["channel", "result"], registry=r
+        )
+        self.inbox_backlog = Gauge("chatgate_inbox_backlog", "Unfinished inbox events", registry=r)
+        self.outbox_backlog = Gauge("chatgate_outbox_backlog", "Undelivered outbox rows", registry=r)
+        self.lease_takeovers = Counter(
+            "chatgate_lease_takeovers", "Leases taken from an expired owner", registry=r
+        )
+        self.provider_errors = Counter(
+            "chatgate_provider_errors", "Model provider failures", ["provider"], registry=r
+        )
+        self.ws_connections = Gauge(
+            "chatgate_ws_connections", "Open browser gateway connections", registry=r
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,172 @@
+"""One worker per busy session key, holding the key's lease while it drains.
+
+Events of one key are handled one turn at a time in inbox order; different keys run in
+parallel, bounded by a semaphore. A poller picks up keys whose events were accepted by
+another replica or left behind by a dead worker once its lease expired.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections.abc import Callable, Mapping
+
+import structlog
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.errors import LeaseLost
+from app.events import BusyPolicy
+from app.pipeline.inbox import Inbox, InboxRow
+from app.pipeline.turn import TurnHandler
+from app.sessions import lease as leases
+
+log = structlog.get_logger(__name__)
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        inbox: Inbox,
+        handler: TurnHandler,
+        *,
+        owner: str,
+        lease_ttl: float,
+        max_concurrent_runs: int,
+        poll_interval: float,
+        busy_policies: Mapping[str, BusyPolicy] | None = None,
+        collect_debounce: float = 0.5,
+        on_takeover: Callable[[], None] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.inbox = inbox
+        self.handler = handler
+        self.owner = owner
+        self.lease_ttl = lease_ttl
+        self.poll_interval = poll_interval
+        self.busy_policies = dict(busy_policies or {})
+        self.collect_debounce = collect_debounce
+        self._runs = asyncio.Semaphore(max_concurrent_runs)
+        self._workers: dict[str, asyncio.Task[None]] = {}
+        self._again: set[str] = set()
+        self._poller: asyncio.Task[None] | None = None
+        self._stopping = False
+
+    # --- lifecycle ------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._poller = asyncio.create_task(self._poll_loop(), name="dispatcher-poller")
+
+    async def stop(self) -> None:
+        self._stopping = True
+        tasks = [t for t in [self._poller, *self._workers.values()] if t is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    @property
+    def busy_keys(self) -> list[str]:
+        return list(self._workers)
+
+    # --- scheduling -----------------------------------------------------------------
+
+    def notify(self, key: str) -> None:
+        """An event for `key` was accepted: make sure some worker will drain it."""
+        if self._stopping:
+            return
+        if key in self._workers:
+            self._again.add(key)
+            return
+        self._workers[key] = asyncio.create_task(self._drain(key), name=f"drain:{key}")
+
+    async def _poll_loop(self) -> None:
+        while True:
+            try:
+                for key in await self.inbox.claimable_keys():
+                    self.notify(key)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("inbox_poll_failed")
+            await asyncio.sleep(self.poll_interval)
+
+    async def _drain(self, key: str) -> None:
+        try:
+            while True:
+                self._again.discard(key)
+                await self._drain_once(key)
+                # An event accepted while we released the lease found it still held and
+                # relied on us: look once more after releasing.
+                if self._stopping or not (key in self._again or await self.inbox.has_pending(key)):
+                    break
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("drain_failed", session_key=key)
+        finally:
+            self._workers.pop(key, None)
+
+    async def _drain_once(self, key: str) -> None:
+        lease = await leases.acquire(self.engine, key, self.owner, self.lease_ttl)
+        if lease is None:
+            return
+        worker = asyncio.current_task()
+        assert worker is not None
+        renewer = asyncio.create_task(self._renew(lease, worker))
+        structlog.contextvars.bind_contextvars(session_key=key)
+        try:
+            if lease.fence > 1:
+                log.debug("lease_acquired", fence=lease.fence)
+            while not self._stopping:
+                batch = await self._next_batch(key)
+                if not batch:
+                    break
+                async with self._runs:
+                    structlog.contextvars.bind_contextvars(
+                        channel=batch[-1].channel, event_id=batch[-1].event_id
+                    )
+                    try:
+                        await self.handler.handle(lease, batch)
+                    except LeaseLost:
+                        raise
+                    except Exception:
+                        log.exception("turn_failed")
+                        await asyncio.sleep(0.2)  # the rows stay unfinished: retried, then failed
+        except LeaseLost:
+            log.warning("lease_lost", fence=lease.fence)
+            return
+        finally:
+            renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewer
+            structlog.contextvars.unbind_contextvars("session_key", "channel", "event_id")
+        await leases.release(self.engine, lease)
+
+    async def _next_batch(self, key: str) -> list[InboxRow]:
+        rows = await self.inbox.next_rows(key, limit=1)
+        if not rows:
+            return []
+        policy = self.busy_policies.get(rows[0].channel, BusyPolicy.QUEUE)
+        if policy is not BusyPolicy.COLLECT:
+            return rows
+        await asyncio.sleep(self.collect_debounce)
+        rows = await self.inbox.next_rows(key, limit=100)
+        # Never merge across channels: a reply goes back to one place.
+        batch = list(itertools.takewhile(lambda r: r.channel == rows[0].channel, rows))
+        return batch
+
+    async def _renew(self, lease: leases.SessionLease, worker: asyncio.Task[None]) -> None:
+        while True:
+            await asyncio.sleep(self.lease_ttl / 3)
+            try:
+                held = await leases.renew(self.engine, lease, self.lease_ttl)
+            except Exception:
+                log.exception("lease_renew_failed")
+                continue
+            if not held:
+                log.warning("lease_taken_over", fence=lease.fence)
+                worker.cancel()  # stop the model call early; writes would fail anyway
+                return

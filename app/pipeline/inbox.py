@@ -1,0 +1,217 @@
+"""The inbox: accepted events, committed before the platform is answered."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import and_, or_, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from app.channel import AcceptResult, Reply, WaitResult
+from app.db.models import inbox, outbox, session_keys, utcnow
+from app.db.upsert import insert_ignore
+from app.events import InboundEvent
+
+ACTIVE_STATUSES = ("pending", "processing")
+
+
+@dataclass(frozen=True)
+class InboxRow:
+    id: int
+    event_id: str
+    channel: str
+    session_key: str
+    attempts: int
+    event: InboundEvent
+
+
+class Inbox:
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+        self._waiters: dict[str, asyncio.Event] = {}
+        self.on_accepted: Callable[[str], None] | None = None
+
+    async def accept(self, events: Sequence[InboundEvent]) -> list[AcceptResult]:
+        """Store events (dedup on channel + external id) and commit; then wake the dispatcher."""
+        results: list[AcceptResult] = []
+        now = utcnow()
+        async with self.engine.begin() as conn:
+            for event in events:
+                results.append(await self._insert(conn, event, now))
+        if self.on_accepted is not None:
+            for res in results:
+                if not res.duplicate:
+                    self.on_accepted(res.session_key)
+        return results
+
+    async def _insert(self, conn: AsyncConnection, event: InboundEvent, now: datetime) -> AcceptResult:
+        key = event.session_key
+        values = dict(
+            event_id=event.event_id,
+            channel=event.channel,
+            external_id=event.external_id,
+            session_key=key,
+            payload=event.model_dump(mode="json"),
+            status="pending",
+            attempts=0,
+            created_at=now,
+            updated_at=now,
+        )
+        if event.external_id is None:
+            await conn.execute(inbox.insert().values(**values))
+            return AcceptResult(event_id=event.event_id, session_key=key)
+        inserted = (
+            await conn.execute(
+                insert_ignore(conn, inbox, ["channel", "external_id"])
+                .values(**values)
+                .returning(inbox.c.id)
+            )
+        ).first()
+        if inserted is not None:
+            return AcceptResult(event_id=event.event_id, session_key=key)
+        original = (
+            await conn.execute(
+                select(inbox.c.event_id, inbox.c.session_key).where(
+                    inbox.c.channel == event.channel, inbox.c.external_id == event.external_id
+                )
+            )
+        ).one()
+        return AcceptResult(event_id=original[0], session_key=original[1], duplicate=True)
+
+    # --- for the key's lease holder ----------------------------------------------
+
+    async def next_rows(self, key: str, limit: int) -> list[InboxRow]:
+        async with self.engine.connect() as conn:
+            rows = (
+                await conn.execute(
+                    select(inbox)
+                    .where(inbox.c.session_key == key, inbox.c.status.in_(ACTIVE_STATUSES))
+                    .order_by(inbox.c.id)
+                    .limit(limit)
+                )
+            ).mappings().all()
+        return [
+            InboxRow(
+                id=r["id"],
+                event_id=r["event_id"],
+                channel=r["channel"],
+                session_key=r["session_key"],
+                attempts=r["attempts"],
+                event=InboundEvent.model_validate(r["payload"]),
+            )
+            for r in rows
+        ]
+
+    async def has_pending(self, key: str) -> bool:
+        async with self.engine.connect() as conn:
+            row = (
+                await conn.execute(
+                    select(inbox.c.id)
+                    .where(inbox.c.session_key == key, inbox.c.status.in_(ACTIVE_STATUSES))
+                    .limit(1)
+                )
+            ).first()
+        return row is not None
+
+    @staticmethod
+    async def mark(
+        conn: AsyncConnection,
+        row_ids: Sequence[int],
+        status: str,
+        *,
+        run_id: int | None = None,
+        error: str | None = None,
+        bump_attempts: bool = False,
+    ) -> None:
+        values: dict[str, Any] = {"status": status, "updated_at": utcnow()}
+        if run_id is not None:
+            values["run_id"] = run_id
+        if error is not None:
+            values["error"] = error
+        if bump_attempts:
+            values["attempts"] = inbox.c.attempts + 1
+        await conn.execute(update(inbox).where(inbox.c.id.in_(list(row_ids))).values(**values))
+
+    async def claimable_keys(self, limit: int = 500) -> list[str]:
+        """Keys with unfinished events whose lease is free or expired."""
+        now = utcnow()
+        async with self.engine.connect() as conn:
+            rows = await conn.execute(
+                select(inbox.c.session_key)
+                .distinct()
+                .select_from(
+                    inbox.outerjoin(session_keys, session_keys.c.key == inbox.c.session_key)
+                )
+                .where(
+                    inbox.c.status.in_(ACTIVE_STATUSES),
+                    or_(
+                        session_keys.c.lease_owner.is_(None),
+                        session_keys.c.lease_expires_at < now,
+                    ),
+                )
+                .limit(limit)
+            )
+            return [r[0] for r in rows]
+
+    # --- waiting for replies (webhook ?wait=true, CLI) -----------------------------
+
+    def wake(self, event_ids: Sequence[str]) -> None:
+        for event_id in event_ids:
+            waiter = self._waiters.get(event_id)
+            if waiter is not None:
+                waiter.set()
+
+    async def wait_for_replies(self, event_id: str, timeout: float, poll: float = 0.2) -> WaitResult:
+        """Wait until the event is handled (here or on another replica) and return its replies."""
+        waiter = self._waiters.setdefault(event_id, asyncio.Event())
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        try:
+            while True:
+                result = await self._replies_if_done(event_id)
+                if result is not None:
+                    return result
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return WaitResult(done=False)
+                try:
+                    await asyncio.wait_for(waiter.wait(), min(poll, remaining))
+                except TimeoutError:
+                    pass
+                waiter.clear()
+        finally:
+            self._waiters.pop(event_id, None)
+
+    async def _replies_if_done(self, event_id: str) -> WaitResult | None:
+        async with self.engine.connect() as conn:
+            row = (
+                await conn.execute(
+                    select(inbox.c.status, inbox.c.run_id).where(inbox.c.event_id == event_id)
+                )
+            ).first()
+            if row is None or row.status in ACTIVE_STATUSES:
+                return None
+            condition = (
+                outbox.c.run_id == row.run_id if row.run_id is not None else outbox.c.event_id == event_id
+            )
+            replies = (
+                await conn.execute(select(outbox).where(and_(condition)).order_by(outbox.c.id))
+            ).mappings().all()
+        return WaitResult(
+            done=True,
+            replies=[
+                Reply(
+                    message_id=r["message_id"],
+                    text="\n".join(
+                        p.get("text", "") for p in r["payload"].get("parts", []) if p.get("type") == "text"
+                    ),
+                    parts=r["payload"].get("parts", []),
+                    status=r["status"],
+                )
+                for r in replies
+            ],
+        )

@@ -1,0 +1,200 @@
+"""The sender: delivers outbox rows through their channel, with retries and backoff.
+
+Only the oldest undelivered row of each session key is claimable, so replies of one
+conversation arrive in order even when several replicas send. A claim is a lease with a
+deadline: a sender that dies mid-delivery leaves a row that is claimed again later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+from datetime import timedelta
+from typing import Any
+
+import structlog
+from sqlalchemy import and_, exists, or_, select, update
+from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.orm import aliased
+
+from app.channel import ChannelAdapter
+from app.db.models import outbox, utcnow
+from app.errors import ChannelRateLimited, DeliveryError
+from app.events import OutboundMessage
+
+log = structlog.get_logger(__name__)
+
+CLAIM_SECONDS = 120
+
+
+class OutboxSender:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        adapters: Mapping[str, ChannelAdapter],
+        *,
+        poll_interval: float,
+        max_attempts: int,
+        backoff_base: float,
+        backoff_max: float,
+        batch_size: int = 100,
+        on_result: Callable[[str, str], None] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.adapters = adapters
+        self.poll_interval = poll_interval
+        self.max_attempts = max_attempts
+        self.backoff_base = backoff_base
+        self.backoff_max = backoff_max
+        self.batch_size = batch_size
+        self.on_result = on_result or (lambda channel, status: None)
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="outbox-sender")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def notify(self) -> None:
+        self._wakeup.set()
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                claimed = await self.deliver_due()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("outbox_loop_failed")
+                claimed = 0
+            if claimed == 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wakeup.wait(), self.poll_interval)
+                self._wakeup.clear()
+
+    async def deliver_due(self) -> int:
+        """Claim due rows, deliver them (keys in parallel, each key in order); return the count."""
+        rows = await self._claim()
+        by_key: dict[str, list[Any]] = defaultdict(list)
+        for row in rows:
+            by_key[row["session_key"]].append(row)
+        await asyncio.gather(*(self._deliver_key(group) for group in by_key.values()))
+        return len(rows)
+
+    async def _claim(self) -> list[Any]:
+        if not self.adapters:
+            return []
+        now = utcnow()
+        earlier = aliased(outbox)
+        due = or_(
+            and_(outbox.c.status == "pending", outbox.c.next_attempt_at <= now),
+            and_(outbox.c.status == "sending", outbox.c.claimed_until < now),
+        )
+        blocked = exists().where(
+            earlier.c.session_key == outbox.c.session_key,
+            earlier.c.id < outbox.c.id,
+            earlier.c.status.in_(("pending", "sending")),
+        )
+        candidates = (
+            select(outbox.c.id)
+            .where(due, ~blocked, outbox.c.channel.in_(list(self.adapters)))
+            .order_by(outbox.c.id)
+            .limit(self.batch_size)
+        )
+        async with self.engine.begin() as conn:
+            if conn.dialect.name == "postgresql":
+                candidates = candidates.with_for_update(skip_locked=True)
+            ids = [r[0] for r in await conn.execute(candidates)]
+            if not ids:
+                return []
+            rows = (
+                await conn.execute(
+                    update(outbox)
+                    .where(outbox.c.id.in_(ids))
+                    .values(
+                        status="sending",
+                        claimed_until=now + timedelta(seconds=CLAIM_SECONDS),
+                        attempts=outbox.c.attempts + 1,
+                    )
+                    .returning(outbox)
+                )
+            ).mappings().all()
+        return sorted(rows, key=lambda r: r["id"])
+
+    async def _deliver_key(self, rows: list[Any]) -> None:
+        for row in rows:
+            if not await self._deliver(row):
+                # Later rows of this key wait for this one; release their claims.
+                await self._unclaim([r["id"] for r in rows if r["id"] > row["id"]])
+                return
+
+    async def _deliver(self, row: Any) -> bool:
+        adapter = self.adapters[row["channel"]]
+        message = OutboundMessage.model_validate(row["payload"])
+        try:
+            result = await adapter.send(message)
+        except ChannelRateLimited as exc:
+            return await self._retry(row, str(exc), delay=exc.retry_after)
+        except DeliveryError as exc:
+            if not exc.retryable:
+                await self._finish(row, "failed", error=exc.detail)
+                return True
+            return await self._retry(row, exc.detail)
+        except Exception as exc:  # an adapter bug or unexpected network error: retry
+            log.exception("send_crashed", channel=row["channel"])
+            return await self._retry(row, f"{type(exc).__name__}: {exc}")
+        await self._finish(row, "sent", platform_message_id=result.platform_message_id)
+        return True
+
+    async def _retry(self, row: Any, error: str, *, delay: float | None = None) -> bool:
+        if row["attempts"] >= self.max_attempts:
+            await self._finish(row, "failed", error=error)
+            return True
+        if delay is None:
+            delay = min(self.backoff_max, self.backoff_base * 2 ** (row["attempts"] - 1))
+            delay *= random.uniform(0.8, 1.2)
+        log.warning("send_retry", channel=row["channel"], attempts=row["attempts"], error=error)
+        async with self.engine.begin() as conn:
+            await conn.execute(
+                update(outbox)
+                .where(outbox.c.id == row["id"])
+                .values(
+                    status="pending",
+                    claimed_until=None,
+                    last_error=error,
+                    next_attempt_at=utcnow() + timedelta(seconds=delay),
+                )
+            )
+        self.on_result(row["channel"], "retry")
+        return False
+
+    async def _finish(
+        self, row: Any, status: str, *, error: str | None = None, platform_message_id: str | None = None
+    ) -> None:
+        values: dict[str, Any] = {"status": status, "claimed_until": None}
+        if status == "sent":
+            values.update(sent_at=utcnow(), platform_message_id=platform_message_id)
+        else:
+            values["last_error"] = error
+            log.error("send_failed", channel=row["channel"], error=error)
+        async with self.engine.begin() as conn:
+            await conn.execute(update(outbox).where(outbox.c.id == row["id"]).values(**values))
+        self.on_result(row["channel"], status)
+
+    async def _unclaim(self, ids: list[int]) -> None:
+        if not ids:
+            return
+        async with self.engine.begin() as conn:
+            await conn.execute(
+                update(outbox)
+                .where(outbox.c.id.in_(ids))
+                .values(status="pending", claimed_until=None, attempts=outbox.c.attempts - 1)
+            )

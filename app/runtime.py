@@ -1,0 +1,261 @@
+"""Everything a chatgate process runs, without HTTP: used by the API app and the CLI.
+
+`Runtime` owns the engine, the pipeline (inbox, dispatcher, turn handler, outbox sender),
+the agent and the enabled channel adapters, with an explicit lifecycle:
+`await runtime.start()` … `await runtime.stop()` (or `async with runtime`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import httpx
+import structlog
+from sqlalchemy import func, select
+
+from app.agent.loop import AgentRunner
+from app.agent.offline import OfflineProvider
+from app.agent.provider import ChatProvider
+from app.agent.tools import Tool, ToolRegistry, builtin_tools
+from app.channel import AcceptResult, ChannelAdapter, ChannelContext, ChannelSettings, WaitResult
+from app.config import Settings
+from app.db.engine import create_engine
+from app.db.migrate import upgrade
+from app.db.models import inbox as inbox_table
+from app.db.models import outbox as outbox_table
+from app.events import ChatType, InboundEvent
+from app.metrics import Metrics
+from app.pipeline.dispatcher import Dispatcher
+from app.pipeline.inbox import Inbox
+from app.pipeline.outbox import OutboxSender
+from app.pipeline.turn import TurnHandler, WindowLimits
+from app.sessions.store import Lifecycle, SessionStore
+
+log = structlog.get_logger(__name__)
+
+
+def default_owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+def build_provider(settings: Settings) -> ChatProvider:
+    if settings.llm_provider == "offline":
+        return OfflineProvider(latency_ms=settings.offline_latency_ms)
+    from app.agent.openai_provider import OpenAIProvider  # imported only when configured
+
+    return OpenAIProvider.from_settings(settings)
+
+
+def load_channel_settings(names: Sequence[str]) -> dict[str, ChannelSettings]:
+    """Read each named channel's settings from the environment (imports its package)."""
+    from channels import load_spec
+
+    return {name: load_spec(name).settings_class() for name in names}
+
+
+class Runtime:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        channel_settings: Mapping[str, ChannelSettings] | None = None,
+        provider: ChatProvider | None = None,
+        tools: Sequence[Tool] | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.settings = settings
+        self.channel_settings = dict(
+            channel_settings
+            if channel_settings is not None
+            else load_channel_settings(settings.channels)
+        )
+        self.provider = provider or build_provider(settings)
+        self.tools = ToolRegistry(tools if tools is not None else builtin_tools())
+        self.metrics = metrics or Metrics()
+        self.owner = settings.worker_id or default_owner()
+        self.engine = create_engine(settings)
+        lifecycles = {
+            name: Lifecycle(
+                suspend_after=cs.suspend_after_seconds or settings.suspend_after_seconds,
+                expire_after=cs.expire_after_seconds or settings.expire_after_seconds,
+                archive_after=cs.archive_after_seconds or settings.archive_after_seconds,
+            )
+            for name, cs in self.channel_settings.items()
+        }
+        self.store = SessionStore(
+            self.engine,
+            Lifecycle(
+                settings.suspend_after_seconds,
+                settings.expire_after_seconds,
+                settings.archive_after_seconds,
+            ),
+            lifecycles,
+        )
+        self.inbox = Inbox(self.engine)
+        self.runner = AgentRunner(
+            self.provider,
+            self.tools,
+            system_prompt=settings.system_prompt,
+            max_iterations=settings.agent_max_iterations,
+        )
+        self.adapters: dict[str, ChannelAdapter] = {}
+        self.http = httpx.AsyncClient(timeout=httpx.Timeout(15.0))
+        self.sender = OutboxSender(
+            self.engine,
+            self.adapters,
+            poll_interval=settings.outbox_poll_seconds,
+            max_attempts=settings.outbox_max_attempts,
+            backoff_base=settings.outbox_backoff_base_seconds,
+            backoff_max=settings.outbox_backoff_max_seconds,
+            on_result=lambda ch, res: self.metrics.deliveries.labels(ch, res).inc(),
+        )
+        self.handler = TurnHandler(
+            self.engine,
+            self.store,
+            self.inbox,
+            self.runner,
+            limits=WindowLimits(settings.history_max_messages, settings.history_max_tokens),
+            max_attempts=settings.max_event_attempts,
+            models={name: cs.llm_model for name, cs in self.channel_settings.items()},
+            on_outbox=self.sender.notify,
+        )
+        self.dispatcher = Dispatcher(
+            self.engine,
+            self.inbox,
+            self.handler,
+            owner=self.owner,
+            lease_ttl=settings.lease_ttl_seconds,
+            max_concurrent_runs=settings.max_concurrent_runs,
+            poll_interval=settings.inbox_poll_seconds,
+            busy_policies={name: cs.busy_policy for name, cs in self.channel_settings.items()},
+            collect_debounce=settings.collect_debounce_seconds,
+        )
+        self.inbox.on_accepted = self.dispatcher.notify
+        self._sweeper: asyncio.Task[None] | None = None
+        self._started = False
+
+    # --- lifecycle ------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self.settings.auto_migrate:
+            await upgrade(self.settings.database_url)
+        from channels import load_spec
+
+        for name, cs in self.channel_settings.items():
+            spec = load_spec(name)
+            self.adapters[name] = spec.factory(cs, self.context_for(name))
+        for adapter in self.adapters.values():
+            await adapter.start()
+        await self.sender.start()
+        await self.dispatcher.start()
+        self._sweeper = asyncio.create_task(self._sweep_loop(), name="lifecycle-sweeper")
+        self._started = True
+        log.info("runtime_started", owner=self.owner, channels=sorted(self.adapters))
+
+    async def stop(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+        await self.dispatcher.stop()
+        await self.sender.stop()
+        for adapter in self.adapters.values():
+            with contextlib.suppress(Exception):
+                await adapter.stop()
+        await self.provider.aclose()
+        await self.http.aclose()
+        await self.engine.dispose()
+        self._started = False
+
+    async def __aenter__(self) -> Runtime:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.stop()
+
+    async def _sweep_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.lifecycle_sweep_seconds)
+            try:
+                moved = await self.store.sweep()
+                if any(moved.values()):
+                    log.info("sessions_swept", **moved)
+                await self.refresh_backlog_gauges()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("sweep_failed")
+
+    async def refresh_backlog_gauges(self) -> None:
+        async with self.engine.connect() as conn:
+            pending_in = (
+                await conn.execute(
+                    select(func.count())
+                    .select_from(inbox_table)
+                    .where(inbox_table.c.status.in_(("pending", "processing")))
+                )
+            ).scalar_one()
+            pending_out = (
+                await conn.execute(
+                    select(func.count())
+                    .select_from(outbox_table)
+                    .where(outbox_table.c.status.in_(("pending", "sending")))
+                )
+            ).scalar_one()
+        self.metrics.inbox_backlog.set(pending_in)
+        self.metrics.outbox_backlog.set(pending_out)
+
+    # --- ingest -----------------------------------------------------------------------
+
+    def context_for(self, name: str) -> ChannelContext:
+        settings = self.channel_settings[name]
+
+        async def accept(events: Sequence[InboundEvent]) -> list[AcceptResult]:
+            return await self.accept(name, settings, events)
+
+        async def wait_for_replies(event_id: str, timeout: float) -> WaitResult:
+            return await self.inbox.wait_for_replies(event_id, timeout)
+
+        return ChannelContext(accept=accept, wait_for_replies=wait_for_replies, http=self.http)
+
+    async def accept(
+        self, name: str, settings: ChannelSettings, events: Sequence[InboundEvent]
+    ) -> list[AcceptResult]:
+        """Apply the channel's sender policy, then commit the admitted events to the inbox."""
+        admitted: list[InboundEvent] = []
+        results: list[AcceptResult | None] = []
+        for event in events:
+            if event.channel != name:
+                raise ValueError(f"channel {name!r} produced an event for {event.channel!r}")
+            if event.session_key_override and not settings.allow_session_override:
+                event = event.model_copy(update={"session_key_override": None})
+            if not self._admits(settings, event):
+                self.metrics.events_skipped.labels(name).inc()
+                results.append(
+                    AcceptResult(event_id=event.event_id, session_key=event.session_key, skipped=True)
+                )
+                continue
+            admitted.append(event)
+            results.append(None)
+        stored = iter(await self.inbox.accept(admitted))
+        out: list[AcceptResult] = []
+        for res in results:
+            if res is None:
+                res = next(stored)
+                counter = self.metrics.events_deduplicated if res.duplicate else self.metrics.events_accepted
+                counter.labels(name).inc()
+            out.append(res)
+        return out
+
+    @staticmethod
+    def _admits(settings: ChannelSettings, event: InboundEvent) -> bool:
+        if settings.sender_allowed(event.sender_id):
+            return True
+        return event.chat_type is ChatType.DIRECT and settings.answer_unknown_dm

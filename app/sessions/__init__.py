@@ -1,0 +1,1 @@
+"""Sessions: keys, generations, history, leases and the model window."""

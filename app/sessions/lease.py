@@ -1,0 +1,103 @@
+"""Fenced per-key leases in the database: one worker per session key, across processes.
+
+Taking a lease increments the key's fence. Every write a worker makes for the key runs
+`check_fence` first, in the same transaction: an `UPDATE … WHERE owner = me AND fence =
+mine` that also row-locks the key on PostgreSQL, so a takeover either happened before
+(and the write fails with `LeaseLost`) or waits until the write committed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import or_, update
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from app.db.models import session_keys, utcnow
+from app.db.upsert import insert_ignore
+from app.errors import LeaseLost
+
+
+@dataclass(frozen=True)
+class SessionLease:
+    key: str
+    owner: str
+    fence: int
+
+
+async def ensure_key(conn: AsyncConnection, key: str) -> None:
+    await conn.execute(
+        insert_ignore(conn, session_keys, ["key"]).values(key=key, lease_fence=0)
+    )
+
+
+async def acquire(
+    engine: AsyncEngine, key: str, owner: str, ttl: float, *, now: datetime | None = None
+) -> SessionLease | None:
+    """Take the key's lease if it is free, expired or already ours; None if held."""
+    now = now or utcnow()
+    async with engine.begin() as conn:
+        await ensure_key(conn, key)
+        row = (
+            await conn.execute(
+                update(session_keys)
+                .where(
+                    session_keys.c.key == key,
+                    or_(
+                        session_keys.c.lease_owner.is_(None),
+                        session_keys.c.lease_expires_at < now,
+                        session_keys.c.lease_owner == owner,
+                    ),
+                )
+                .values(
+                    lease_owner=owner,
+                    lease_fence=session_keys.c.lease_fence + 1,
+                    lease_expires_at=now + timedelta(seconds=ttl),
+                )
+                .returning(session_keys.c.lease_fence)
+            )
+        ).first()
+    return SessionLease(key, owner, row[0]) if row else None
+
+
+async def renew(engine: AsyncEngine, lease: SessionLease, ttl: float) -> bool:
+    async with engine.begin() as conn:
+        result = await conn.execute(
+            update(session_keys)
+            .where(
+                session_keys.c.key == lease.key,
+                session_keys.c.lease_owner == lease.owner,
+                session_keys.c.lease_fence == lease.fence,
+            )
+            .values(lease_expires_at=utcnow() + timedelta(seconds=ttl))
+        )
+    return result.rowcount == 1
+
+
+async def release(engine: AsyncEngine, lease: SessionLease) -> None:
+    async with engine.begin() as conn:
+        await conn.execute(
+            update(session_keys)
+            .where(
+                session_keys.c.key == lease.key,
+                session_keys.c.lease_owner == lease.owner,
+                session_keys.c.lease_fence == lease.fence,
+            )
+            .values(lease_owner=None, lease_expires_at=None)
+        )
+
+
+async def check_fence(conn: AsyncConnection, lease: SessionLease) -> None:
+    """Raise `LeaseLost` unless `lease` is still the key's current lease (same tx as the write)."""
+    result = await conn.execute(
+        update(session_keys)
+        .where(
+            session_keys.c.key == lease.key,
+            session_keys.c.lease_owner == lease.owner,
+            session_keys.c.lease_fence == lease.fence,
+        )
+        .values(lease_fence=session_keys.c.lease_fence)
+    )
+    if result.rowcount != 1:
+        raise LeaseLost(lease.key, lease.fence)

@@ -1,0 +1,1 @@
+"""Alembic migration history (one history for PostgreSQL and SQLite)."""
