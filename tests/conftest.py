@@ -1,0 +1,79 @@
+"""Fixtures: databases on both backends, settings, and the app served for real."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import AbstractAsyncContextManager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.api.app import create_app
+from app.channel import ChannelSettings
+from app.config import Settings
+from channels.webhook import WebhookSettings
+from tests.support.db import database
+from tests.support.servers import RunningApp, serve_in_loop
+
+WEBHOOK_SECRET = "test-webhook-secret"
+ADMIN_TOKEN = "test-admin-token"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
+    """A migrated-on-demand empty database, once on SQLite and once on PostgreSQL."""
+    async with database(request.param, tmp_path) as url:
+        yield url
+
+
+@pytest.fixture
+async def pg_url(tmp_path: Path) -> AsyncIterator[str]:
+    """A fresh PostgreSQL database (for tests that are about PostgreSQL only)."""
+    async with database("postgres", tmp_path) as url:
+        yield url
+
+
+def make_settings(db_url: str, **overrides: Any) -> Settings:
+    values: dict[str, Any] = dict(
+        database_url=db_url,
+        admin_token=ADMIN_TOKEN,
+        log_level="WARNING",
+        inbox_poll_seconds=0.2,
+        outbox_poll_seconds=0.1,
+        lifecycle_sweep_seconds=3600,
+        outbox_backoff_base_seconds=0.05,
+        collect_debounce_seconds=0.2,
+    )
+    values.update(overrides)
+    return Settings(_env_file=None, **values)  # type: ignore[call-arg]
+
+
+def webhook_settings(**overrides: Any) -> WebhookSettings:
+    return WebhookSettings(_env_file=None, secret=WEBHOOK_SECRET, **overrides)  # type: ignore[call-arg]
+
+
+ServeApp = Callable[..., AbstractAsyncContextManager[RunningApp]]
+
+
+@pytest.fixture
+def serve(db_url: str) -> ServeApp:
+    """`async with serve(**settings) as running:` the app on a real port, on `db_url`."""
+
+    def _serve(
+        *,
+        channel_settings: Mapping[str, ChannelSettings] | None = None,
+        provider: Any = None,
+        tools: Any = None,
+        **overrides: Any,
+    ) -> AbstractAsyncContextManager[RunningApp]:
+        settings = make_settings(db_url, **overrides)
+        app = create_app(
+            settings,
+            channel_settings=channel_settings if channel_settings is not None else {"webhook": webhook_settings()},
+            provider=provider,
+            tools=tools,
+        )
+        return serve_in_loop(app)
+
+    return _serve

@@ -1,0 +1,1 @@
+"""Helpers shared by tests: running servers, signing requests, reading the database."""

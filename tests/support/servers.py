@@ -1,0 +1,112 @@
+"""Run chatgate for real: in this event loop (uvicorn on a free port) or as a process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+from fastapi import FastAPI
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class RunningApp:
+    url: str
+    app: FastAPI
+
+    @property
+    def runtime(self) -> Any:
+        return self.app.state.runtime
+
+
+@contextlib.asynccontextmanager
+async def serve_in_loop(app: FastAPI) -> AsyncIterator[RunningApp]:
+    """Serve `app` with uvicorn on 127.0.0.1 and a free port, lifespan included."""
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    try:
+        while not server.started:
+            if task.done():
+                task.result()
+                raise RuntimeError("server stopped during start-up")
+            await asyncio.sleep(0.01)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        yield RunningApp(url=f"http://127.0.0.1:{port}", app=app)
+    finally:
+        server.should_exit = True
+        await task
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ServerProcess:
+    """`python -m app serve` in its own process, for multi-process and crash tests."""
+
+    def __init__(self, env: Mapping[str, str], port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {**os.environ, **env}
+        self.env.setdefault("LOG_LEVEL", "WARNING")
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path: Path | None = None
+
+    def start(self, timeout: float = 30.0) -> ServerProcess:
+        import tempfile
+
+        fd, name = tempfile.mkstemp(prefix="chatgate-server-", suffix=".log")
+        os.close(fd)
+        self.log_path = Path(name)
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "app", "serve", "--host", "127.0.0.1", "--port", str(self.port)],
+            cwd=ROOT,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited early:\n{self.log()}")
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"server did not become ready:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-5000:] if self.log_path else ""
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown code runs, like a crashed machine."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.kill()
