@@ -1,0 +1,61 @@
+"""A real local HTTP server that records what it receives (webhook callback target)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+
+@dataclass
+class Received:
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+
+class HttpReceiver:
+    """Answers 500 to the first `fail_first` requests, then 200; records the accepted ones."""
+
+    def __init__(self, fail_first: int = 0, status: int = 200) -> None:
+        self.fail_first = fail_first
+        self.status = status
+        self.attempts = 0
+        self.received: list[Received] = []
+        self._changed = asyncio.Condition()
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        self.attempts += 1
+        body = await request.read()
+        if self.attempts <= self.fail_first:
+            return web.Response(status=500, text="try again")
+        async with self._changed:
+            self.received.append(
+                Received(request.path, {k.lower(): v for k, v in request.headers.items()}, body)
+            )
+            self._changed.notify_all()
+        return web.Response(status=self.status, text="ok")
+
+    async def wait_for(self, count: int, timeout: float = 10) -> list[Received]:
+        async with self._changed:
+            await asyncio.wait_for(self._changed.wait_for(lambda: len(self.received) >= count), timeout)
+        return list(self.received)
+
+    async def __aenter__(self) -> HttpReceiver:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://127.0.0.1:{port}/callback"
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
