@@ -107,8 +107,11 @@ class ChannelResponse:
 class ChannelWebSocket(Protocol):
     """A WebSocket a platform opened to us (OneBot reverse WS)."""
 
-    headers: Mapping[str, str]
-    query: Mapping[str, str]
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+    @property
+    def query(self) -> Mapping[str, str]: ...
 
     async def accept(self) -> None: ...
     async def receive_text(self) -> str: ...
@@ -156,8 +159,11 @@ class SendResult:
 class ChannelAdapter(Protocol):
     """A platform adapter. HTTP and WebSocket handling are optional capabilities."""
 
-    name: str
-    settings: ChannelSettings
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def settings(self) -> ChannelSettings: ...
 
     async def start(self) -> None:
         """Begin background work (polling, sockets). Called once after the app started."""

@@ -128,9 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int)
     serve.set_defaults(func=cmd_serve)
 
-    sub.add_parser("migrate", help="upgrade the database to the newest schema").set_defaults(
-        func=cmd_migrate
-    )
+    sub.add_parser("migrate", help="upgrade the database to the newest schema").set_defaults(func=cmd_migrate)
 
     chat = sub.add_parser("chat", help="talk to the agent in this terminal (channel cli)")
     chat.add_argument("--chat", help="conversation id (default: your user name)")

@@ -67,9 +67,7 @@ class ReplyToPart(_Part):
     message_id: str
 
 
-Part = Annotated[
-    TextPart | ImagePart | FilePart | MentionPart | ReplyToPart, Field(discriminator="type")
-]
+Part = Annotated[TextPart | ImagePart | FilePart | MentionPart | ReplyToPart, Field(discriminator="type")]
 
 
 def _utcnow() -> datetime:

@@ -22,9 +22,7 @@ def redact_secrets(_logger: Any, _method: str, event_dict: MutableMapping[str, A
 
 
 def configure_logging(level: str = "INFO", fmt: str = "json") -> None:
-    renderer: Any = (
-        structlog.processors.JSONRenderer() if fmt == "json" else structlog.dev.ConsoleRenderer()
-    )
+    renderer: Any = structlog.processors.JSONRenderer() if fmt == "json" else structlog.dev.ConsoleRenderer()
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,

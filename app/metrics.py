@@ -39,9 +39,7 @@ class Metrics:
         self.provider_errors = Counter(
             "chatgate_provider_errors", "Model provider failures", ["provider"], registry=r
         )
-        self.ws_connections = Gauge(
-            "chatgate_ws_connections", "Open browser gateway connections", registry=r
-        )
+        self.ws_connections = Gauge("chatgate_ws_connections", "Open browser gateway connections", registry=r)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -71,9 +71,7 @@ class Runtime:
     ) -> None:
         self.settings = settings
         self.channel_settings = dict(
-            channel_settings
-            if channel_settings is not None
-            else load_channel_settings(settings.channels)
+            channel_settings if channel_settings is not None else load_channel_settings(settings.channels)
         )
         self.provider = provider or build_provider(settings)
         self.tools = ToolRegistry(tools if tools is not None else builtin_tools())

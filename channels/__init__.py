@@ -8,6 +8,7 @@ enabled, so a deployment never loads SDKs it does not use. Each package exposes
 from __future__ import annotations
 
 import importlib
+import importlib.util
 
 from app.channel import ChannelSpec
 

@@ -70,7 +70,9 @@ def serve(db_url: str) -> ServeApp:
         settings = make_settings(db_url, **overrides)
         app = create_app(
             settings,
-            channel_settings=channel_settings if channel_settings is not None else {"webhook": webhook_settings()},
+            channel_settings=channel_settings
+            if channel_settings is not None
+            else {"webhook": webhook_settings()},
             provider=provider,
             tools=tools,
         )

@@ -30,7 +30,7 @@ INTERRUPTED_RESULT = json.dumps({"error": "interrupted: the run stopped before t
 class RunHooks:
     load_window: Callable[[], Awaitable[list[ChatMessage]]]
     append: Callable[[list[ChatMessage]], Awaitable[None]]
-    finish: Callable[[ChatMessage, "RunRecord"], Awaitable[None]]
+    finish: Callable[[ChatMessage, RunRecord], Awaitable[None]]
 
 
 @dataclass
@@ -85,9 +85,7 @@ class AgentRunner:
         self.max_iterations = max_iterations
         self.max_tool_result_chars = max_tool_result_chars
 
-    async def run(
-        self, hooks: RunHooks, tool_ctx: ToolContext, *, model: str | None = None
-    ) -> RunRecord:
+    async def run(self, hooks: RunHooks, tool_ctx: ToolContext, *, model: str | None = None) -> RunRecord:
         record = RunRecord(provider=self.provider.name, model=model)
         system = ChatMessage(role="system", content=self.system_prompt)
         try:

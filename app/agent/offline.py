@@ -42,7 +42,7 @@ class OfflineProvider:
         text = (user.content or "") if user else ""
         available = {t.name for t in tools}
         lowered = text.lower()
-        call = None
+        call: tuple[str, dict[str, object]] | None = None
         if "current_time" in available and any(w in lowered for w in _TIME_WORDS):
             call = ("current_time", {})
         elif "session_info" in available and any(w in lowered for w in _SESSION_WORDS):

@@ -89,9 +89,7 @@ class CurrentTimeTool:
         description="The current date and time, optionally in an IANA time zone.",
         parameters={
             "type": "object",
-            "properties": {
-                "timezone": {"type": "string", "description": "e.g. Europe/Berlin; default UTC"}
-            },
+            "properties": {"timezone": {"type": "string", "description": "e.g. Europe/Berlin; default UTC"}},
             "additionalProperties": False,
         },
     )

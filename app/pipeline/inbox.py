@@ -66,9 +66,7 @@ class Inbox:
             return AcceptResult(event_id=event.event_id, session_key=key)
         inserted = (
             await conn.execute(
-                insert_ignore(conn, inbox, ["channel", "external_id"])
-                .values(**values)
-                .returning(inbox.c.id)
+                insert_ignore(conn, inbox, ["channel", "external_id"]).values(**values).returning(inbox.c.id)
             )
         ).first()
         if inserted is not None:
@@ -87,13 +85,17 @@ class Inbox:
     async def next_rows(self, key: str, limit: int) -> list[InboxRow]:
         async with self.engine.connect() as conn:
             rows = (
-                await conn.execute(
-                    select(inbox)
-                    .where(inbox.c.session_key == key, inbox.c.status.in_(ACTIVE_STATUSES))
-                    .order_by(inbox.c.id)
-                    .limit(limit)
+                (
+                    await conn.execute(
+                        select(inbox)
+                        .where(inbox.c.session_key == key, inbox.c.status.in_(ACTIVE_STATUSES))
+                        .order_by(inbox.c.id)
+                        .limit(limit)
+                    )
                 )
-            ).mappings().all()
+                .mappings()
+                .all()
+            )
         return [
             InboxRow(
                 id=r["id"],
@@ -143,9 +145,7 @@ class Inbox:
             rows = await conn.execute(
                 select(inbox.c.session_key)
                 .distinct()
-                .select_from(
-                    inbox.outerjoin(session_keys, session_keys.c.key == inbox.c.session_key)
-                )
+                .select_from(inbox.outerjoin(session_keys, session_keys.c.key == inbox.c.session_key))
                 .where(
                     inbox.c.status.in_(ACTIVE_STATUSES),
                     or_(
@@ -189,9 +189,7 @@ class Inbox:
     async def _replies_if_done(self, event_id: str) -> WaitResult | None:
         async with self.engine.connect() as conn:
             row = (
-                await conn.execute(
-                    select(inbox.c.status, inbox.c.run_id).where(inbox.c.event_id == event_id)
-                )
+                await conn.execute(select(inbox.c.status, inbox.c.run_id).where(inbox.c.event_id == event_id))
             ).first()
             if row is None or row.status in ACTIVE_STATUSES:
                 return None
@@ -199,8 +197,10 @@ class Inbox:
                 outbox.c.run_id == row.run_id if row.run_id is not None else outbox.c.event_id == event_id
             )
             replies = (
-                await conn.execute(select(outbox).where(and_(condition)).order_by(outbox.c.id))
-            ).mappings().all()
+                (await conn.execute(select(outbox).where(and_(condition)).order_by(outbox.c.id)))
+                .mappings()
+                .all()
+            )
         return WaitResult(
             done=True,
             replies=[

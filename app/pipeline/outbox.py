@@ -116,17 +116,21 @@ class OutboxSender:
             if not ids:
                 return []
             rows = (
-                await conn.execute(
-                    update(outbox)
-                    .where(outbox.c.id.in_(ids))
-                    .values(
-                        status="sending",
-                        claimed_until=now + timedelta(seconds=CLAIM_SECONDS),
-                        attempts=outbox.c.attempts + 1,
+                (
+                    await conn.execute(
+                        update(outbox)
+                        .where(outbox.c.id.in_(ids))
+                        .values(
+                            status="sending",
+                            claimed_until=now + timedelta(seconds=CLAIM_SECONDS),
+                            attempts=outbox.c.attempts + 1,
+                        )
+                        .returning(outbox)
                     )
-                    .returning(outbox)
                 )
-            ).mappings().all()
+                .mappings()
+                .all()
+            )
         return sorted(rows, key=lambda r: r["id"])
 
     async def _deliver_key(self, rows: list[Any]) -> None:

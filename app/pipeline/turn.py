@@ -111,7 +111,8 @@ class TurnHandler:
 
     async def handle(self, lease: SessionLease, rows: Sequence[InboxRow]) -> None:
         """Handle a batch of the key's events as one turn (one event unless `collect`)."""
-        live, poisoned = [], []
+        live: list[InboxRow] = []
+        poisoned: list[InboxRow] = []
         for row in rows:
             (poisoned if row.attempts >= self.max_attempts else live).append(row)
         if poisoned:
@@ -130,7 +131,9 @@ class TurnHandler:
             await Inbox.mark(conn, [r.id for r in live], "processing", bump_attempts=True)
             session = await self.store.open_current(conn, lease.key, last.channel)
             new_user = [
-                _user_message(e) for e in events if not await self.store.has_event(conn, session.id, e.event_id)
+                _user_message(e)
+                for e in events
+                if not await self.store.has_event(conn, session.id, e.event_id)
             ]
             await self.store.append(conn, session.id, new_user)
             answer = not all(e.metadata.get("no_reply") for e in events)

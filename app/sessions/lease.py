@@ -27,9 +27,7 @@ class SessionLease:
 
 
 async def ensure_key(conn: AsyncConnection, key: str) -> None:
-    await conn.execute(
-        insert_ignore(conn, session_keys, ["key"]).values(key=key, lease_fence=0)
-    )
+    await conn.execute(insert_ignore(conn, session_keys, ["key"]).values(key=key, lease_fence=0))
 
 
 async def acquire(

@@ -62,12 +62,16 @@ async def list_sessions(
 async def current_session(engine: AsyncEngine, key: str) -> dict[str, Any] | None:
     async with engine.connect() as conn:
         row = (
-            await conn.execute(
-                select(sessions)
-                .join(session_keys, session_keys.c.current_session_id == sessions.c.id)
-                .where(session_keys.c.key == key)
+            (
+                await conn.execute(
+                    select(sessions)
+                    .join(session_keys, session_keys.c.current_session_id == sessions.c.id)
+                    .where(session_keys.c.key == key)
+                )
             )
-        ).mappings().first()
+            .mappings()
+            .first()
+        )
         if row is None:
             return None
         out = _session_dict(row)
@@ -91,9 +95,7 @@ async def current_session(engine: AsyncEngine, key: str) -> dict[str, Any] | Non
         out["runs"] = (
             await conn.execute(select(func.count()).select_from(runs).where(runs.c.session_id == row["id"]))
         ).scalar_one()
-        lease = (
-            await conn.execute(select(session_keys).where(session_keys.c.key == key))
-        ).mappings().one()
+        lease = (await conn.execute(select(session_keys).where(session_keys.c.key == key))).mappings().one()
         out["lease"] = {
             "owner": lease["lease_owner"],
             "fence": lease["lease_fence"],
@@ -105,10 +107,14 @@ async def current_session(engine: AsyncEngine, key: str) -> dict[str, Any] | Non
 async def session_by_generation(engine: AsyncEngine, key: str, generation: int) -> dict[str, Any] | None:
     async with engine.connect() as conn:
         row = (
-            await conn.execute(
-                select(sessions).where(sessions.c.key == key, sessions.c.generation == generation)
+            (
+                await conn.execute(
+                    select(sessions).where(sessions.c.key == key, sessions.c.generation == generation)
+                )
             )
-        ).mappings().first()
+            .mappings()
+            .first()
+        )
     return _session_dict(row) if row else None
 
 
@@ -117,13 +123,17 @@ async def session_messages(
 ) -> list[dict[str, Any]]:
     async with engine.connect() as conn:
         rows = (
-            await conn.execute(
-                select(messages)
-                .where(messages.c.session_id == session_id, messages.c.seq > after_seq)
-                .order_by(messages.c.seq)
-                .limit(limit)
+            (
+                await conn.execute(
+                    select(messages)
+                    .where(messages.c.session_id == session_id, messages.c.seq > after_seq)
+                    .order_by(messages.c.seq)
+                    .limit(limit)
+                )
             )
-        ).mappings().all()
+            .mappings()
+            .all()
+        )
     return [
         {
             "seq": r["seq"],
@@ -144,10 +154,17 @@ async def session_messages(
 async def session_runs(engine: AsyncEngine, session_key: str, limit: int = 50) -> list[dict[str, Any]]:
     async with engine.connect() as conn:
         rows = (
-            await conn.execute(
-                select(runs).where(runs.c.session_key == session_key).order_by(runs.c.id.desc()).limit(limit)
+            (
+                await conn.execute(
+                    select(runs)
+                    .where(runs.c.session_key == session_key)
+                    .order_by(runs.c.id.desc())
+                    .limit(limit)
+                )
             )
-        ).mappings().all()
+            .mappings()
+            .all()
+        )
     return [dict(r) for r in rows]
 
 

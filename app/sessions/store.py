@@ -134,22 +134,24 @@ class SessionStore:
 
     async def _current(self, conn: AsyncConnection, key: str) -> SessionState | None:
         row = (
-            await conn.execute(
-                select(sessions)
-                .join(session_keys, session_keys.c.current_session_id == sessions.c.id)
-                .where(session_keys.c.key == key)
+            (
+                await conn.execute(
+                    select(sessions)
+                    .join(session_keys, session_keys.c.current_session_id == sessions.c.id)
+                    .where(session_keys.c.key == key)
+                )
             )
-        ).mappings().first()
+            .mappings()
+            .first()
+        )
         return SessionState.from_row(row) if row else None
 
-    async def _create(
-        self, conn: AsyncConnection, key: str, channel: str, now: datetime
-    ) -> SessionState:
+    async def _create(self, conn: AsyncConnection, key: str, channel: str, now: datetime) -> SessionState:
         await ensure_key(conn, key)
         last_gen = (
             await conn.execute(select(func.max(sessions.c.generation)).where(sessions.c.key == key))
         ).scalar()
-        values = dict(
+        values: dict[str, Any] = dict(
             key=key,
             generation=(last_gen or 0) + 1,
             channel=channel,
@@ -167,7 +169,17 @@ class SessionStore:
         await conn.execute(
             update(session_keys).where(session_keys.c.key == key).values(current_session_id=new_id)
         )
-        return SessionState(id=new_id, **{k: v for k, v in values.items() if k != "updated_at"})
+        return SessionState(
+            id=new_id,
+            key=key,
+            generation=values["generation"],
+            channel=channel,
+            status=SessionStatus.ACTIVE.value,
+            last_consolidated=0,
+            next_seq=1,
+            created_at=now,
+            last_active_at=now,
+        )
 
     async def _close(
         self, conn: AsyncConnection, session_id: int, status: SessionStatus, now: datetime
@@ -236,9 +248,7 @@ class SessionStore:
         """The model's view: reads only the newest `max_messages` after `last_consolidated`."""
         async with self.engine.connect() as conn:
             last_consolidated = (
-                await conn.execute(
-                    select(sessions.c.last_consolidated).where(sessions.c.id == session.id)
-                )
+                await conn.execute(select(sessions.c.last_consolidated).where(sessions.c.id == session.id))
             ).scalar_one()
             query = (
                 select(messages)
@@ -255,13 +265,17 @@ class SessionStore:
         """The newest `limit` messages regardless of consolidation (for resume checks)."""
         async with self.engine.connect() as conn:
             rows = (
-                await conn.execute(
-                    select(messages)
-                    .where(messages.c.session_id == session_id)
-                    .order_by(messages.c.seq.desc())
-                    .limit(limit)
+                (
+                    await conn.execute(
+                        select(messages)
+                        .where(messages.c.session_id == session_id)
+                        .order_by(messages.c.seq.desc())
+                        .limit(limit)
+                    )
                 )
-            ).mappings().all()
+                .mappings()
+                .all()
+            )
         return [message_from_row(r) for r in reversed(rows)]
 
     async def has_event(self, conn: AsyncConnection, session_id: int, event_id: str) -> bool:
@@ -277,10 +291,14 @@ class SessionStore:
     async def all_messages(self, session_id: int) -> list[ChatMessage]:
         async with self.engine.connect() as conn:
             rows = (
-                await conn.execute(
-                    select(messages).where(messages.c.session_id == session_id).order_by(messages.c.seq)
+                (
+                    await conn.execute(
+                        select(messages).where(messages.c.session_id == session_id).order_by(messages.c.seq)
+                    )
                 )
-            ).mappings().all()
+                .mappings()
+                .all()
+            )
         return [message_from_row(r) for r in rows]
 
     # --- lifecycle ----------------------------------------------------------------
@@ -292,9 +310,7 @@ class SessionStore:
         groups: list[tuple[Lifecycle, Any]] = [
             (lc, sessions.c.channel == name) for name, lc in self.channel_lifecycles.items()
         ]
-        groups.append(
-            (self.default_lifecycle, sessions.c.channel.not_in(list(self.channel_lifecycles)))
-        )
+        groups.append((self.default_lifecycle, sessions.c.channel.not_in(list(self.channel_lifecycles))))
         async with self.engine.begin() as conn:
             for lc, channel_filter in groups:
                 expired = await conn.execute(
@@ -350,8 +366,7 @@ class SessionStore:
             await conn.execute(
                 update(sessions)
                 .where(and_(sessions.c.id == session_id, sessions.c.key == key))
-                .values(status=SessionStatus.ACTIVE.value, closed_at=None, updated_at=now,
-                        last_active_at=now)
+                .values(status=SessionStatus.ACTIVE.value, closed_at=None, updated_at=now, last_active_at=now)
             )
             await conn.execute(
                 update(session_keys).where(session_keys.c.key == key).values(current_session_id=session_id)

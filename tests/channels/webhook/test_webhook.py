@@ -21,7 +21,10 @@ async def _count(runtime, table) -> int:
 async def test_wait_mode_returns_the_reply_and_history_has_the_tool_call(serve: ServeApp) -> None:
     async with serve() as srv, httpx.AsyncClient(timeout=30) as client:
         resp = await post_webhook(
-            client, srv.url, WEBHOOK_SECRET, {"chat_id": "c1", "sender_id": "u1", "text": "what time is it?"},
+            client,
+            srv.url,
+            WEBHOOK_SECRET,
+            {"chat_id": "c1", "sender_id": "u1", "text": "what time is it?"},
             wait=True,
         )
         assert resp.status_code == 200, resp.text
@@ -43,7 +46,9 @@ async def test_wait_mode_returns_the_reply_and_history_has_the_tool_call(serve: 
 
 async def test_without_wait_answers_202_after_commit(serve: ServeApp) -> None:
     async with serve() as srv, httpx.AsyncClient(timeout=30) as client:
-        resp = await post_webhook(client, srv.url, WEBHOOK_SECRET, {"chat_id": "c", "sender_id": "u", "text": "hi"})
+        resp = await post_webhook(
+            client, srv.url, WEBHOOK_SECRET, {"chat_id": "c", "sender_id": "u", "text": "hi"}
+        )
         assert resp.status_code == 202
         event_id = resp.json()["event_id"]
         async with srv.runtime.engine.connect() as conn:
@@ -74,7 +79,10 @@ async def test_idempotency_key_header_deduplicates(serve: ServeApp) -> None:
         codes = []
         for text in ("a", "b"):  # same key, different bodies: the key wins
             resp = await post_webhook(
-                client, srv.url, WEBHOOK_SECRET, {"chat_id": "c", "sender_id": "u", "text": text},
+                client,
+                srv.url,
+                WEBHOOK_SECRET,
+                {"chat_id": "c", "sender_id": "u", "text": text},
                 headers={"Idempotency-Key": "k-1"},
             )
             codes.append(resp.status_code)
@@ -111,9 +119,13 @@ async def test_bad_input_gets_a_clear_4xx_and_stores_nothing(serve: ServeApp) ->
             assert resp.json()["detail"], reason  # a reason the caller can read
         assert await _count(srv.runtime, inbox) == 0
         # ... and the service keeps serving.
-        ok = await post_webhook(client, srv.url, WEBHOOK_SECRET, {"chat_id": "c", "sender_id": "u", "text": "hi"})
+        ok = await post_webhook(
+            client, srv.url, WEBHOOK_SECRET, {"chat_id": "c", "sender_id": "u", "text": "hi"}
+        )
         assert ok.status_code == 202
-        unknown = await client.post(f"{srv.url}/channels/nope", content=good, headers=signed_headers(WEBHOOK_SECRET, good))
+        unknown = await client.post(
+            f"{srv.url}/channels/nope", content=good, headers=signed_headers(WEBHOOK_SECRET, good)
+        )
         assert unknown.status_code == 404
 
 
@@ -122,8 +134,13 @@ async def test_callback_delivery_retries_until_the_receiver_accepts(serve: Serve
 
     async with HttpReceiver(fail_first=2) as receiver:
         settings = webhook_settings(callback_url=receiver.url)
-        async with serve(channel_settings={"webhook": settings}) as srv, httpx.AsyncClient(timeout=30) as client:
-            resp = await post_webhook(client, srv.url, WEBHOOK_SECRET, {"chat_id": "c", "sender_id": "u", "text": "ping"})
+        async with (
+            serve(channel_settings={"webhook": settings}) as srv,
+            httpx.AsyncClient(timeout=30) as client,
+        ):
+            resp = await post_webhook(
+                client, srv.url, WEBHOOK_SECRET, {"chat_id": "c", "sender_id": "u", "text": "ping"}
+            )
             assert resp.status_code == 202
             delivered = await receiver.wait_for(1, timeout=20)
     assert receiver.attempts == 3
