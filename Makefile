@@ -1,0 +1,24 @@
+# The two commands of the README: `make run` and `make test`.
+VENV ?= .venv
+PYTHON ?= python3
+
+.PHONY: run test install lint
+
+$(VENV)/.installed: pyproject.toml
+	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --upgrade pip
+	$(VENV)/bin/pip install --quiet -e '.[dev]'
+	touch $@
+
+install: $(VENV)/.installed
+
+run: $(VENV)/.installed
+	$(VENV)/bin/chatgate serve
+
+test: $(VENV)/.installed
+	bash scripts/test.sh
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy app channels tests bench

@@ -1,0 +1,1 @@
+"""Reproducible benchmarks; results are recorded in bench/RESULTS.md."""
