@@ -37,6 +37,12 @@ class ChannelSettings(BaseSettings):
     allowed_senders: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="Comma-separated sender ids; empty allows everyone."
     )
+    allowed_chats: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Comma-separated group/chat ids served; empty serves all."
+    )
+    require_mention_in_groups: bool = Field(
+        True, description="In group chats answer only when the bot is mentioned or replied to."
+    )
     answer_unknown_dm: bool = Field(
         False, description="With allowed_senders set, still answer direct messages from others."
     )
@@ -49,7 +55,7 @@ class ChannelSettings(BaseSettings):
         default_factory=list, description="Comma-separated sender ids allowed to /approve."
     )
 
-    @field_validator("allowed_senders", "approvers", mode="before")
+    @field_validator("allowed_senders", "allowed_chats", "approvers", mode="before")
     @classmethod
     def _comma_list(cls, value: Any) -> Any:
         if isinstance(value, str):
@@ -58,6 +64,9 @@ class ChannelSettings(BaseSettings):
 
     def sender_allowed(self, sender_id: str) -> bool:
         return not self.allowed_senders or sender_id in self.allowed_senders
+
+    def chat_allowed(self, chat_id: str) -> bool:
+        return not self.allowed_chats or chat_id in self.allowed_chats
 
 
 @dataclass(frozen=True)

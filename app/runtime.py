@@ -23,6 +23,7 @@ from app.agent.loop import AgentRunner
 from app.agent.offline import OfflineProvider
 from app.agent.provider import ChatProvider
 from app.agent.tools import Tool, ToolRegistry, builtin_tools
+from app.bus import LocalSessionBus, SessionBus
 from app.channel import AcceptResult, ChannelAdapter, ChannelContext, ChannelSettings, WaitResult
 from app.config import Settings
 from app.db.engine import create_engine
@@ -102,6 +103,7 @@ class Runtime:
             system_prompt=settings.system_prompt,
             max_iterations=settings.agent_max_iterations,
         )
+        self.bus: SessionBus = LocalSessionBus()
         self.adapters: dict[str, ChannelAdapter] = {}
         self.http = httpx.AsyncClient(timeout=httpx.Timeout(15.0))
         self.sender = OutboxSender(
@@ -122,6 +124,7 @@ class Runtime:
             max_attempts=settings.max_event_attempts,
             models={name: cs.llm_model for name, cs in self.channel_settings.items()},
             on_outbox=self.sender.notify,
+            bus=self.bus,
         )
         self.dispatcher = Dispatcher(
             self.engine,
@@ -150,6 +153,7 @@ class Runtime:
             self.adapters[name] = spec.factory(cs, self.context_for(name))
         for adapter in self.adapters.values():
             await adapter.start()
+        await self.bus.start()
         await self.sender.start()
         await self.dispatcher.start()
         self._sweeper = asyncio.create_task(self._sweep_loop(), name="lifecycle-sweeper")
@@ -166,6 +170,7 @@ class Runtime:
         for adapter in self.adapters.values():
             with contextlib.suppress(Exception):
                 await adapter.stop()
+        await self.bus.stop()
         await self.provider.aclose()
         await self.http.aclose()
         await self.engine.dispose()
@@ -254,6 +259,8 @@ class Runtime:
 
     @staticmethod
     def _admits(settings: ChannelSettings, event: InboundEvent) -> bool:
+        if event.chat_type is ChatType.GROUP and not settings.chat_allowed(event.chat_id):
+            return False
         if settings.sender_allowed(event.sender_id):
             return True
         return event.chat_type is ChatType.DIRECT and settings.answer_unknown_dm

@@ -23,6 +23,9 @@ from app.sessions.messages import ChatMessage
 
 log = structlog.get_logger(__name__)
 
+ContextSource = Callable[[ToolContext], Awaitable[str | None]]
+"""Adds text to the system message of a run (recalled memory, operator facts …)."""
+
 INTERRUPTED_RESULT = json.dumps({"error": "interrupted: the run stopped before this tool finished"})
 
 
@@ -78,17 +81,19 @@ class AgentRunner:
         system_prompt: str,
         max_iterations: int = 8,
         max_tool_result_chars: int = 16_000,
+        context_sources: Sequence[ContextSource] = (),
     ) -> None:
         self.provider = provider
         self.tools = tools
         self.system_prompt = system_prompt
         self.max_iterations = max_iterations
         self.max_tool_result_chars = max_tool_result_chars
+        self.context_sources = list(context_sources)
 
     async def run(self, hooks: RunHooks, tool_ctx: ToolContext, *, model: str | None = None) -> RunRecord:
         record = RunRecord(provider=self.provider.name, model=model)
-        system = ChatMessage(role="system", content=self.system_prompt)
         try:
+            system = ChatMessage(role="system", content=await self._system_text(tool_ctx))
             for _ in range(self.max_iterations):
                 window = await hooks.load_window()
                 reply = await self.provider.complete([system, *window], self.tools.specs(), model=model)
@@ -122,3 +127,11 @@ class AgentRunner:
             text = "Sorry, the model is not reachable right now. Please try again later."
         await hooks.finish(ChatMessage(role="assistant", content=text), record)
         return record
+
+    async def _system_text(self, tool_ctx: ToolContext) -> str:
+        parts = [self.system_prompt]
+        for source in self.context_sources:
+            extra = await source(tool_ctx)
+            if extra:
+                parts.append(extra)
+        return "\n\n".join(parts)

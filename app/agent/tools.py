@@ -28,6 +28,7 @@ class ToolContext:
     channel: str
     chat_id: str
     sender_id: str
+    thread_id: str | None
     message_count: Callable[[], Awaitable[int]]
     extras: dict[str, Any] = field(default_factory=dict)
 

@@ -8,7 +8,7 @@ commit together, so a crash either leaves the turn to be resumed or finished.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -18,7 +18,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.agent.loop import AgentRunner, RunHooks, RunRecord, repair_interrupted
 from app.agent.tools import ToolContext
+from app.bus import SessionBus
 from app.db.models import messages, outbox, runs, utcnow
+from app.errors import LeaseLost
 from app.events import InboundEvent, OutboundMessage, TextPart
 from app.pipeline.inbox import Inbox, InboxRow
 from app.sessions.lease import SessionLease, check_fence
@@ -32,6 +34,10 @@ SESSION_COMMANDS = {
     "/reset": "The conversation was reset. Earlier messages are kept but no longer used.",
     "/end": "Conversation ended. Send a message to start a new one.",
 }
+
+
+AfterTurn = Callable[[SessionLease, SessionState], Awaitable[None]]
+"""Runs after a turn finished, still under the key's lease (e.g. memory consolidation)."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +99,8 @@ class TurnHandler:
         max_attempts: int,
         models: Mapping[str, str | None] | None = None,
         on_outbox: Callable[[], None] | None = None,
+        bus: SessionBus | None = None,
+        after_turn: Sequence[AfterTurn] = (),
     ) -> None:
         self.engine = engine
         self.store = store
@@ -102,6 +110,8 @@ class TurnHandler:
         self.max_attempts = max_attempts
         self.models = dict(models or {})
         self.on_outbox = on_outbox or (lambda: None)
+        self.bus = bus
+        self.after_turn = list(after_turn)
 
     @asynccontextmanager
     async def _fenced(self, lease: SessionLease) -> AsyncIterator[AsyncConnection]:
@@ -135,7 +145,7 @@ class TurnHandler:
                 for e in events
                 if not await self.store.has_event(conn, session.id, e.event_id)
             ]
-            await self.store.append(conn, session.id, new_user)
+            user_seqs = await self.store.append(conn, session.id, new_user)
             answer = not all(e.metadata.get("no_reply") for e in events)
             run_id = None
             if answer:
@@ -158,6 +168,7 @@ class TurnHandler:
                 ).scalar_one()
             else:
                 await Inbox.mark(conn, [r.id for r in live], "done")
+        await self._publish(lease.key, session.id, new_user, user_seqs)
         if not answer:
             self.inbox.wake([e.event_id for e in events])
             return
@@ -165,7 +176,8 @@ class TurnHandler:
         repairs = repair_interrupted(await self.store.tail(session.id, 64))
         if repairs:
             async with self._fenced(lease) as conn:
-                await self.store.append(conn, session.id, repairs, run_id=run_id)
+                seqs = await self.store.append(conn, session.id, repairs, run_id=run_id)
+            await self._publish(lease.key, session.id, repairs, seqs)
 
         assert run_id is not None
         hooks = self._hooks(lease, session, live, run_id, started)
@@ -175,9 +187,17 @@ class TurnHandler:
             channel=last.channel,
             chat_id=last.chat_id,
             sender_id=last.sender_id,
+            thread_id=last.thread_id,
             message_count=lambda: self._message_count(session.id),
         )
         await self.runner.run(hooks, tool_ctx, model=self.models.get(last.channel))
+        for hook in self.after_turn:
+            try:
+                await hook(lease, session)
+            except LeaseLost:
+                raise
+            except Exception:
+                log.exception("after_turn_failed", hook=getattr(hook, "__name__", repr(hook)))
 
     def _hooks(
         self,
@@ -196,12 +216,13 @@ class TurnHandler:
 
         async def append(new: list[ChatMessage]) -> None:
             async with self._fenced(lease) as conn:
-                await self.store.append(conn, session.id, new, run_id=run_id)
+                seqs = await self.store.append(conn, session.id, new, run_id=run_id)
+            await self._publish(lease.key, session.id, new, seqs)
 
         async def finish(final: ChatMessage, record: RunRecord) -> None:
             reply = reply_for(last, final.content or "")
             async with self._fenced(lease) as conn:
-                await self.store.append(conn, session.id, [final], run_id=run_id)
+                seqs = await self.store.append(conn, session.id, [final], run_id=run_id)
                 await insert_outbox(conn, reply, session_id=session.id, run_id=run_id, event_id=last.event_id)
                 await Inbox.mark(conn, [r.id for r in rows], "done", run_id=run_id)
                 await conn.execute(
@@ -221,6 +242,7 @@ class TurnHandler:
                 )
             self.inbox.wake([r.event_id for r in rows])
             self.on_outbox()
+            await self._publish(lease.key, session.id, [final], seqs, run_id=run_id)
 
         return RunHooks(load_window=load_window, append=append, finish=finish)
 
@@ -256,6 +278,36 @@ class TurnHandler:
         log.error("events_failed", event_ids=[r.event_id for r in rows])
         self.inbox.wake([r.event_id for r in rows])
         self.on_outbox()
+
+    async def _publish(
+        self,
+        key: str,
+        session_id: int,
+        new: Sequence[ChatMessage],
+        seqs: Sequence[int],
+        *,
+        run_id: int | None = None,
+    ) -> None:
+        """Tell watchers (browser gateway) about committed messages, after the commit."""
+        if self.bus is None:
+            return
+        for msg, seq in zip(new, seqs, strict=True):
+            await self.bus.publish(
+                key,
+                {
+                    "type": "message",
+                    "session_key": key,
+                    "session_id": session_id,
+                    "seq": seq,
+                    "role": msg.role,
+                    "content": msg.content,
+                    "tool_calls": list(msg.tool_calls) if msg.tool_calls else None,
+                    "tool_call_id": msg.tool_call_id,
+                    "name": msg.name,
+                    "event_id": msg.event_id,
+                    "run_id": run_id,
+                },
+            )
 
     async def _message_count(self, session_id: int) -> int:
         async with self.engine.connect() as conn:
