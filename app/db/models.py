@@ -197,6 +197,20 @@ memories = Table(
     Column("updated_at", UTCDateTime, nullable=False),
     Column("metadata", JSON, nullable=False, default=dict),
     Index("ix_memories_scope_owner", "scope", "owner"),
+    # app.memory always sets `key`, so one fact/note/summary is stored once per owner.
+    Index("uq_memories_scope_owner_key", "scope", "owner", "key", unique=True),
+)
+
+identity_links = Table(
+    "identity_links",
+    metadata,
+    # A channel identity ("telegram:42", components escaped like session keys) belongs to
+    # one person; user memory of linked identities is shared (app.memory.identity).
+    Column("identity", String(600), primary_key=True),
+    Column("person_id", String(200), nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("created_by", String(256), nullable=True),
+    Index("ix_identity_links_person_id", "person_id"),
 )
 
 approvals = Table(
