@@ -7,7 +7,8 @@ channel package (`ChannelSettings` subclasses with an env prefix per channel).
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import json
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -49,6 +50,34 @@ class Settings(BaseSettings):
     )
     system_prompt: str = "You are chatgate, a helpful assistant. Answer concisely."
     agent_max_iterations: int = Field(8, description="Model calls per turn before giving up.")
+    llm_max_retries: int = Field(3, description="Retries of a model call on 429/5xx/connection errors.")
+    llm_backoff_base_seconds: float = Field(0.5, description="First retry delay; doubles each try.")
+    llm_backoff_max_seconds: float = Field(
+        30.0, description="Longest wait between retries (Retry-After too)."
+    )
+    llm_stream: bool = Field(True, description="Stream answers (deltas reach browser clients).")
+    llm_vision: bool = Field(False, description="The model reads images: send image parts as image_url.")
+    llm_fallback_base_url: str | None = Field(None, description="Endpoint tried when the primary gave up.")
+    llm_fallback_api_key: str | None = None
+    llm_fallback_model: str | None = Field(None, description="Model of the fallback endpoint.")
+    tool_result_max_chars: int = Field(16_000, description="Longer tool results are cut with a marker.")
+    stop_poll_seconds: float = Field(1.0, description="How often a run looks for /stop from other replicas.")
+
+    # --- tools -----------------------------------------------------------------------
+    tools_allow: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Comma-separated tool names/globs offered; empty allows all."
+    )
+    tools_deny: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Comma-separated tool names/globs never offered."
+    )
+    workspace_root: str | None = Field(
+        None,
+        description="Directory the file tools may touch; unset disables read_file/list_files/write_file.",
+    )
+    approval_timeout_seconds: float = Field(
+        300.0, description="A pending /approve request is denied after this."
+    )
+    approval_sweep_seconds: float = Field(5.0, description="How often timed-out approvals are looked for.")
 
     # --- sessions --------------------------------------------------------------------
     history_max_messages: int = Field(100, description="Newest messages sent to the model.")
@@ -71,15 +100,50 @@ class Settings(BaseSettings):
     outbox_backoff_base_seconds: float = 1.0
     outbox_backoff_max_seconds: float = 300.0
 
+    # --- memory (app.memory) -----------------------------------------------------------
+    memory_enabled: bool = Field(True, description="Recall memory into runs and offer remember/recall.")
+    memory_global_file: str | None = Field(
+        None, description="Text file of operator facts for every session, one per line (# comments)."
+    )
+    memory_recall_max_items: int = Field(12, description="Memories recalled per scope into a run.")
+    memory_recall_max_chars: int = Field(4000, description="Upper bound of recalled memory text per run.")
+    consolidation_enabled: bool = Field(True, description="Summarize long sessions into memory.")
+    consolidation_threshold_messages: int = Field(
+        80, description="Consolidate when this many messages are past last_consolidated."
+    )
+    consolidation_threshold_tokens: int = Field(
+        12000, description="… or when they are estimated at this many tokens."
+    )
+    consolidation_keep_messages: int = Field(
+        20, description="Newest messages left unconsolidated (the model still sees them verbatim)."
+    )
+    consolidation_summary_max_chars: int = Field(2000, description="Upper bound of one summary.")
+
+    # --- MCP (app.agent.mcp) -----------------------------------------------------------
+    mcp_servers: Annotated[list[dict[str, Any]], NoDecode] = Field(
+        default_factory=list,
+        description='JSON list: [{"name": "fs", "command": ["npx", "…"]}, {"name": "x", "url": '
+        '"http://…/mcp", "trusted": false}]; see docs/mcp.md.',
+    )
+    mcp_call_timeout_seconds: float = Field(60.0, description="Upper bound of one MCP tool call.")
+    mcp_connect_timeout_seconds: float = Field(15.0, description="Upper bound of connecting to a server.")
+
     # --- logging ---------------------------------------------------------------------
     log_level: str = "INFO"
     log_format: Literal["json", "console"] = "json"
 
-    @field_validator("channels", mode="before")
+    @field_validator("channels", "tools_allow", "tools_deny", mode="before")
     @classmethod
     def _comma_list(cls, value: object) -> object:
         if isinstance(value, str):
             return [v.strip() for v in value.split(",") if v.strip()]
+        return value
+
+    @field_validator("mcp_servers", mode="before")
+    @classmethod
+    def _json_list(cls, value: object) -> object:
+        if isinstance(value, str):
+            return json.loads(value) if value.strip() else []
         return value
 
     @field_validator("database_url")
