@@ -46,13 +46,14 @@ class SessionCache(Generic[V]):
         return entry.value
 
     def put(self, key: str, value: V, *, fence: int) -> None:
+        """Store `key`'s state; the entry just stored is never the one evicted."""
         entry = self._entries.get(key)
         if entry is not None:
             entry.value, entry.fence = value, fence
             self._entries.move_to_end(key)
         else:
             self._entries[key] = _Entry(value, fence)
-        self._evict()
+        self._evict(protect=key)
 
     def pin(self, key: str) -> None:
         """Mark a key as mid-run: it stays cached until `unpin`."""
@@ -71,11 +72,11 @@ class SessionCache(Generic[V]):
         if entry is not None and entry.pins == 0:
             del self._entries[key]
 
-    def _evict(self) -> None:
+    def _evict(self, protect: str | None = None) -> None:
         if len(self._entries) <= self.capacity:
             return
         for key in list(self._entries):
             if len(self._entries) <= self.capacity:
                 break
-            if self._entries[key].pins == 0:
+            if self._entries[key].pins == 0 and key != protect:
                 del self._entries[key]

@@ -1,0 +1,39 @@
+"""The in-memory session cache: bounded, LRU, never evicts a session mid-run."""
+
+from __future__ import annotations
+
+from app.sessions.cache import SessionCache
+
+
+def test_lru_eviction_skips_pinned_entries() -> None:
+    cache: SessionCache[str] = SessionCache(capacity=2)
+    cache.put("a", "A", fence=1)
+    cache.pin("a")  # "a" is mid-run
+    cache.put("b", "B", fence=1)
+    cache.put("c", "C", fence=1)  # over capacity: evict the least recent unpinned → "b"
+    assert "a" in cache and "b" not in cache and "c" in cache
+    cache.put("d", "D", fence=1)
+    assert "a" in cache and "c" not in cache and "d" in cache
+    cache.unpin("a")
+    cache.put("e", "E", fence=1)
+    assert "a" not in cache and len(cache) == 2
+
+
+def test_all_pinned_may_exceed_capacity_until_unpinned() -> None:
+    cache: SessionCache[int] = SessionCache(capacity=1)
+    for i, key in enumerate("xyz"):
+        cache.put(key, i, fence=1)
+        cache.pin(key)
+    assert len(cache) == 3
+    for key in "xyz":
+        cache.unpin(key)
+    assert len(cache) == 1
+
+
+def test_entry_from_another_holders_fence_is_stale() -> None:
+    cache: SessionCache[str] = SessionCache(capacity=4)
+    cache.put("k", "state", fence=5)
+    assert cache.get("k", fence=6) == "state"  # we released and re-took the lease
+    cache.put("k", "state", fence=6)
+    assert cache.get("k", fence=9) is None  # someone else held the key in between
+    assert "k" not in cache

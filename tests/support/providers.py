@@ -1,0 +1,54 @@
+"""Providers for tests: real implementations of the ChatProvider protocol that record calls.
+
+They stand in for the model (an external system), never for chatgate's own code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from app.agent.provider import ProviderReply, ToolSpec
+from app.sessions.messages import ChatMessage
+
+
+@dataclass
+class Call:
+    user_text: str
+    messages: list[ChatMessage]
+    started: float
+    finished: float = 0.0
+
+
+@dataclass
+class RecordingProvider:
+    """Answers `echo <last user text>` after `delay` seconds and records every call."""
+
+    delay: float = 0.0
+    name: str = "recording"
+    calls: list[Call] = field(default_factory=list)
+    events: list[tuple[str, str]] = field(default_factory=list)
+    active: int = 0
+    max_active: int = 0
+
+    async def complete(
+        self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec], *, model: str | None = None
+    ) -> ProviderReply:
+        user = next((m.content or "" for m in reversed(messages) if m.role == "user"), "")
+        call = Call(user_text=user, messages=list(messages), started=time.monotonic())
+        self.calls.append(call)
+        self.events.append(("start", user))
+        self.active += 1
+        self.max_active = max(self.max_active, self.active)
+        try:
+            await asyncio.sleep(self.delay)
+        finally:
+            self.active -= 1
+            call.finished = time.monotonic()
+            self.events.append(("finish", user))
+        return ProviderReply(content=f"echo {user}")
+
+    async def aclose(self) -> None:
+        return None
