@@ -54,8 +54,24 @@ class ChannelSettings(BaseSettings):
     approvers: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="Comma-separated sender ids allowed to /approve."
     )
+    approve_own_requests_in_direct: bool = Field(
+        False, description="In direct chats, the person talking to the bot may /approve its tool calls."
+    )
+    tools_allow: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Comma-separated tool names/globs offered here; empty allows all."
+    )
+    tools_deny: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Comma-separated tool names/globs never offered here."
+    )
+    tools_by_sender: dict[str, dict[str, list[str]]] = Field(
+        default_factory=dict,
+        description='JSON {"<sender id>": {"allow": [...], "deny": [...]}}; replaces the channel lists '
+        "for that sender.",
+    )
 
-    @field_validator("allowed_senders", "allowed_chats", "approvers", mode="before")
+    @field_validator(
+        "allowed_senders", "allowed_chats", "approvers", "tools_allow", "tools_deny", mode="before"
+    )
     @classmethod
     def _comma_list(cls, value: Any) -> Any:
         if isinstance(value, str):
