@@ -236,7 +236,8 @@ cron_jobs = Table(
     metadata,
     Column("id", Id, primary_key=True, autoincrement=True),
     Column("name", String(200), nullable=False),
-    Column("schedule", String(200), nullable=False),
+    # A cron expression, or NULL for a one-shot job that fires once at `run_at`.
+    Column("schedule", String(200), nullable=True),
     Column("timezone", String(64), nullable=False, default="UTC"),
     Column("prompt", Text, nullable=False),
     Column("source_session_key", String(512), nullable=False),
@@ -249,5 +250,11 @@ cron_jobs = Table(
     Column("created_at", UTCDateTime, nullable=False),
     Column("created_by", String(256), nullable=True),
     Column("metadata", JSON, nullable=False, default=dict),
+    Column("run_at", UTCDateTime, nullable=True),
+    Column("max_runs", Integer, nullable=True),
+    Column("runs", Integer, nullable=False, default=0, server_default="0"),
+    Column("last_error", Text, nullable=True),
+    Column("updated_at", UTCDateTime, nullable=True),
     Index("ix_cron_jobs_enabled_next", "enabled", "next_fire_at"),
+    Index("ix_cron_jobs_source_session_key", "source_session_key"),
 )
