@@ -79,35 +79,6 @@ class Settings(BaseSettings):
     )
     approval_sweep_seconds: float = Field(5.0, description="How often timed-out approvals are looked for.")
 
-    llm_max_retries: int = Field(3, description="Retries of a model call on 429/5xx/connection errors.")
-    llm_backoff_base_seconds: float = Field(0.5, description="First retry delay; doubles each try.")
-    llm_backoff_max_seconds: float = Field(
-        30.0, description="Longest wait between retries (Retry-After too)."
-    )
-    llm_stream: bool = Field(True, description="Stream answers (deltas reach browser clients).")
-    llm_vision: bool = Field(False, description="The model reads images: send image parts as image_url.")
-    llm_fallback_base_url: str | None = Field(None, description="Endpoint tried when the primary gave up.")
-    llm_fallback_api_key: str | None = None
-    llm_fallback_model: str | None = Field(None, description="Model of the fallback endpoint.")
-    tool_result_max_chars: int = Field(16_000, description="Longer tool results are cut with a marker.")
-    stop_poll_seconds: float = Field(1.0, description="How often a run looks for /stop from other replicas.")
-
-    # --- tools -----------------------------------------------------------------------
-    tools_allow: Annotated[list[str], NoDecode] = Field(
-        default_factory=list, description="Comma-separated tool names/globs offered; empty allows all."
-    )
-    tools_deny: Annotated[list[str], NoDecode] = Field(
-        default_factory=list, description="Comma-separated tool names/globs never offered."
-    )
-    workspace_root: str | None = Field(
-        None,
-        description="Directory the file tools may touch; unset disables read_file/list_files/write_file.",
-    )
-    approval_timeout_seconds: float = Field(
-        300.0, description="A pending /approve request is denied after this."
-    )
-    approval_sweep_seconds: float = Field(5.0, description="How often timed-out approvals are looked for.")
-
     # --- sessions --------------------------------------------------------------------
     history_max_messages: int = Field(100, description="Newest messages sent to the model.")
     history_max_tokens: int | None = Field(None, description="Optional token budget of the window.")
