@@ -10,8 +10,17 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+
+class GatewayTokenSpec(BaseModel):
+    """A static browser-gateway token (`GATEWAY_TOKENS`, a JSON list of these)."""
+
+    token: str = Field(min_length=16)
+    subject: str = Field(min_length=1, max_length=200)
+    session_keys: list[str] = Field(default_factory=list)
+    key_prefix: str | None = None
 
 
 class Settings(BaseSettings):
@@ -128,6 +137,26 @@ class Settings(BaseSettings):
     mcp_call_timeout_seconds: float = Field(60.0, description="Upper bound of one MCP tool call.")
     mcp_connect_timeout_seconds: float = Field(15.0, description="Upper bound of connecting to a server.")
 
+    # --- browser gateway (WS /ws; docs/gateway.md) -------------------------------------
+    gateway_tokens: list[GatewayTokenSpec] = Field(
+        default_factory=list,
+        description='Static gateway tokens, JSON: [{"token", "subject", "session_keys", "key_prefix"}].',
+    )
+    gateway_token_secret: str | None = Field(
+        None, description="HMAC key of short-lived gateway tokens; unset disables issuing them."
+    )
+    gateway_token_ttl_seconds: int = Field(3600, description="Default lifetime of issued gateway tokens.")
+    gateway_token_max_ttl_seconds: int = Field(86400, description="Upper bound of an issued token lifetime.")
+    gateway_auth_timeout_seconds: float = Field(10.0, description="Time a client has to send `auth`.")
+    gateway_heartbeat_seconds: float = Field(20.0, description="Interval of heartbeat frames.")
+    gateway_idle_timeout_seconds: float = Field(120.0, description="Close after this long without a frame.")
+    gateway_send_queue_size: int = Field(256, description="Frames a client may fall behind before 4008.")
+    gateway_send_timeout_seconds: float = Field(10.0, description="One send taking longer closes with 4008.")
+    gateway_history_limit: int = Field(50, description="Messages sent on attach without last_seq.")
+    gateway_resume_limit: int = Field(1000, description="Most missed messages sent on a resume.")
+    gateway_max_text_chars: int = Field(32_000, description="Longest text of a `send` frame.")
+    gateway_max_frame_bytes: int = Field(65_536, description="Largest client frame.")
+
     # --- logging ---------------------------------------------------------------------
     log_level: str = "INFO"
     log_format: Literal["json", "console"] = "json"
@@ -142,6 +171,13 @@ class Settings(BaseSettings):
     @field_validator("mcp_servers", mode="before")
     @classmethod
     def _json_list(cls, value: object) -> object:
+        if isinstance(value, str):
+            return json.loads(value) if value.strip() else []
+        return value
+
+    @field_validator("gateway_tokens", mode="before")
+    @classmethod
+    def _json_tokens(cls, value: object) -> object:
         if isinstance(value, str):
             return json.loads(value) if value.strip() else []
         return value

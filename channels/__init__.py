@@ -23,6 +23,7 @@ KNOWN_CHANNELS: dict[str, str] = {
     "onebot": "channels.onebot",
     "qq": "channels.qq",
     "cron": "channels.cron",
+    "browser": "channels.browser",
 }
 
 
