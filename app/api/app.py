@@ -10,12 +10,13 @@ from fastapi.responses import JSONResponse
 
 from app.agent.provider import ChatProvider
 from app.agent.tools import Tool
-from app.api.routes import admin, channels, health
+from app.api.routes import admin, admin_dashboard, channels, health
 from app.channel import ChannelSettings
 from app.config import Settings
 from app.errors import ChannelRequestError
 from app.logs import configure_logging
 from app.runtime import Runtime
+from app.web import pages as web_pages
 
 
 def create_app(
@@ -48,4 +49,6 @@ def create_app(
     app.include_router(health.router)
     app.include_router(channels.router)
     app.include_router(admin.router)
+    app.include_router(admin_dashboard.router)
+    web_pages.install(app)
     return app
