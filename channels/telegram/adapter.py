@@ -1,0 +1,275 @@
+"""Telegram Bot API channel: webhook (production) or long polling (development).
+
+Inbound: `POST /channels/telegram`; the `X-Telegram-Bot-Api-Secret-Token` header is
+checked in constant time before the body is parsed. Updates become events (dedup on
+`update_id`) and are committed to the inbox before Telegram gets its 200.
+Outbound: `sendMessage` through python-telegram-bot's `Bot`, pointed at
+`TELEGRAM_API_BASE_URL`; long texts are split, replies go to the message's forum topic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import warnings
+from collections import OrderedDict
+from datetime import timedelta
+from typing import Any
+
+import structlog
+from telegram import Bot, ReplyParameters
+from telegram.error import (
+    BadRequest,
+    ChatMigrated,
+    Conflict,
+    Forbidden,
+    InvalidToken,
+    NetworkError,
+    RetryAfter,
+    TelegramError,
+)
+from telegram.request import HTTPXRequest
+
+from app.channel import ChannelContext, ChannelRequest, ChannelResponse, SendResult
+from app.errors import (
+    ChannelAuthError,
+    ChannelNotConfigured,
+    ChannelRateLimited,
+    ChannelRejected,
+    ChannelSendAuthError,
+    ChannelUnavailable,
+    DeliveryError,
+)
+from app.events import OutboundMessage
+from channels.telegram.parse import BotIdentity, Parsed, parse_update
+from channels.telegram.settings import TelegramSettings
+from channels.telegram.text import split_text
+
+log = structlog.get_logger(__name__)
+
+SECRET_HEADER = "x-telegram-bot-api-secret-token"
+
+
+def build_bot(settings: TelegramSettings) -> Bot:
+    """A PTB `Bot` for these settings (base URLs and timeouts included)."""
+    if not settings.bot_token:
+        raise ChannelNotConfigured("TELEGRAM_BOT_TOKEN is not set")
+    timeout = settings.request_timeout_seconds
+    return Bot(
+        settings.bot_token,
+        base_url=settings.api_base_url,
+        base_file_url=settings.file_base_url,
+        request=HTTPXRequest(connection_pool_size=8, read_timeout=timeout, connect_timeout=timeout),
+        # getUpdates adds its long-poll timeout to this read timeout.
+        get_updates_request=HTTPXRequest(read_timeout=timeout, connect_timeout=timeout),
+    )
+
+
+def retry_after_seconds(exc: RetryAfter) -> float:
+    with warnings.catch_warnings():  # PTB warns while moving from int to timedelta
+        warnings.simplefilter("ignore")
+        value: Any = exc.retry_after
+    return value.total_seconds() if isinstance(value, timedelta) else float(value)
+
+
+class TelegramChannel:
+    name = "telegram"
+
+    def __init__(self, settings: TelegramSettings, context: ChannelContext) -> None:
+        self.settings = settings
+        self.context = context
+        self.bot: Bot | None = build_bot(settings) if settings.bot_token else None
+        self.identity = BotIdentity(settings.bot_id, settings.bot_username)
+        self.poll_error: str | None = None  # the last getUpdates failure, for operators and tests
+        self._poller: asyncio.Task[None] | None = None
+        # message_id → chunks already delivered, so a retry after a partial send does not
+        # repeat them (bounded; lost on restart, when a retry may repeat a chunk).
+        self._sent_chunks: OrderedDict[str, int] = OrderedDict()
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self.bot is None:
+            log.warning("telegram_not_configured", detail="TELEGRAM_BOT_TOKEN is not set")
+            return
+        try:
+            await self.bot.initialize()  # opens the HTTP clients, then getMe
+        except TelegramError as exc:
+            # Not fatal for the service: the webhook still answers private chats, and the
+            # identity is asked for again with the next update.
+            log.error("telegram_get_me_failed", error=str(exc))
+        else:
+            me = self.bot.bot
+            self.identity = BotIdentity(
+                self.settings.bot_id or me.id, self.settings.bot_username or me.username
+            )
+        if self.settings.mode == "polling":
+            self._poller = asyncio.create_task(self._poll_loop(), name="telegram-poller")
+
+    async def stop(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
+            self._poller = None
+        if self.bot is not None:
+            with contextlib.suppress(Exception):
+                await self.bot.shutdown()
+
+    async def _ensure_identity(self) -> None:
+        """Learn the bot's id and @username (needed for mention gating) once, via getMe."""
+        if self.bot is None or (self.identity.id is not None and self.identity.username):
+            return
+        try:
+            me = await self.bot.get_me()
+        except TelegramError as exc:
+            log.error("telegram_get_me_failed", error=str(exc))
+            return
+        self.identity = BotIdentity(self.settings.bot_id or me.id, self.settings.bot_username or me.username)
+
+    # --- inbound: webhook -------------------------------------------------------------
+
+    async def handle_request(self, request: ChannelRequest) -> ChannelResponse:
+        if request.method != "POST" or request.path not in ("", "/"):
+            return ChannelResponse.json({"error": "not_found", "detail": "POST /channels/telegram"}, 404)
+        secret = self.settings.webhook_secret
+        if not secret:
+            raise ChannelNotConfigured("TELEGRAM_WEBHOOK_SECRET is not set on this server")
+        given = request.headers.get(SECRET_HEADER)
+        if given is None:
+            raise ChannelAuthError("missing X-Telegram-Bot-Api-Secret-Token header")
+        if not hmac.compare_digest(given.encode(), secret.encode()):
+            raise ChannelAuthError("X-Telegram-Bot-Api-Secret-Token does not match")
+        parsed = await self._parse(request.json())
+        body: dict[str, Any] = {"ok": True, "update_id": parsed.update_id}
+        if parsed.event is None:
+            body["ignored"] = parsed.ignored
+            return ChannelResponse.json(body)
+        [result] = await self.context.accept([parsed.event])
+        body.update(event_id=result.event_id, session_key=result.session_key)
+        if result.duplicate:
+            body["duplicate"] = True
+        if result.skipped:
+            body["skipped"] = True
+        return ChannelResponse.json(body)
+
+    async def _parse(self, data: Any) -> Parsed:
+        if self.identity.id is None or not self.identity.username:
+            await self._ensure_identity()  # getMe failed at start; try again
+        return parse_update(data, self.bot, self.settings, self.identity)
+
+    # --- inbound: long polling (development) ----------------------------------------
+
+    async def _poll_loop(self) -> None:
+        assert self.bot is not None
+        offset: int | None = None
+        while True:
+            try:
+                updates = await self.bot.get_updates(
+                    offset=offset,
+                    timeout=self.settings.polling_timeout_seconds,
+                    allowed_updates=["message"],
+                )
+            except asyncio.CancelledError:
+                raise
+            except Conflict as exc:
+                self.poll_error = (
+                    f"getUpdates answered 409 Conflict: {exc.message}. Another process is polling "
+                    "with this token, or a webhook is set (delete it, or use TELEGRAM_MODE=webhook)."
+                )
+                log.error("telegram_poll_conflict", detail=self.poll_error)
+                await asyncio.sleep(self.settings.polling_retry_seconds)
+                continue
+            except TelegramError as exc:
+                self.poll_error = f"getUpdates failed: {exc.message}"
+                log.warning("telegram_poll_failed", error=exc.message)
+                await asyncio.sleep(self.settings.polling_retry_seconds)
+                continue
+            self.poll_error = None
+            for update in updates:
+                try:
+                    parsed = await self._parse(update.to_dict())
+                    if parsed.event is not None:
+                        await self.context.accept([parsed.event])
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    # Not confirmed: the next getUpdates returns it again (dedup makes that safe).
+                    log.exception("telegram_poll_accept_failed", update_id=update.update_id)
+                    await asyncio.sleep(self.settings.polling_retry_seconds)
+                    break
+                # Confirmed only after the inbox commit: nothing is lost if we die here.
+                offset = update.update_id + 1
+
+    # --- outbound -------------------------------------------------------------------
+
+    async def send(self, message: OutboundMessage) -> SendResult:
+        if self.bot is None:
+            raise ChannelSendAuthError("TELEGRAM_BOT_TOKEN is not set", retryable=False)
+        chunks = split_text(message.text, self.settings.max_message_chars)
+        if not chunks:
+            return SendResult()
+        done = self._sent_chunks.get(message.message_id, 0)
+        chat_id: int | str = _chat_id(message.chat_id)
+        thread_id = int(message.thread_id) if message.thread_id and message.thread_id.isdigit() else None
+        quote = message.metadata.get("reply_msg_id")
+        first_id: str | None = None
+        for index in range(done, len(chunks)):
+            reply = (
+                ReplyParameters(message_id=int(quote), allow_sending_without_reply=True)
+                if quote is not None and index == 0
+                else None
+            )
+            try:
+                sent = await self._send_chunk(chat_id, chunks[index], thread_id, reply)
+            except DeliveryError:
+                self._remember(message.message_id, index)
+                raise
+            if first_id is None:
+                first_id = str(sent)
+        self._sent_chunks.pop(message.message_id, None)
+        return SendResult(platform_message_id=first_id)
+
+    async def _send_chunk(
+        self, chat_id: int | str, text: str, thread_id: int | None, reply: ReplyParameters | None
+    ) -> int:
+        assert self.bot is not None
+        try:
+            try:
+                sent = await self.bot.send_message(
+                    chat_id=chat_id, text=text, message_thread_id=thread_id, reply_parameters=reply
+                )
+            except ChatMigrated as exc:  # the group became a supergroup: same chat, new id
+                sent = await self.bot.send_message(
+                    chat_id=exc.new_chat_id, text=text, message_thread_id=thread_id, reply_parameters=reply
+                )
+        except RetryAfter as exc:
+            raise ChannelRateLimited(
+                retry_after_seconds(exc), f"Telegram flood control: {exc.message}"
+            ) from exc
+        except InvalidToken as exc:
+            raise ChannelSendAuthError(f"Telegram refused the bot token: {exc.message}") from exc
+        except Forbidden as exc:
+            raise ChannelRejected(f"Telegram refused: {exc.message}") from exc
+        except BadRequest as exc:
+            raise ChannelRejected(f"Telegram rejected the message: {exc.message}") from exc
+        except NetworkError as exc:  # TimedOut, 5xx, connection errors
+            raise ChannelUnavailable(f"Telegram unreachable: {exc.message}") from exc
+        except TelegramError as exc:
+            raise ChannelUnavailable(f"Telegram error: {exc.message}") from exc
+        return sent.message_id
+
+    def _remember(self, message_id: str, done: int) -> None:
+        self._sent_chunks[message_id] = done
+        self._sent_chunks.move_to_end(message_id)
+        while len(self._sent_chunks) > 1000:
+            self._sent_chunks.popitem(last=False)
+
+
+def _chat_id(value: str) -> int | str:
+    """Numeric ids go as integers; `@channelusername` stays a string."""
+    try:
+        return int(value)
+    except ValueError:
+        return value

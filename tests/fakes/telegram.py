@@ -1,0 +1,248 @@
+"""A fake Telegram Bot API: a real local HTTP server that python-telegram-bot talks to.
+
+It serves `/bot{token}/{method}` like api.telegram.org (form or JSON parameters, answers
+`{"ok": true, "result": …}` or `{"ok": false, "error_code", "description", "parameters"}`),
+records every call, can be scripted to fail, and queues updates for `getUpdates`.
+Also builds update payloads as Telegram sends them (Bot API object shapes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+BOT_ID = 777000111
+BOT_USERNAME = "gate_bot"
+TOKEN = "777000111:TEST-token_abc"
+
+
+@dataclass
+class Call:
+    method: str
+    params: dict[str, Any]
+
+
+@dataclass
+class Failure:
+    status: int
+    description: str
+    retry_after: int | None = None
+
+    def body(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"ok": False, "error_code": self.status, "description": self.description}
+        if self.retry_after is not None:
+            body["parameters"] = {"retry_after": self.retry_after}
+        return body
+
+
+TOO_MANY_REQUESTS = Failure(429, "Too Many Requests: retry after 1", retry_after=1)
+SERVER_ERROR = Failure(500, "Internal Server Error")
+BLOCKED = Failure(403, "Forbidden: bot was blocked by the user")
+CONFLICT = Failure(409, "Conflict: terminated by other getUpdates request")
+
+
+@dataclass
+class FakeTelegram:
+    token: str = TOKEN
+    bot_id: int = BOT_ID
+    username: str = BOT_USERNAME
+    calls: list[Call] = field(default_factory=list)
+    # method -> failures answered (in order) before the method works again
+    script: dict[str, list[Failure]] = field(default_factory=dict)
+    # method -> failure answered every time
+    always: dict[str, Failure] = field(default_factory=dict)
+    updates: list[dict[str, Any]] = field(default_factory=list)
+    url: str = ""
+    file_url: str = ""
+
+    def __post_init__(self) -> None:
+        self._changed = asyncio.Condition()
+        self._runner: web.AppRunner | None = None
+        self._ids = itertools.count(1000)
+
+    # --- test API -------------------------------------------------------------------
+
+    def fail(self, method: str, *failures: Failure) -> None:
+        self.script.setdefault(method, []).extend(failures)
+
+    def calls_of(self, method: str) -> list[Call]:
+        return [c for c in self.calls if c.method == method]
+
+    def sent_texts(self) -> list[str]:
+        return [c.params["text"] for c in self.calls_of("sendMessage")]
+
+    async def wait_for(self, method: str, count: int, timeout: float = 15) -> list[Call]:
+        async with self._changed:
+            await asyncio.wait_for(
+                self._changed.wait_for(lambda: len(self.calls_of(method)) >= count), timeout
+            )
+        return self.calls_of(method)
+
+    async def push_update(self, update: dict[str, Any]) -> None:
+        async with self._changed:
+            self.updates.append(update)
+            self._changed.notify_all()
+
+    # --- the server -----------------------------------------------------------------
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        token, method = request.match_info["token"], request.match_info["method"]
+        if token != self.token:
+            return web.json_response(
+                {"ok": False, "error_code": 401, "description": "Unauthorized"}, status=401
+            )
+        params = await _params(request)
+        async with self._changed:
+            self.calls.append(Call(method, params))
+            self._changed.notify_all()
+        scripted = self.script.get(method)
+        failure = scripted.pop(0) if scripted else self.always.get(method)
+        if failure is not None:
+            return web.json_response(failure.body(), status=failure.status)
+        handler = getattr(self, f"_m_{method}", None)
+        if handler is None:
+            return web.json_response(
+                {"ok": False, "error_code": 404, "description": "Not Found: method not found"}, status=404
+            )
+        result = await handler(params)
+        return web.json_response({"ok": True, "result": result})
+
+    async def _m_getMe(self, _params: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "id": self.bot_id,
+            "is_bot": True,
+            "first_name": "Gate",
+            "username": self.username,
+            "can_join_groups": True,
+            "can_read_all_group_messages": False,
+            "supports_inline_queries": False,
+        }
+
+    async def _m_sendMessage(self, params: dict[str, Any]) -> dict[str, Any]:
+        chat_id = int(params["chat_id"])
+        message: dict[str, Any] = {
+            "message_id": next(self._ids),
+            "date": int(time.time()),
+            "chat": {"id": chat_id, "type": "private" if chat_id > 0 else "supergroup"},
+            "from": {"id": self.bot_id, "is_bot": True, "first_name": "Gate", "username": self.username},
+            "text": params["text"],
+        }
+        if "message_thread_id" in params:
+            message["message_thread_id"] = int(params["message_thread_id"])
+        return message
+
+    async def _m_setWebhook(self, _params: dict[str, Any]) -> bool:
+        return True
+
+    async def _m_deleteWebhook(self, _params: dict[str, Any]) -> bool:
+        return True
+
+    async def _m_getUpdates(self, params: dict[str, Any]) -> list[dict[str, Any]]:
+        offset = int(params.get("offset", 0))
+        timeout = float(params.get("timeout", 0))
+
+        def pending() -> list[dict[str, Any]]:
+            return [u for u in self.updates if u["update_id"] >= offset]
+
+        async with self._changed:
+            try:
+                await asyncio.wait_for(self._changed.wait_for(lambda: bool(pending())), timeout)
+            except TimeoutError:
+                pass
+            return pending()
+
+    async def __aenter__(self) -> FakeTelegram:
+        app = web.Application()
+        app.router.add_route("*", "/bot{token}/{method}", self._handle)
+        self._runner = web.AppRunner(app, shutdown_timeout=0.5)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://127.0.0.1:{port}/bot"
+        self.file_url = f"http://127.0.0.1:{port}/file/bot"
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+
+# Parameters whose values are JSON-serialized objects in the Bot API's form encoding.
+_JSON_PARAMS = {"reply_parameters", "allowed_updates", "reply_markup", "entities"}
+
+
+async def _params(request: web.Request) -> dict[str, Any]:
+    if request.content_type == "application/json":
+        data = await request.json()
+        return dict(data) if isinstance(data, dict) else {}
+    form = await request.post() if request.can_read_body else {}
+    out: dict[str, Any] = {**dict(request.query)}
+    for key, value in form.items():
+        out[key] = json.loads(value) if key in _JSON_PARAMS and isinstance(value, str) else value
+    return out
+
+
+# --- update payloads ------------------------------------------------------------------
+
+_message_ids = itertools.count(1)
+
+
+def user(user_id: int = 4242, username: str | None = "alice") -> dict[str, Any]:
+    data: dict[str, Any] = {"id": user_id, "is_bot": False, "first_name": "Alice"}
+    if username:
+        data["username"] = username
+    return data
+
+
+def bot_user() -> dict[str, Any]:
+    return {"id": BOT_ID, "is_bot": True, "first_name": "Gate", "username": BOT_USERNAME}
+
+
+def private_chat(chat_id: int = 4242) -> dict[str, Any]:
+    return {"id": chat_id, "type": "private", "first_name": "Alice"}
+
+
+def group_chat(chat_id: int = -1001234, forum: bool = False) -> dict[str, Any]:
+    data: dict[str, Any] = {"id": chat_id, "type": "supergroup", "title": "Team"}
+    if forum:
+        data["is_forum"] = True
+    return data
+
+
+def message(
+    text: str | None,
+    *,
+    chat: dict[str, Any] | None = None,
+    sender: dict[str, Any] | None = None,
+    entities: list[dict[str, Any]] | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "message_id": next(_message_ids),
+        "date": int(time.time()),
+        "chat": chat or private_chat(),
+        "from": sender or user(),
+    }
+    if text is not None:
+        data["text"] = text
+    if entities:
+        data["entities"] = entities
+    data.update(extra)
+    return data
+
+
+def mention_entity(text: str, handle: str = f"@{BOT_USERNAME}") -> dict[str, Any]:
+    """A `mention` entity for `handle` inside `text` (offsets in UTF-16 units, as Telegram sends)."""
+    offset = len(text[: text.index(handle)].encode("utf-16-le")) // 2
+    return {"type": "mention", "offset": offset, "length": len(handle.encode("utf-16-le")) // 2}
+
+
+def update(update_id: int, msg: dict[str, Any]) -> dict[str, Any]:
+    return {"update_id": update_id, "message": msg}
