@@ -61,7 +61,7 @@ async def test_fifty_sessions_run_in_parallel(serve: ServeApp) -> None:
         elapsed = time.monotonic() - started
     assert all(r.status_code == 200 and r.json()["replies"] for r in replies)
     assert provider.max_active >= 10, f"only {provider.max_active} runs overlapped"
-    assert elapsed < 50 * 0.2 / 4, f"{elapsed:.1f}s for 50 sessions"
+    assert elapsed < 50 * 0.2 / 2, f"{elapsed:.1f}s for 50 sessions (serial: 10 s)"
 
 
 async def test_semaphore_bounds_concurrent_runs(serve: ServeApp) -> None:
