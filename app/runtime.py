@@ -22,6 +22,7 @@ from sqlalchemy import func, select
 from app.agent.loop import AgentRunner
 from app.agent.offline import OfflineProvider
 from app.agent.provider import ChatProvider
+from app.agent.reminder import reminder_tools
 from app.agent.tools import Tool, ToolRegistry, builtin_tools
 from app.bus import LocalSessionBus, SessionBus
 from app.channel import AcceptResult, ChannelAdapter, ChannelContext, ChannelSettings, WaitResult
@@ -36,6 +37,7 @@ from app.pipeline.dispatcher import Dispatcher
 from app.pipeline.inbox import Inbox
 from app.pipeline.outbox import OutboxSender
 from app.pipeline.turn import TurnHandler, WindowLimits
+from app.scheduling import JobStore, UsesJobStore
 from app.sessions.store import Lifecycle, SessionStore
 
 log = structlog.get_logger(__name__)
@@ -79,6 +81,13 @@ class Runtime:
         self.metrics = metrics or Metrics()
         self.owner = settings.worker_id or default_owner()
         self.engine = create_engine(settings)
+        # --- scheduler: stored cron jobs; the cron channel fires them, the agent schedules them
+        self.jobs = JobStore(self.engine)
+        if "cron" in self.channel_settings:
+            for tool in reminder_tools(self.jobs):
+                if tool.spec.name not in self.tools:
+                    self.tools.register(tool)
+        # --- end scheduler
         lifecycles = {
             name: Lifecycle(
                 suspend_after=cs.suspend_after_seconds or settings.suspend_after_seconds,
@@ -151,6 +160,9 @@ class Runtime:
         for name, cs in self.channel_settings.items():
             spec = load_spec(name)
             self.adapters[name] = spec.factory(cs, self.context_for(name))
+        for adapter in self.adapters.values():  # the cron channel fires jobs of the shared store
+            if isinstance(adapter, UsesJobStore):
+                adapter.use_job_store(self.jobs)
         for adapter in self.adapters.values():
             await adapter.start()
         await self.bus.start()

@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from app.agent.provider import ChatProvider
 from app.agent.tools import Tool
 from app.api.routes import admin, admin_dashboard, channels, health
+from app.api.routes import cron as cron_routes
 from app.channel import ChannelSettings
 from app.config import Settings
 from app.errors import ChannelRequestError
@@ -49,6 +50,7 @@ def create_app(
     app.include_router(health.router)
     app.include_router(channels.router)
     app.include_router(admin.router)
+    app.include_router(cron_routes.router)
     app.include_router(admin_dashboard.router)
     web_pages.install(app)
     return app
