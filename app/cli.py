@@ -119,6 +119,12 @@ def cmd_sessions(settings: Settings, args: argparse.Namespace) -> int:
     return asyncio.run(_sessions(settings, args))
 
 
+def cmd_channels(settings: Settings, args: argparse.Namespace) -> int:
+    from channels.telegram.webhook_admin import run_cli
+
+    return asyncio.run(run_cli(args.action, settings.public_base_url, drop_pending=args.drop_pending))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="chatgate", description="Multi-channel chatbot gateway")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -146,6 +152,13 @@ def build_parser() -> argparse.ArgumentParser:
     reset = ssub.add_parser("reset")
     reset.add_argument("key")
     sessions.set_defaults(func=cmd_sessions)
+
+    channels = sub.add_parser("channels", help="platform set-up tasks")
+    csub = channels.add_subparsers(dest="channel", required=True)
+    telegram = csub.add_parser("telegram", help="Telegram webhook registration")
+    telegram.add_argument("action", choices=["set-webhook", "delete-webhook"])
+    telegram.add_argument("--drop-pending", action="store_true", help="discard updates Telegram queued")
+    channels.set_defaults(func=cmd_channels)
     return parser
 
 
