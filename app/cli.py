@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from app.config import Settings
+from app.events import SessionScope
+from app.scheduling.cli import add_parser as add_cron_parser
 
 
 def _print_json(data: Any) -> None:
@@ -125,6 +127,24 @@ def cmd_channels(settings: Settings, args: argparse.Namespace) -> int:
     return asyncio.run(run_cli(args.action, settings.public_base_url, drop_pending=args.drop_pending))
 
 
+def _channel_scope(name: str) -> SessionScope | None:
+    """How channel `name` keys its sessions (from its settings), or None if it does not exist."""
+    from channels import KNOWN_CHANNELS, load_spec
+
+    if name not in KNOWN_CHANNELS:
+        return None
+    try:
+        return load_spec(name).settings_class().session_scope
+    except ImportError:
+        return None
+
+
+def cmd_cron(settings: Settings, args: argparse.Namespace) -> int:
+    from app.scheduling.cli import run
+
+    return asyncio.run(run(settings, args, _channel_scope))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="chatgate", description="Multi-channel chatbot gateway")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -152,6 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
     reset = ssub.add_parser("reset")
     reset.add_argument("key")
     sessions.set_defaults(func=cmd_sessions)
+
+    add_cron_parser(sub).set_defaults(func=cmd_cron)
 
     channels = sub.add_parser("channels", help="platform set-up tasks")
     csub = channels.add_subparsers(dest="channel", required=True)
