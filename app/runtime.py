@@ -20,10 +20,12 @@ import structlog
 from sqlalchemy import func, select
 
 from app.agent.loop import AgentRunner
+from app.agent.mcp import McpToolSource
 from app.agent.offline import OfflineProvider
 from app.agent.provider import ChatProvider
 from app.agent.reminder import reminder_tools
 from app.agent.tools import Tool, ToolRegistry, builtin_tools
+from app.agent.workspace import file_tools
 from app.bus import LocalSessionBus, SessionBus
 from app.channel import AcceptResult, ChannelAdapter, ChannelContext, ChannelSettings, WaitResult
 from app.config import Settings
@@ -32,6 +34,7 @@ from app.db.migrate import upgrade
 from app.db.models import inbox as inbox_table
 from app.db.models import outbox as outbox_table
 from app.events import ChatType, InboundEvent
+from app.memory import MemoryFeatures
 from app.metrics import Metrics
 from app.pipeline.dispatcher import Dispatcher
 from app.pipeline.inbox import Inbox
@@ -78,6 +81,9 @@ class Runtime:
         )
         self.provider = provider or build_provider(settings)
         self.tools = ToolRegistry(tools if tools is not None else builtin_tools())
+        if tools is None and settings.workspace_root:  # read_file, list_files, write_file (risky)
+            for tool in file_tools(settings.workspace_root):
+                self.tools.register(tool)
         self.metrics = metrics or Metrics()
         self.owner = settings.worker_id or default_owner()
         self.engine = create_engine(settings)
@@ -106,11 +112,20 @@ class Runtime:
             lifecycles,
         )
         self.inbox = Inbox(self.engine)
+        # --- memory and MCP: recall into runs, remember/recall tools, consolidation, MCP tools
+        self.memory = MemoryFeatures.from_settings(self.engine, settings, self.provider)
+        for tool in self.memory.tools():
+            if tool.spec.name not in self.tools:
+                self.tools.register(tool)
+        self.mcp = McpToolSource.from_settings(settings, self.tools)  # connects in start()
+        # --- end memory and MCP
         self.runner = AgentRunner(
             self.provider,
             self.tools,
             system_prompt=settings.system_prompt,
+            context_sources=self.memory.context_sources(),
             max_iterations=settings.agent_max_iterations,
+            max_tool_result_chars=settings.tool_result_max_chars,
         )
         self.bus: SessionBus = LocalSessionBus()
         self.adapters: dict[str, ChannelAdapter] = {}
@@ -134,6 +149,12 @@ class Runtime:
             models={name: cs.llm_model for name, cs in self.channel_settings.items()},
             on_outbox=self.sender.notify,
             bus=self.bus,
+            after_turn=self.memory.after_turn(),
+            channel_settings=self.channel_settings,
+            tools_allow=settings.tools_allow,
+            tools_deny=settings.tools_deny,
+            approval_timeout=settings.approval_timeout_seconds,
+            stop_poll=settings.stop_poll_seconds,
         )
         self.dispatcher = Dispatcher(
             self.engine,
@@ -145,6 +166,7 @@ class Runtime:
             poll_interval=settings.inbox_poll_seconds,
             busy_policies={name: cs.busy_policy for name, cs in self.channel_settings.items()},
             collect_debounce=settings.collect_debounce_seconds,
+            approval_sweep=settings.approval_sweep_seconds,
         )
         self.inbox.on_accepted = self.dispatcher.notify
         self._sweeper: asyncio.Task[None] | None = None
@@ -166,6 +188,8 @@ class Runtime:
         for adapter in self.adapters.values():
             await adapter.start()
         await self.bus.start()
+        await self.memory.start()  # global facts file
+        await self.mcp.start()  # a dead MCP server is logged, never fatal
         await self.sender.start()
         await self.dispatcher.start()
         self._sweeper = asyncio.create_task(self._sweep_loop(), name="lifecycle-sweeper")
@@ -183,6 +207,7 @@ class Runtime:
             with contextlib.suppress(Exception):
                 await adapter.stop()
         await self.bus.stop()
+        await self.mcp.stop()
         await self.provider.aclose()
         await self.http.aclose()
         await self.engine.dispose()

@@ -12,7 +12,7 @@ import hashlib
 import json
 from collections.abc import Sequence
 
-from app.agent.provider import ProviderReply, ToolSpec, Usage
+from app.agent.provider import DeltaCallback, ProviderReply, ToolSpec, Usage
 from app.sessions.messages import ChatMessage, estimate_tokens, tool_call
 
 _TIME_WORDS = ("time", "date", "clock", "几点", "时间")
@@ -31,6 +31,7 @@ class OfflineProvider:
         tools: Sequence[ToolSpec],
         *,
         model: str | None = None,
+        on_delta: DeltaCallback | None = None,
     ) -> ProviderReply:
         if self.latency:
             await asyncio.sleep(self.latency)
@@ -53,6 +54,8 @@ class OfflineProvider:
                 content=None, tool_calls=(tool_call(call_id, *call),), usage=usage, model="offline"
             )
         reply = f"You said: {text}" if text else "Hello! Send me a message."
+        if on_delta is not None:
+            await on_delta(reply)
         return ProviderReply(content=reply, usage=usage, model="offline")
 
     @staticmethod

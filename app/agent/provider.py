@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from app.errors import ProviderError
 from app.sessions.messages import ChatMessage
+
+DeltaCallback = Callable[[str], Awaitable[None]]
+"""Receives each piece of streamed answer text as the model produces it."""
+
+
+class PartialReplyError(ProviderError):
+    """The provider failed after part of the answer was already streamed (not retried)."""
 
 
 @dataclass(frozen=True)
@@ -51,8 +59,13 @@ class ChatProvider(Protocol):
         tools: Sequence[ToolSpec],
         *,
         model: str | None = None,
+        on_delta: DeltaCallback | None = None,
     ) -> ProviderReply:
-        """One model call. `messages` is a legal provider input (system first)."""
+        """One model call. `messages` is a legal provider input (system first).
+
+        Providers that stream call `on_delta` with each piece of text; others ignore it.
+        Raises `ProviderError` once the provider gave up.
+        """
         ...
 
     async def aclose(self) -> None: ...

@@ -10,8 +10,13 @@ from enum import StrEnum
 from typing import Any, Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+import structlog
+
+from app.agent.policy import ALLOW_ALL, ToolPolicy
 from app.agent.provider import ToolSpec
 from app.db.models import utcnow
+
+log = structlog.get_logger(__name__)
 
 
 class Risk(StrEnum):
@@ -31,6 +36,8 @@ class ToolContext:
     thread_id: str | None
     message_count: Callable[[], Awaitable[int]]
     extras: dict[str, Any] = field(default_factory=dict)
+    policy: ToolPolicy = ALLOW_ALL
+    chat_type: str = "direct"
 
 
 class Tool(Protocol):
@@ -58,8 +65,13 @@ class ToolRegistry:
     def get(self, name: str) -> Tool | None:
         return self._tools.get(name)
 
-    def specs(self) -> list[ToolSpec]:
-        return [t.spec for t in self._tools.values()]
+    def specs(self, policy: ToolPolicy = ALLOW_ALL) -> list[ToolSpec]:
+        """What the model is offered: the tools `policy` allows."""
+        return [t.spec for t in self._tools.values() if policy.allows(t.spec.name)]
+
+    def risk(self, name: str) -> Risk | None:
+        tool = self._tools.get(name)
+        return tool.risk if tool is not None else None
 
     def __contains__(self, name: str) -> bool:
         return name in self._tools
@@ -82,6 +94,9 @@ class ToolRegistry:
             return await tool.run(arguments, ctx)
         except ToolError as exc:
             return json.dumps({"error": str(exc)})
+        except Exception as exc:  # a tool's bug must not kill the turn: the model is told
+            log.exception("tool_failed", tool=name)
+            return json.dumps({"error": f"tool {name!r} failed: {type(exc).__name__}"})
 
 
 class CurrentTimeTool:

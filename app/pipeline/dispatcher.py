@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.errors import LeaseLost
 from app.events import BusyPolicy
 from app.pipeline.inbox import Inbox, InboxRow
-from app.pipeline.turn import TurnHandler
+from app.pipeline.turn import TurnHandler, is_command
 from app.sessions import lease as leases
 
 log = structlog.get_logger(__name__)
@@ -38,6 +38,7 @@ class Dispatcher:
         busy_policies: Mapping[str, BusyPolicy] | None = None,
         collect_debounce: float = 0.5,
         on_takeover: Callable[[], None] | None = None,
+        approval_sweep: float = 5.0,
     ) -> None:
         self.engine = engine
         self.inbox = inbox
@@ -47,6 +48,7 @@ class Dispatcher:
         self.poll_interval = poll_interval
         self.busy_policies = dict(busy_policies or {})
         self.collect_debounce = collect_debounce
+        self.approval_sweep = approval_sweep
         self._runs = asyncio.Semaphore(max_concurrent_runs)
         self._workers: dict[str, asyncio.Task[None]] = {}
         self._again: set[str] = set()
@@ -79,19 +81,28 @@ class Dispatcher:
             return
         if key in self._workers:
             self._again.add(key)
+            # A running turn looks for /stop (and `steer` input) as soon as it can.
+            self.handler.input_arrived(key)
             return
         self._workers[key] = asyncio.create_task(self._drain(key), name=f"drain:{key}")
 
     async def _poll_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_sweep = loop.time()
         while True:
             try:
+                if loop.time() >= next_sweep:
+                    # Timed-out approvals become `/deny` events of their session, handled
+                    # in order under the key's lease like any other event.
+                    next_sweep = loop.time() + self.approval_sweep
+                    await self.handler.enqueue_expired_approvals()
                 for key in await self.inbox.claimable_keys():
                     self.notify(key)
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("inbox_poll_failed")
-            await asyncio.sleep(self.poll_interval)
+            await asyncio.sleep(min(self.poll_interval, self.approval_sweep))
 
     async def _drain(self, key: str) -> None:
         try:
@@ -152,11 +163,16 @@ class Dispatcher:
         policy = self.busy_policies.get(rows[0].channel, BusyPolicy.QUEUE)
         if policy is not BusyPolicy.COLLECT:
             return rows
+        if is_command(rows[0].event):
+            return rows
         await asyncio.sleep(self.collect_debounce)
         rows = await self.inbox.next_rows(key, limit=100)
-        # Never merge across channels: a reply goes back to one place.
-        batch = list(itertools.takewhile(lambda r: r.channel == rows[0].channel, rows))
-        return batch
+        # Never merge across channels (a reply goes back to one place), and never merge
+        # a command (/stop, /approve …) into a message turn: it is handled on its own.
+        batch = list(
+            itertools.takewhile(lambda r: r.channel == rows[0].channel and not is_command(r.event), rows)
+        )
+        return batch or rows[:1]
 
     async def _renew(self, lease: leases.SessionLease, worker: asyncio.Task[None]) -> None:
         while True:

@@ -2,30 +2,55 @@
 
 Every write goes through `_fenced`, which checks the key's lease fence in the same
 transaction; the final answer, its outbox rows, the run trace and the inbox status
-commit together, so a crash either leaves the turn to be resumed or finished.
+commit together, so a crash either leaves the turn to be resumed or finished. Watchers
+(the browser gateway) learn about each commit on the session bus, after the commit.
+
+Besides the session commands (/new /reset /end) a turn understands:
+
+- `/stop`: cancels the running turn (see `RunControl`) or a run waiting for approval;
+- `/approve <id>` and `/deny <id>`: decide a risky tool call; the run that asked
+  continues in this turn. A paused run is not a task in memory: its state is the
+  history (the assistant's tool calls without all results), the `approvals` row and the
+  `runs` row, so a pending approval survives a restart of every replica.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
 
 import structlog
 from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from app.agent.loop import AgentRunner, RunHooks, RunRecord, repair_interrupted
+from app.agent.loop import (
+    INTERRUPTED_RESULT,
+    STOPPED_TEXT,
+    AgentRunner,
+    Decision,
+    RunHooks,
+    RunRecord,
+    StopRequest,
+    denied_result,
+    open_calls,
+)
+from app.agent.policy import ToolPolicy
 from app.agent.tools import ToolContext
 from app.bus import SessionBus
-from app.db.models import messages, outbox, runs, utcnow
+from app.channel import ChannelSettings
+from app.db.models import approvals, inbox, messages, outbox, runs, utcnow
 from app.errors import LeaseLost
-from app.events import InboundEvent, OutboundMessage, TextPart
+from app.events import BusyPolicy, ChatType, InboundEvent, OutboundMessage, TextPart
 from app.pipeline.inbox import Inbox, InboxRow
 from app.sessions.lease import SessionLease, check_fence
 from app.sessions.messages import ChatMessage
-from app.sessions.store import SessionState, SessionStore
+from app.sessions.store import SessionState, SessionStore, message_from_row
 
 log = structlog.get_logger(__name__)
 
@@ -34,6 +59,8 @@ SESSION_COMMANDS = {
     "/reset": "The conversation was reset. Earlier messages are kept but no longer used.",
     "/end": "Conversation ended. Send a message to start a new one.",
 }
+RUN_COMMANDS = ("/stop", "/approve", "/deny")
+APPROVAL_TIMEOUT_SENDER = "chatgate:approval-timeout"
 
 
 AfterTurn = Callable[[SessionLease, SessionState], Awaitable[None]]
@@ -44,6 +71,16 @@ AfterTurn = Callable[[SessionLease, SessionState], Awaitable[None]]
 class WindowLimits:
     max_messages: int | None
     max_tokens: int | None
+
+
+def command_of(event: InboundEvent) -> str:
+    text = event.text.strip()
+    return text.split(maxsplit=1)[0].lower() if text else ""
+
+
+def is_command(event: InboundEvent) -> bool:
+    command = command_of(event)
+    return command in SESSION_COMMANDS or command in RUN_COMMANDS
 
 
 def reply_for(event: InboundEvent, text: str) -> OutboundMessage:
@@ -87,6 +124,23 @@ async def insert_outbox(
     )
 
 
+@dataclass
+class _Turn:
+    """The mutable state of one turn: which inbox rows it answers, where the reply goes."""
+
+    lease: SessionLease
+    session: SessionState
+    rows: list[InboxRow]
+    run_id: int
+    origin: InboundEvent  # whose request the run serves (tool context, policy)
+    reply_to: InboundEvent  # the event the final answer replies to
+    run_started: float = field(default_factory=time.monotonic)
+
+    @property
+    def handled_ids(self) -> set[int]:
+        return {r.id for r in self.rows}
+
+
 class TurnHandler:
     def __init__(
         self,
@@ -101,6 +155,11 @@ class TurnHandler:
         on_outbox: Callable[[], None] | None = None,
         bus: SessionBus | None = None,
         after_turn: Sequence[AfterTurn] = (),
+        channel_settings: Mapping[str, ChannelSettings] | None = None,
+        tools_allow: Sequence[str] = (),
+        tools_deny: Sequence[str] = (),
+        approval_timeout: float = 300.0,
+        stop_poll: float = 1.0,
     ) -> None:
         self.engine = engine
         self.store = store
@@ -112,6 +171,20 @@ class TurnHandler:
         self.on_outbox = on_outbox or (lambda: None)
         self.bus = bus
         self.after_turn = list(after_turn)
+        self.channel_settings = dict(channel_settings or {})
+        self.tools_allow = list(tools_allow)
+        self.tools_deny = list(tools_deny)
+        self.approval_timeout = approval_timeout
+        self.stop_poll = stop_poll
+        self._input_signals: dict[str, asyncio.Event] = {}
+
+    # --- entry points -------------------------------------------------------------
+
+    def input_arrived(self, key: str) -> None:
+        """An event for `key` was accepted in this process while its worker is busy."""
+        signal = self._input_signals.get(key)
+        if signal is not None:
+            signal.set()
 
     @asynccontextmanager
     async def _fenced(self, lease: SessionLease) -> AsyncIterator[AsyncConnection]:
@@ -131,83 +204,165 @@ class TurnHandler:
             return
         events = [r.event for r in live]
         last = events[-1]
-        command = last.text.strip().split(maxsplit=1)[0].lower() if last.text.strip() else ""
+        command = command_of(last)
         if len(events) == 1 and command in SESSION_COMMANDS:
             await self._session_command(lease, live[0], command)
             return
+        if len(events) == 1 and command == "/stop":
+            await self._stop_command(lease, live[0])
+            return
+        if len(events) == 1 and command in ("/approve", "/deny"):
+            await self._decision_command(lease, live[0], command)
+            return
+        self._input_signals.setdefault(lease.key, asyncio.Event())
+        try:
+            await self._agent_turn(lease, live)
+        finally:
+            self._input_signals.pop(lease.key, None)
 
-        started = time.monotonic()
+    # --- a normal turn --------------------------------------------------------------
+
+    async def _agent_turn(self, lease: SessionLease, live: list[InboxRow]) -> None:
+        events = [r.event for r in live]
+        last = events[-1]
+        answer = not all(e.metadata.get("no_reply") for e in events)
         async with self._fenced(lease) as conn:
             await Inbox.mark(conn, [r.id for r in live], "processing", bump_attempts=True)
             session = await self.store.open_current(conn, lease.key, last.channel)
+            # Close a tool-call group a crash or a pending approval left open *before* the
+            # new user message, so the history stays one legal trajectory.
+            repairs = await self._close_open_group(conn, session, reason="a new message arrived first")
             new_user = [
                 _user_message(e)
                 for e in events
                 if not await self.store.has_event(conn, session.id, e.event_id)
             ]
-            user_seqs = await self.store.append(conn, session.id, new_user)
-            answer = not all(e.metadata.get("no_reply") for e in events)
+            added = [*repairs, *new_user]
+            seqs = await self.store.append(conn, session.id, added)
             run_id = None
             if answer:
-                run_id = (
-                    await conn.execute(
-                        runs.insert()
-                        .values(
-                            session_id=session.id,
-                            session_key=lease.key,
-                            event_ids=[e.event_id for e in events],
-                            provider=self.runner.provider.name,
-                            model=self.models.get(last.channel),
-                            tool_calls=[],
-                            started_at=utcnow(),
-                            outcome="running",
-                            details={},
-                        )
-                        .returning(runs.c.id)
-                    )
-                ).scalar_one()
+                run_id = await self._insert_run(conn, session, lease.key, events)
             else:
                 await Inbox.mark(conn, [r.id for r in live], "done")
-        await self._publish(lease.key, session.id, new_user, user_seqs)
-        if not answer:
+        await self._publish(lease.key, session.id, added, seqs)
+        if run_id is None:
             self.inbox.wake([e.event_id for e in events])
             return
-
-        repairs = repair_interrupted(await self.store.tail(session.id, 64))
-        if repairs:
-            async with self._fenced(lease) as conn:
-                seqs = await self.store.append(conn, session.id, repairs, run_id=run_id)
-            await self._publish(lease.key, session.id, repairs, seqs)
-
-        assert run_id is not None
-        hooks = self._hooks(lease, session, live, run_id, started)
-        tool_ctx = ToolContext(
-            session_id=session.id,
-            session_key=lease.key,
-            channel=last.channel,
-            chat_id=last.chat_id,
-            sender_id=last.sender_id,
-            thread_id=last.thread_id,
-            message_count=lambda: self._message_count(session.id),
+        turn = _Turn(lease=lease, session=session, rows=list(live), run_id=run_id, origin=last, reply_to=last)
+        record = RunRecord(provider=self.runner.provider.name, model=self.models.get(last.channel))
+        record = await self.runner.resume(
+            self._hooks(turn), self._tool_context(turn), record, calls=(), decisions={}, model=record.model
         )
-        await self.runner.run(hooks, tool_ctx, model=self.models.get(last.channel))
-        for hook in self.after_turn:
-            try:
-                await hook(lease, session)
-            except LeaseLost:
-                raise
-            except Exception:
-                log.exception("after_turn_failed", hook=getattr(hook, "__name__", repr(hook)))
+        if record.outcome != "awaiting_approval":
+            await self._after_turn(lease, session)
 
-    def _hooks(
-        self,
-        lease: SessionLease,
-        session: SessionState,
-        rows: Sequence[InboxRow],
-        run_id: int,
-        started: float,
-    ) -> RunHooks:
-        last = rows[-1].event
+    async def _insert_run(
+        self, conn: AsyncConnection, session: SessionState, key: str, events: Sequence[InboundEvent]
+    ) -> int:
+        return int(
+            (
+                await conn.execute(
+                    runs.insert()
+                    .values(
+                        session_id=session.id,
+                        session_key=key,
+                        event_ids=[e.event_id for e in events],
+                        provider=self.runner.provider.name,
+                        model=self.models.get(events[-1].channel),
+                        tool_calls=[],
+                        started_at=utcnow(),
+                        outcome="running",
+                        details={"origin_event_id": events[-1].event_id, "requester": events[-1].sender_id},
+                    )
+                    .returning(runs.c.id)
+                )
+            ).scalar_one()
+        )
+
+    async def _close_open_group(
+        self, conn: AsyncConnection, session: SessionState, *, reason: str, by: str = "superseded"
+    ) -> list[ChatMessage]:
+        """Results for the newest group's unanswered calls; cancels their pending approvals."""
+        tail = await self._tail(conn, session.id)
+        pending = open_calls(tail)
+        if not pending:
+            return []
+        now = utcnow()
+        cancelled = (
+            await conn.execute(
+                update(approvals)
+                .where(approvals.c.session_id == session.id, approvals.c.status == "pending")
+                .values(status="cancelled", decided_by=by, decided_at=now)
+                .returning(approvals.c.tool_call_id, approvals.c.run_id, approvals.c.tool_name)
+            )
+        ).all()
+        cancelled_ids = {r.tool_call_id for r in cancelled}
+        for run_id in {r.run_id for r in cancelled if r.run_id is not None}:
+            await self._amend_run(
+                conn,
+                run_id,
+                outcome="stopped" if by != "superseded" else "superseded",
+                add_calls=[
+                    {
+                        "id": r.tool_call_id,
+                        "name": r.tool_name,
+                        "ms": 0,
+                        "decision": "cancelled",
+                        "decided_by": by,
+                    }
+                    for r in cancelled
+                    if r.run_id == run_id
+                ],
+                finished=True,
+            )
+        return [
+            ChatMessage(
+                role="tool",
+                content=denied_result(reason) if call["id"] in cancelled_ids else INTERRUPTED_RESULT,
+                tool_call_id=call["id"],
+                name=call.get("function", {}).get("name", ""),
+            )
+            for call in pending
+        ]
+
+    async def _tail(self, conn: AsyncConnection, session_id: int, limit: int = 64) -> list[ChatMessage]:
+        rows = (
+            (
+                await conn.execute(
+                    select(messages)
+                    .where(messages.c.session_id == session_id)
+                    .order_by(messages.c.seq.desc())
+                    .limit(limit)
+                )
+            )
+            .mappings()
+            .all()
+        )
+        return [message_from_row(r) for r in reversed(rows)]
+
+    # --- the hooks the run loop calls -----------------------------------------------
+
+    def _tool_context(self, turn: _Turn) -> ToolContext:
+        origin = turn.origin
+        return ToolContext(
+            session_id=turn.session.id,
+            session_key=turn.lease.key,
+            channel=origin.channel,
+            chat_id=origin.chat_id,
+            sender_id=origin.sender_id,
+            thread_id=origin.thread_id,
+            message_count=lambda: self._message_count(turn.session.id),
+            policy=ToolPolicy.build(
+                allow=self.tools_allow,
+                deny=self.tools_deny,
+                channel=self.channel_settings.get(origin.channel),
+                sender_id=origin.sender_id,
+            ),
+            chat_type=origin.chat_type.value,
+        )
+
+    def _hooks(self, turn: _Turn) -> RunHooks:
+        lease, session = turn.lease, turn.session
 
         async def load_window() -> list[ChatMessage]:
             return await self.store.load_window(
@@ -216,39 +371,507 @@ class TurnHandler:
 
         async def append(new: list[ChatMessage]) -> None:
             async with self._fenced(lease) as conn:
-                seqs = await self.store.append(conn, session.id, new, run_id=run_id)
-            await self._publish(lease.key, session.id, new, seqs)
+                seqs = await self.store.append(conn, session.id, new, run_id=turn.run_id)
+            await self._publish(lease.key, session.id, new, seqs, run_id=turn.run_id)
 
         async def finish(final: ChatMessage, record: RunRecord) -> None:
-            reply = reply_for(last, final.content or "")
-            async with self._fenced(lease) as conn:
-                seqs = await self.store.append(conn, session.id, [final], run_id=run_id)
-                await insert_outbox(conn, reply, session_id=session.id, run_id=run_id, event_id=last.event_id)
-                await Inbox.mark(conn, [r.id for r in rows], "done", run_id=run_id)
+            await self._finish(turn, final, record, reply_to=turn.reply_to, extra=())
+
+        async def stopped(final: ChatMessage, record: RunRecord, stop: StopRequest) -> None:
+            stop_rows = [r for r in await self.inbox.next_rows(lease.key, limit=200) if r.id == stop.row_id]
+            reply_to = stop_rows[0].event if stop_rows else turn.reply_to
+            await self._finish(turn, final, record, reply_to=reply_to, extra=stop_rows)
+
+        async def on_delta(text: str) -> None:
+            assert self.bus is not None
+            await self.bus.publish(
+                lease.key, {"type": "delta", "session_key": lease.key, "run_id": turn.run_id, "text": text}
+            )
+
+        async def at_boundary() -> StopRequest | None:
+            return await self._at_boundary(turn)
+
+        async def wait_stop() -> StopRequest:
+            return await self._wait_stop(turn)
+
+        async def gate(call: dict[str, Any], ctx: ToolContext) -> Decision:
+            return self._gate(turn)
+
+        async def pause(call: dict[str, Any], record: RunRecord) -> None:
+            await self._pause(turn, call, record)
+
+        return RunHooks(
+            load_window=load_window,
+            append=append,
+            finish=finish,
+            on_delta=on_delta if self.bus is not None else None,
+            at_boundary=at_boundary,
+            wait_stop=wait_stop,
+            stopped=stopped,
+            gate=gate,
+            pause=pause,
+        )
+
+    async def _finish(
+        self,
+        turn: _Turn,
+        final: ChatMessage,
+        record: RunRecord,
+        *,
+        reply_to: InboundEvent,
+        extra: Sequence[InboxRow],
+    ) -> None:
+        lease, session = turn.lease, turn.session
+        reply = reply_for(reply_to, final.content or "")
+        rows = [*turn.rows, *extra]
+        async with self._fenced(lease) as conn:
+            seqs = await self.store.append(conn, session.id, [final], run_id=turn.run_id)
+            await insert_outbox(
+                conn, reply, session_id=session.id, run_id=turn.run_id, event_id=reply_to.event_id
+            )
+            await Inbox.mark(conn, [r.id for r in rows], "done", run_id=turn.run_id)
+            await self._save_run(conn, turn, record, finished=True)
+        self.inbox.wake([r.event_id for r in rows])
+        self.on_outbox()
+        await self._publish(lease.key, session.id, [final], seqs, run_id=turn.run_id)
+
+    async def _save_run(
+        self, conn: AsyncConnection, turn: _Turn, record: RunRecord, *, finished: bool
+    ) -> None:
+        values: dict[str, Any] = dict(
+            model=record.model,
+            tool_calls=record.tool_calls,
+            iterations=record.iterations,
+            prompt_tokens=record.prompt_tokens,
+            completion_tokens=record.completion_tokens,
+            outcome=record.outcome,
+            error=record.error,
+            details=record.trace_details(),
+            event_ids=await self._run_event_ids(conn, turn),
+        )
+        if finished:
+            started_at = (
+                await conn.execute(select(runs.c.started_at).where(runs.c.id == turn.run_id))
+            ).scalar_one()
+            now = utcnow()
+            values["finished_at"] = now
+            values["duration_ms"] = round((now - started_at).total_seconds() * 1000)
+        await conn.execute(update(runs).where(runs.c.id == turn.run_id).values(**values))
+
+    async def _run_event_ids(self, conn: AsyncConnection, turn: _Turn) -> list[str]:
+        known = (await conn.execute(select(runs.c.event_ids).where(runs.c.id == turn.run_id))).scalar_one()
+        ids = list(known or [])
+        ids += [r.event_id for r in turn.rows if r.event_id not in ids]
+        return ids
+
+    # --- mid-run input: steer and /stop ---------------------------------------------
+
+    async def _pending_after(self, turn: _Turn) -> list[InboxRow]:
+        handled = turn.handled_ids
+        return [r for r in await self.inbox.next_rows(turn.lease.key, limit=50) if r.id not in handled]
+
+    @staticmethod
+    def _stop_in(rows: Sequence[InboxRow]) -> StopRequest | None:
+        for row in rows:
+            if command_of(row.event) == "/stop":
+                return StopRequest(row_id=row.id, event_id=row.event_id, sender_id=row.event.sender_id)
+        return None
+
+    async def _at_boundary(self, turn: _Turn) -> StopRequest | None:
+        """Between tool-call groups: a `/stop` ends the run; `steer` injects new messages."""
+        signal = self._input_signals.get(turn.lease.key)
+        if signal is not None:
+            signal.clear()
+        pending = await self._pending_after(turn)
+        if not pending:
+            return None
+        stop = self._stop_in(pending)
+        if stop is not None:
+            return stop
+        channel = turn.reply_to.channel
+        settings = self.channel_settings.get(channel)
+        if settings is None or settings.busy_policy is not BusyPolicy.STEER:
+            return None
+        steer: list[InboxRow] = []
+        for row in pending:  # only the oldest run of plain messages: order is kept
+            if row.channel != channel or is_command(row.event) or row.attempts >= self.max_attempts:
+                break
+            steer.append(row)
+        if steer:
+            await self._inject(turn, steer)
+        return None
+
+    async def _inject(self, turn: _Turn, rows: list[InboxRow]) -> None:
+        lease, session = turn.lease, turn.session
+        async with self._fenced(lease) as conn:
+            await Inbox.mark(conn, [r.id for r in rows], "processing", bump_attempts=True, run_id=turn.run_id)
+            new_user = [
+                _user_message(r.event)
+                for r in rows
+                if not await self.store.has_event(conn, session.id, r.event_id)
+            ]
+            seqs = await self.store.append(conn, session.id, new_user, run_id=turn.run_id)
+        turn.rows.extend(rows)
+        log.info("steered", event_ids=[r.event_id for r in rows])
+        await self._publish(lease.key, session.id, new_user, seqs, run_id=turn.run_id)
+
+    async def _wait_stop(self, turn: _Turn) -> StopRequest:
+        """Completes when a `/stop` for the key is pending (woken locally, polled across replicas)."""
+        signal = self._input_signals.setdefault(turn.lease.key, asyncio.Event())
+        while True:
+            try:
+                await asyncio.wait_for(signal.wait(), self.stop_poll)
+            except TimeoutError:
+                pass
+            signal.clear()
+            stop = self._stop_in(await self._pending_after(turn))
+            if stop is not None:
+                return stop
+
+    # --- approvals ----------------------------------------------------------------
+
+    def _approvers_possible(self, origin: InboundEvent) -> bool:
+        settings = self.channel_settings.get(origin.channel)
+        if settings is None:
+            return False
+        if settings.approvers:
+            return True
+        return settings.approve_own_requests_in_direct and origin.chat_type is ChatType.DIRECT
+
+    def _may_decide(self, origin: InboundEvent, requester: str | None, event: InboundEvent) -> bool:
+        settings = self.channel_settings.get(event.channel)
+        if settings is None:
+            return False
+        if event.sender_id in settings.approvers:
+            return True
+        return (
+            settings.approve_own_requests_in_direct
+            and origin.chat_type is ChatType.DIRECT
+            and event.chat_type is ChatType.DIRECT
+            and event.sender_id == requester
+        )
+
+    def _gate(self, turn: _Turn) -> Decision:
+        if self._approvers_possible(turn.origin):
+            return Decision("ask")
+        # Webhook and cron sessions have no human who could answer: deny, don't hang.
+        return Decision("deny", by="policy", reason="no one may approve this tool in this conversation")
+
+    async def _pause(self, turn: _Turn, call: dict[str, Any], record: RunRecord) -> None:
+        lease, session = turn.lease, turn.session
+        name = call.get("function", {}).get("name", "")
+        raw_args = call.get("function", {}).get("arguments") or "{}"
+        try:
+            arguments = json.loads(raw_args)
+        except ValueError:
+            arguments = {"raw": raw_args}
+        now = utcnow()
+        expires = now + timedelta(seconds=self.approval_timeout)
+        record.outcome = "awaiting_approval"
+        async with self._fenced(lease) as conn:
+            approval_id = (
+                await conn.execute(
+                    approvals.insert()
+                    .values(
+                        session_id=session.id,
+                        session_key=lease.key,
+                        run_id=turn.run_id,
+                        tool_call_id=call["id"],
+                        tool_name=name,
+                        arguments=arguments,
+                        status="pending",
+                        requested_at=now,
+                        expires_at=expires,
+                    )
+                    .returning(approvals.c.id)
+                )
+            ).scalar_one()
+            shown = json.dumps(arguments, ensure_ascii=False)
+            if len(shown) > 300:
+                shown = shown[:300] + "…"
+            question = (
+                f"Tool {name} wants to run with {shown}; reply /approve {approval_id} or "
+                f"/deny {approval_id} (denied automatically in {round(self.approval_timeout)} s)."
+            )
+            await insert_outbox(
+                conn,
+                reply_for(turn.reply_to, question),
+                session_id=session.id,
+                run_id=turn.run_id,
+                event_id=turn.reply_to.event_id,
+            )
+            await Inbox.mark(conn, [r.id for r in turn.rows], "done", run_id=turn.run_id)
+            await self._save_run(conn, turn, record, finished=False)
+        self.inbox.wake([r.event_id for r in turn.rows])
+        self.on_outbox()
+        log.info("approval_requested", approval_id=approval_id, tool=name)
+        if self.bus is not None:
+            await self.bus.publish(
+                lease.key,
+                {
+                    "type": "approval_request",
+                    "session_key": lease.key,
+                    "run_id": turn.run_id,
+                    "approval_id": approval_id,
+                    "tool": name,
+                    "arguments": arguments,
+                    "tool_call_id": call["id"],
+                    "expires_at": expires.isoformat(),
+                    "text": question,
+                },
+            )
+
+    async def _decide(self, lease: SessionLease, row: InboxRow, command: str) -> Any:
+        """Check and store a decision; None when only a reply was due (refusal, unknown id)."""
+        event = row.event
+        words = event.text.split()
+        approval_id = int(words[1]) if len(words) > 1 and words[1].isdigit() else None
+        timeout = bool(event.metadata.get("approval_timeout")) and event.sender_id == APPROVAL_TIMEOUT_SENDER
+        async with self._fenced(lease) as conn:
+            await Inbox.mark(conn, [row.id], "processing", bump_attempts=True)
+            approval = None
+            if approval_id is not None:
+                approval = (
+                    (
+                        await conn.execute(
+                            select(approvals).where(
+                                approvals.c.id == approval_id, approvals.c.session_key == lease.key
+                            )
+                        )
+                    )
+                    .mappings()
+                    .first()
+                )
+            if approval is None or approval["status"] != "pending":
+                if not timeout:
+                    text = (
+                        f"There is no pending approval {words[1]} here."
+                        if len(words) > 1
+                        else f"Usage: {command} <id>"
+                    )
+                    await self._reply_only(conn, row, text, session_id=None)
+                else:
+                    await Inbox.mark(conn, [row.id], "done")
+                return None
+            run = (await conn.execute(select(runs).where(runs.c.id == approval["run_id"]))).mappings().one()
+            details = dict(run["details"] or {})
+            origin = await self._event_by_id(conn, details.get("origin_event_id")) or event
+            if timeout:
+                verdict, by, status, reason = "deny", "timeout", "expired", "no decision before the timeout"
+            elif self._may_decide(origin, details.get("requester"), event):
+                allow = command == "/approve"
+                verdict, by = ("allow" if allow else "deny"), event.sender_id
+                status, reason = ("approved" if allow else "denied"), f"denied by {event.sender_id}"
+            else:
+                refusals = [
+                    *details.get("approval_refusals", []),
+                    {"sender": event.sender_id, "command": command},
+                ]
                 await conn.execute(
                     update(runs)
-                    .where(runs.c.id == run_id)
-                    .values(
-                        model=record.model,
-                        tool_calls=record.tool_calls,
-                        iterations=record.iterations,
-                        prompt_tokens=record.prompt_tokens,
-                        completion_tokens=record.completion_tokens,
-                        finished_at=utcnow(),
-                        duration_ms=round((time.monotonic() - started) * 1000),
-                        outcome=record.outcome,
-                        error=record.error,
+                    .where(runs.c.id == run["id"])
+                    .values(details={**details, "approval_refusals": refusals})
+                )
+                await self._reply_only(
+                    conn,
+                    row,
+                    "You are not allowed to decide this approval.",
+                    session_id=approval["session_id"],
+                )
+                log.warning("approval_refused", approval_id=approval_id, sender=event.sender_id)
+                return None
+            session = await self.store.open_current(conn, lease.key, event.channel)
+            open_ids = [c["id"] for c in open_calls(await self._tail(conn, session.id))]
+            if session.id != approval["session_id"] or approval["tool_call_id"] not in open_ids:
+                await conn.execute(
+                    update(approvals)
+                    .where(approvals.c.id == approval["id"])
+                    .values(status="cancelled", decided_by="stale", decided_at=utcnow())
+                )
+                await self._reply_only(conn, row, "That request is no longer pending.", session_id=session.id)
+                return None
+            await conn.execute(
+                update(approvals)
+                .where(approvals.c.id == approval["id"])
+                .values(status=status, decided_by=by, decided_at=utcnow())
+            )
+        return approval, run, session, origin, verdict, by, status, reason
+
+    async def _decision_command(self, lease: SessionLease, row: InboxRow, command: str) -> None:
+        decided = await self._decide(lease, row, command)
+        if decided is None:
+            await self._after_reply(row)
+            return
+        approval, run, session, origin, verdict, by, status, reason = decided
+        log.info("approval_decided", approval_id=approval["id"], status=status, decided_by=by)
+        if self.bus is not None:
+            await self.bus.publish(
+                lease.key,
+                {
+                    "type": "approval_decided",
+                    "session_key": lease.key,
+                    "approval_id": approval["id"],
+                    "run_id": run["id"],
+                    "status": status,
+                    "decided_by": by,
+                },
+            )
+        event = row.event
+        calls = open_calls(await self.store.tail(session.id, 64))
+        details = dict(run["details"] or {})
+        record = RunRecord(
+            provider=run["provider"],
+            model=run["model"],
+            iterations=run["iterations"],
+            prompt_tokens=run["prompt_tokens"],
+            completion_tokens=run["completion_tokens"],
+            tool_calls=list(run["tool_calls"] or []),
+            model_ms=int(details.pop("model_ms", 0)),
+            tool_ms=int(details.pop("tool_ms", 0)),
+            details=details,
+        )
+        turn = _Turn(
+            lease=lease, session=session, rows=[row], run_id=run["id"], origin=origin, reply_to=event
+        )
+        decisions = {approval["tool_call_id"]: Decision(verdict, by=by, reason=reason)}
+        self._input_signals.setdefault(lease.key, asyncio.Event())
+        try:
+            record = await self.runner.resume(
+                self._hooks(turn),
+                self._tool_context(turn),
+                record,
+                calls=calls,
+                decisions=decisions,
+                model=None,
+            )
+        finally:
+            self._input_signals.pop(lease.key, None)
+        if record.outcome != "awaiting_approval":
+            await self._after_turn(lease, session)
+
+    async def _event_by_id(self, conn: AsyncConnection, event_id: str | None) -> InboundEvent | None:
+        if not event_id:
+            return None
+        payload = (await conn.execute(select(inbox.c.payload).where(inbox.c.event_id == event_id))).scalar()
+        return InboundEvent.model_validate(payload) if payload else None
+
+    async def enqueue_expired_approvals(self, now: Any = None) -> int:
+        """Turn each timed-out approval into a `/deny` event on its session (once, any replica)."""
+        now = now or utcnow()
+        async with self.engine.connect() as conn:
+            expired = (
+                (
+                    await conn.execute(
+                        select(approvals.c.id, approvals.c.session_key, runs.c.details)
+                        .select_from(approvals.join(runs, runs.c.id == approvals.c.run_id))
+                        .where(approvals.c.status == "pending", approvals.c.expires_at < now)
+                        .limit(100)
                     )
                 )
-            self.inbox.wake([r.event_id for r in rows])
-            self.on_outbox()
-            await self._publish(lease.key, session.id, [final], seqs, run_id=run_id)
+                .mappings()
+                .all()
+            )
+            events = []
+            for row in expired:
+                origin = await self._event_by_id(conn, (row["details"] or {}).get("origin_event_id"))
+                if origin is None:
+                    continue
+                events.append(
+                    InboundEvent(
+                        channel=origin.channel,
+                        chat_id=origin.chat_id,
+                        sender_id=APPROVAL_TIMEOUT_SENDER,
+                        thread_id=origin.thread_id,
+                        chat_type=origin.chat_type,
+                        parts=(TextPart(text=f"/deny {row['id']}"),),
+                        external_id=f"approval-timeout:{row['id']}",
+                        session_key_override=row["session_key"],
+                        metadata={
+                            "approval_timeout": True,
+                            **{k: v for k, v in origin.metadata.items() if k.startswith("reply_")},
+                        },
+                    )
+                )
+        if not events:
+            return 0
+        results = await self.inbox.accept(events)
+        return sum(1 for r in results if not r.duplicate)
 
-        return RunHooks(load_window=load_window, append=append, finish=finish)
+    # --- commands -----------------------------------------------------------------
+
+    async def _stop_command(self, lease: SessionLease, row: InboxRow) -> None:
+        """`/stop` with no running turn: cancel a run waiting for approval, if any."""
+        event = row.event
+        async with self._fenced(lease) as conn:
+            await Inbox.mark(conn, [row.id], "processing", bump_attempts=True)
+            session = await self.store.open_current(conn, lease.key, event.channel)
+            waiting = (
+                await conn.execute(
+                    select(approvals.c.run_id).where(
+                        approvals.c.session_id == session.id, approvals.c.status == "pending"
+                    )
+                )
+            ).first()
+            if waiting is None:
+                await self._reply_only(conn, row, "Nothing is running.", session_id=session.id)
+            else:
+                closing = await self._close_open_group(
+                    conn, session, reason=f"stopped by {event.sender_id}", by=event.sender_id
+                )
+                final = ChatMessage(role="assistant", content=STOPPED_TEXT)
+                await self.store.append(conn, session.id, [*closing, final], run_id=waiting.run_id)
+                await insert_outbox(
+                    conn,
+                    reply_for(event, STOPPED_TEXT),
+                    session_id=session.id,
+                    run_id=waiting.run_id,
+                    event_id=event.event_id,
+                )
+                await Inbox.mark(conn, [row.id], "done", run_id=waiting.run_id)
+        await self._after_reply(row)
+
+    async def _reply_only(
+        self, conn: AsyncConnection, row: InboxRow, text: str, *, session_id: int | None
+    ) -> None:
+        await insert_outbox(
+            conn, reply_for(row.event, text), session_id=session_id, run_id=None, event_id=row.event_id
+        )
+        await Inbox.mark(conn, [row.id], "done")
+
+    async def _after_reply(self, row: InboxRow) -> None:
+        self.inbox.wake([row.event_id])
+        self.on_outbox()
+
+    async def _amend_run(
+        self,
+        conn: AsyncConnection,
+        run_id: int,
+        *,
+        outcome: str | None = None,
+        add_calls: Sequence[dict[str, Any]] = (),
+        finished: bool = False,
+    ) -> None:
+        row = (await conn.execute(select(runs.c.tool_calls).where(runs.c.id == run_id))).first()
+        if row is None:
+            return
+        values: dict[str, Any] = {"tool_calls": [*(row.tool_calls or []), *add_calls]}
+        if outcome is not None:
+            values["outcome"] = outcome
+        if finished:
+            values["finished_at"] = utcnow()
+        await conn.execute(update(runs).where(runs.c.id == run_id).values(**values))
 
     async def _session_command(self, lease: SessionLease, row: InboxRow, command: str) -> None:
         event = row.event
         async with self._fenced(lease) as conn:
+            current = await self.store._current(conn, lease.key)
+            if current is not None:
+                # A run waiting for approval cannot continue in a closed session.
+                await conn.execute(
+                    update(approvals)
+                    .where(approvals.c.session_id == current.id, approvals.c.status == "pending")
+                    .values(status="cancelled", decided_by=command, decided_at=utcnow())
+                )
             closed = await self.store.close_current(conn, lease.key)
             await Inbox.mark(conn, [row.id], "done", bump_attempts=True)
             if not event.metadata.get("silent"):
@@ -278,6 +901,15 @@ class TurnHandler:
         log.error("events_failed", event_ids=[r.event_id for r in rows])
         self.inbox.wake([r.event_id for r in rows])
         self.on_outbox()
+
+    async def _after_turn(self, lease: SessionLease, session: SessionState) -> None:
+        for hook in self.after_turn:
+            try:
+                await hook(lease, session)
+            except LeaseLost:
+                raise
+            except Exception:
+                log.exception("after_turn_failed", hook=getattr(hook, "__name__", repr(hook)))
 
     async def _publish(
         self,
