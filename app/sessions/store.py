@@ -371,3 +371,26 @@ class SessionStore:
             await conn.execute(
                 update(session_keys).where(session_keys.c.key == key).values(current_session_id=session_id)
             )
+
+
+# --- consolidation (app.memory.consolidation) ---------------------------------------
+
+
+async def advance_consolidated(conn: AsyncConnection, session_id: int, seq: int, *, expected: int) -> bool:
+    """Move `last_consolidated` from `expected` to `seq`, inside the caller's fenced transaction.
+
+    Compare-and-set on the freshly re-read value: False (nothing written) when the row
+    changed since, or when `seq` is not ahead of it and inside the history.
+    """
+    if seq <= expected:
+        return False
+    result = await conn.execute(
+        update(sessions)
+        .where(
+            sessions.c.id == session_id,
+            sessions.c.last_consolidated == expected,
+            sessions.c.next_seq > seq,
+        )
+        .values(last_consolidated=seq)
+    )
+    return result.rowcount == 1

@@ -1,0 +1,188 @@
+"""Consolidation: fold the old part of a long session into memory, under its lease.
+
+When the unconsolidated part of a session (messages after `last_consolidated`) passes
+a message or token threshold, its older part is summarized into session memory, stable
+facts its users stated go to their user memory, and `last_consolidated` advances to a
+**legal boundary**: the first message after it is a user message and no tool-call group
+straddles it, so the model window that starts there is still a legal provider input.
+
+It runs as an after-turn hook of the turn handler, i.e. by the worker that holds the
+key's lease. The history is read and summarized without a transaction (a model call may
+take a while); the writes then happen in one transaction that checks the lease fence,
+re-reads the session row and advances `last_consolidated` only from the value the
+summary was built on (compare-and-set). Messages are append-only, so what was read up
+to the boundary cannot have changed; anything appended meanwhile lies after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import structlog
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.db.models import inbox, messages, sessions
+from app.memory.identity import identity_of, resolve_owner
+from app.memory.store import Scope, put_memory
+from app.memory.summarize import Summarizer, extract_facts
+from app.sessions.lease import SessionLease, check_fence
+from app.sessions.messages import ChatMessage, estimate_tokens
+from app.sessions.store import SessionState, advance_consolidated, message_from_row
+
+log = structlog.get_logger(__name__)
+
+
+def choose_boundary(history: Sequence[ChatMessage], *, keep: int) -> int | None:
+    """The newest legal new `last_consolidated` for `history` (consecutive seqs), or None.
+
+    Legal: the message right after the boundary is a user message, no tool result after
+    it answers a call made at or before it, and at least `keep` messages stay after it.
+    """
+    n = len(history)
+    blocked = [False] * n  # blocked[i]: a boundary right after history[i] splits a group
+    issued: dict[str, int] = {}
+    for idx, msg in enumerate(history):
+        if msg.role == "assistant" and msg.tool_calls:
+            for call_id in msg.tool_call_ids:
+                issued[call_id] = idx
+        elif msg.role == "tool" and msg.tool_call_id in issued:
+            for k in range(issued[msg.tool_call_id], idx):
+                blocked[k] = True
+    for i in range(n - 1 - max(keep, 1), -1, -1):
+        if history[i + 1].role == "user" and not blocked[i]:
+            seq = history[i].seq
+            assert seq is not None
+            return seq
+    return None
+
+
+@dataclass(frozen=True)
+class ConsolidationLimits:
+    threshold_messages: int = 80
+    threshold_tokens: int = 12_000
+    keep_messages: int = 20
+    summary_max_chars: int = 2000
+    max_batch: int = 2000  # messages folded in one pass at most
+
+
+class Consolidator:
+    """`TurnHandler` after-turn hook: `await consolidator(lease, session)`."""
+
+    def __init__(self, engine: AsyncEngine, summarizer: Summarizer, limits: ConsolidationLimits) -> None:
+        self.engine = engine
+        self.summarizer = summarizer
+        self.limits = limits
+
+    async def __call__(self, lease: SessionLease, session: SessionState) -> None:
+        await self.consolidate(lease, session.id)
+
+    async def _fresh(self, session_id: int) -> tuple[str, int, int]:
+        async with self.engine.connect() as conn:
+            row = (
+                await conn.execute(
+                    select(sessions.c.key, sessions.c.last_consolidated, sessions.c.next_seq).where(
+                        sessions.c.id == session_id
+                    )
+                )
+            ).one()
+        return row[0], row[1], row[2]
+
+    async def consolidate(self, lease: SessionLease, session_id: int) -> int | None:
+        """Fold what is due; returns the new `last_consolidated`, or None if nothing moved."""
+        key, start, next_seq = await self._fresh(session_id)
+        if key != lease.key:
+            raise ValueError(f"session {session_id} is not under the lease of {lease.key!r}")
+        pending = next_seq - 1 - start
+        if pending <= self.limits.keep_messages:
+            return None
+        async with self.engine.connect() as conn:
+            rows = (
+                (
+                    await conn.execute(
+                        select(messages)
+                        .where(messages.c.session_id == session_id, messages.c.seq > start)
+                        .order_by(messages.c.seq)
+                        .limit(self.limits.max_batch)
+                    )
+                )
+                .mappings()
+                .all()
+            )
+        history = [message_from_row(r) for r in rows]
+        if (
+            pending < self.limits.threshold_messages
+            and sum(estimate_tokens(m) for m in history) < self.limits.threshold_tokens
+        ):
+            return None
+        keep = self.limits.keep_messages - (pending - len(history))  # rows beyond the batch stay too
+        boundary = choose_boundary(history, keep=max(keep, 1))
+        if boundary is None:
+            return None
+        folded = [m for m in history if m.seq is not None and m.seq <= boundary]
+        summary = await self.summarizer.summarize(folded, max_chars=self.limits.summary_max_chars)
+        facts = await self._facts(folded)
+
+        async with self.engine.begin() as conn:
+            await check_fence(conn, lease)
+            row = (
+                await conn.execute(
+                    select(sessions.c.last_consolidated, sessions.c.next_seq).where(
+                        sessions.c.id == session_id
+                    )
+                )
+            ).one()
+            if row[0] != start or boundary >= row[1]:
+                log.warning("consolidation_stale", session_id=session_id, read=start, now=row[0])
+                return None
+            for identity, fact_key, content in facts:
+                owner = await resolve_owner(conn, identity)
+                await put_memory(
+                    conn,
+                    Scope.USER,
+                    owner,
+                    content,
+                    key=f"fact:{fact_key}",
+                    kind="fact",
+                    source_session_id=session_id,
+                )
+            if summary.strip():
+                await put_memory(
+                    conn,
+                    Scope.SESSION,
+                    key,
+                    summary,
+                    key=f"summary:{session_id}:{start + 1}-{boundary}",
+                    kind="summary",
+                    source_session_id=session_id,
+                    metadata={"from_seq": start + 1, "to_seq": boundary},
+                )
+            if not await advance_consolidated(conn, session_id, boundary, expected=start):
+                raise RuntimeError("last_consolidated changed under the lease")  # rolls back
+        log.info("session_consolidated", session_id=session_id, upto=boundary, facts=len(facts))
+        return boundary
+
+    async def _facts(self, folded: Sequence[ChatMessage]) -> list[tuple[str, str, str]]:
+        """(identity of the sender, fact key, fact text) for facts in the users' own words."""
+        event_ids = {m.event_id for m in folded if m.role == "user" and m.event_id}
+        if not event_ids:
+            return []
+        async with self.engine.connect() as conn:
+            rows = (
+                await conn.execute(
+                    select(inbox.c.event_id, inbox.c.payload).where(inbox.c.event_id.in_(event_ids))
+                )
+            ).all()
+        senders = {
+            event_id: identity_of(str(payload.get("channel", "")), str(payload.get("sender_id", "")))
+            for event_id, payload in rows
+            if isinstance(payload, dict) and payload.get("sender_id")
+        }
+        out: list[tuple[str, str, str]] = []
+        for msg in folded:
+            identity = senders.get(msg.event_id or "")
+            if msg.role != "user" or identity is None:
+                continue
+            out += [(identity, f.key, f.content) for f in extract_facts(msg.content or "")]
+        return out

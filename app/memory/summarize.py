@@ -1,0 +1,162 @@
+"""Summaries of a consolidated stretch of history, and stable facts about its people.
+
+`ExtractiveSummarizer` is deterministic and needs no model (the offline path): it keeps
+the first sentence of what each side said. `ProviderSummarizer` asks the configured
+model and falls back to the extractive summary when the model is unavailable. Facts
+("my name is …", "I prefer …") are always extracted deterministically from the user's
+own messages, so each fact is attributed to the sender who wrote it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import structlog
+
+from app.agent.provider import ChatProvider
+from app.errors import ProviderError
+from app.sessions.messages import ChatMessage
+
+log = structlog.get_logger(__name__)
+
+
+class Summarizer(Protocol):
+    async def summarize(self, messages: Sequence[ChatMessage], *, max_chars: int) -> str: ...
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?。！？])\s+|\n+")
+
+
+def first_sentence(text: str, limit: int) -> str:
+    sentence = _SENTENCE_END.split(text.strip(), maxsplit=1)[0].strip()
+    sentence = " ".join(sentence.split())
+    return sentence if len(sentence) <= limit else sentence[: limit - 1].rstrip() + "…"
+
+
+class ExtractiveSummarizer:
+    """Deterministic: 'User: <first sentence>' / 'Assistant: <first sentence>' lines."""
+
+    async def summarize(self, messages: Sequence[ChatMessage], *, max_chars: int) -> str:
+        lines: list[str] = []
+        tools: Counter[str] = Counter()
+        for msg in messages:
+            if msg.role == "user" and (msg.content or "").strip():
+                lines.append("User: " + first_sentence(msg.content or "", 160))
+            elif msg.role == "assistant" and msg.tool_calls:
+                tools.update(tc.get("function", {}).get("name", "?") for tc in msg.tool_calls)
+            elif msg.role == "assistant" and (msg.content or "").strip():
+                lines.append("Assistant: " + first_sentence(msg.content or "", 120))
+        if tools:
+            lines.append("Tools used: " + ", ".join(f"{n} ×{c}" for n, c in sorted(tools.items())))
+        return _fit(lines, max_chars)
+
+
+def _fit(lines: list[str], max_chars: int) -> str:
+    """Keep lines from both ends within `max_chars`, noting how many were left out."""
+    text = "\n".join(lines)
+    if len(text) <= max_chars:
+        return text
+    budget = max_chars - 40  # room for the marker line
+    head: list[str] = []
+    tail: list[str] = []
+    used = 0
+    i, j = 0, len(lines) - 1
+    take_head = True
+    while i <= j:
+        line = lines[i] if take_head else lines[j]
+        if used + len(line) + 1 > budget:
+            break
+        used += len(line) + 1
+        if take_head:
+            head.append(line)
+            i += 1
+        else:
+            tail.insert(0, line)
+            j -= 1
+        take_head = not take_head
+    return "\n".join([*head, f"(… {j - i + 1} more lines)", *tail])[:max_chars]
+
+
+SUMMARY_PROMPT = (
+    "You write the long-term memory of a chat assistant. Summarize the conversation "
+    "excerpt below in a few short sentences: what the user wanted, what was decided or "
+    "answered, open questions. Plain text, no preamble, no more than {max_chars} characters."
+)
+
+
+class ProviderSummarizer:
+    def __init__(self, provider: ChatProvider, *, model: str | None = None) -> None:
+        self.provider = provider
+        self.model = model
+        self.fallback = ExtractiveSummarizer()
+
+    async def summarize(self, messages: Sequence[ChatMessage], *, max_chars: int) -> str:
+        transcript = await self.fallback.summarize(messages, max_chars=max(4 * max_chars, 8000))
+        request = [
+            ChatMessage(role="system", content=SUMMARY_PROMPT.format(max_chars=max_chars)),
+            ChatMessage(role="user", content=transcript),
+        ]
+        try:
+            reply = await self.provider.complete(request, [], model=self.model)
+        except ProviderError as exc:
+            log.warning("summary_provider_failed", error=exc.detail)
+            return await self.fallback.summarize(messages, max_chars=max_chars)
+        text = (reply.content or "").strip()
+        if not text:
+            return await self.fallback.summarize(messages, max_chars=max_chars)
+        return text[:max_chars]
+
+
+# --- facts ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Fact:
+    key: str  # same key: the newer fact replaces the older one
+    content: str
+
+
+_CLAUSE = r"([^.!?,;\n。！？]{1,80})"
+_NAME = r"([A-Za-z\u00c0-\u024f\u4e00-\u9fff][\w'\u00c0-\u024f\u4e00-\u9fff-]{0,30}(?: [A-Z][\w'-]{0,30})?)"
+_PATTERNS: list[tuple[re.Pattern[str], str, str]] = [
+    (re.compile(r"\bmy name is " + _NAME, re.I), "name", "Their name is {0}."),
+    (re.compile(r"\bcall me " + _NAME, re.I), "name", "They like to be called {0}."),
+    (re.compile(r"我叫([\u4e00-\u9fffA-Za-z]{1,20})"), "name", "Their name is {0}."),
+    (re.compile(r"\bI live in " + _CLAUSE, re.I), "lives_in", "They live in {0}."),
+    (re.compile(r"\bI (?:really )?prefer " + _CLAUSE, re.I), "prefers:{0}", "They prefer {0}."),
+    (re.compile(r"\bI (?:really )?(?:like|love|enjoy) " + _CLAUSE, re.I), "likes:{0}", "They like {0}."),
+    (
+        re.compile(r"\bI (?:really )?(?:dislike|hate|don't like|do not like) " + _CLAUSE, re.I),
+        "dislikes:{0}",
+        "They dislike {0}.",
+    ),
+    (re.compile(r"\bI(?:'m| am) allergic to " + _CLAUSE, re.I), "allergy:{0}", "They are allergic to {0}."),
+    (re.compile(r"我喜欢([^，。！？,.!?\n]{1,40})"), "likes:{0}", "They like {0}."),
+    (
+        re.compile(r"\bmy (favou?rite [a-z]+(?: [a-z]+)?) is " + _CLAUSE, re.I),
+        "my:{0}",
+        "Their {0} is {1}.",
+    ),
+]
+
+
+def extract_facts(text: str) -> list[Fact]:
+    """Stable first-person facts in one user message; questions are ignored."""
+    facts: dict[str, Fact] = {}
+    for sentence in re.split(r"(?<=[.!?。！？])\s*|\n+", text):
+        sentence = sentence.strip()
+        if not sentence or sentence.endswith(("?", "？")):
+            continue
+        for pattern, key, template in _PATTERNS:
+            for match in pattern.finditer(sentence):
+                groups = [" ".join(g.strip().split()) for g in match.groups()]
+                if not all(groups):
+                    continue
+                norm = [g.lower() for g in groups]
+                fact = Fact(key=key.format(*norm)[:190], content=template.format(*groups))
+                facts[fact.key] = fact
+    return list(facts.values())
