@@ -1,0 +1,137 @@
+"""End-to-end throughput and latency through the signed webhook, offline provider, PostgreSQL.
+
+    .venv/bin/python -m bench.bench_webhook_e2e [--events 5000] [--sessions 1000]
+        [--servers 2] [--concurrency 64]
+
+Starts `--servers` chatgate processes on a throw-away PostgreSQL database, sends
+`--events` signed webhook events spread over `--sessions` sessions from this process
+(aiohttp, `--concurrency` requests in flight, alternating servers), waits until every
+event is answered, and prints:
+- accept throughput and the p50/p99 latency of the 202 answer (inbox commit);
+- processing throughput (events answered per second, first accept to last reply);
+- p50/p99 end-to-end latency (event accepted → reply committed to the outbox).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import hmac
+import json
+import statistics
+import time
+
+import aiohttp
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from app.db.models import inbox, outbox
+from tests.support.db import postgres_database
+from tests.support.servers import ServerProcess
+
+SECRET = "bench-secret"
+
+
+def _pct(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * p))]
+
+
+async def run(events: int, sessions: int, servers: int, concurrency: int) -> None:
+    async with postgres_database() as url:
+        env = {
+            "DATABASE_URL": url,
+            "WEBHOOK_SECRET": SECRET,
+            "CHANNELS": "webhook",
+            "LOG_LEVEL": "WARNING",
+            "MAX_CONCURRENT_RUNS": "64",
+            "DB_POOL_SIZE": "20",
+        }
+        procs = [ServerProcess(env).start()]  # the first one migrates
+        procs += [ServerProcess(env).start() for _ in range(servers - 1)]
+        engine = create_async_engine(url)
+        latencies: list[float] = []
+        queue: asyncio.Queue[int] = asyncio.Queue()
+        for i in range(events):
+            queue.put_nowait(i)
+        try:
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as http:
+
+                async def worker() -> None:
+                    while True:
+                        try:
+                            i = queue.get_nowait()
+                        except asyncio.QueueEmpty:
+                            return
+                        body = json.dumps(
+                            {"chat_id": f"s{i % sessions}", "sender_id": "bench", "text": f"event {i}"}
+                        ).encode()
+                        ts = str(int(time.time()))
+                        sig = hmac.new(SECRET.encode(), ts.encode() + b"." + body, hashlib.sha256).hexdigest()
+                        headers = {
+                            "Content-Type": "application/json",
+                            "X-Chatgate-Timestamp": ts,
+                            "X-Chatgate-Signature": f"sha256={sig}",
+                        }
+                        started = time.perf_counter()
+                        target = procs[i % len(procs)].url
+                        async with http.post(f"{target}/channels/webhook", data=body, headers=headers) as resp:
+                            assert resp.status == 202, await resp.text()
+                            await resp.read()
+                        latencies.append((time.perf_counter() - started) * 1000)
+
+                t0 = time.perf_counter()
+                await asyncio.gather(*(worker() for _ in range(concurrency)))
+                accept_seconds = time.perf_counter() - t0
+
+            while True:
+                async with engine.connect() as conn:
+                    done = (
+                        await conn.execute(
+                            select(func.count()).select_from(inbox).where(inbox.c.status == "done")
+                        )
+                    ).scalar_one()
+                if done >= events:
+                    break
+                await asyncio.sleep(0.2)
+            async with engine.connect() as conn:
+                rows = (
+                    await conn.execute(
+                        select(inbox.c.created_at, outbox.c.created_at).join(
+                            outbox, outbox.c.event_id == inbox.c.event_id
+                        )
+                    )
+                ).all()
+        finally:
+            for proc in procs:
+                proc.stop()
+            await engine.dispose()
+
+    e2e = [(answered - accepted).total_seconds() * 1000 for accepted, answered in rows]
+    first = min(a for a, _ in rows)
+    last = max(b for _, b in rows)
+    span = (last - first).total_seconds()
+    print(f"events {events}, sessions {sessions}, servers {servers}, concurrency {concurrency}")
+    print(
+        f"accept:     {events / accept_seconds:7.0f} events/s   "
+        f"p50 {statistics.median(latencies):6.1f} ms   p99 {_pct(latencies, 0.99):6.1f} ms"
+    )
+    print(
+        f"processing: {len(rows) / span:7.0f} events/s   "
+        f"end-to-end p50 {statistics.median(e2e):6.1f} ms   p99 {_pct(e2e, 0.99):6.1f} ms"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--events", type=int, default=5000)
+    parser.add_argument("--sessions", type=int, default=1000)
+    parser.add_argument("--servers", type=int, default=2)
+    parser.add_argument("--concurrency", type=int, default=64)
+    args = parser.parse_args()
+    asyncio.run(run(args.events, args.sessions, args.servers, args.concurrency))
+
+
+if __name__ == "__main__":
+    main()
