@@ -18,6 +18,7 @@ from app.api.deps import get_runtime, require_admin
 from app.db.models import utcnow
 from app.runtime import Runtime
 from app.sessions import queries
+from channels import KNOWN_CHANNELS
 
 router = APIRouter(prefix="/admin/api", tags=["admin dashboard"], dependencies=[Depends(require_admin)])
 
@@ -85,7 +86,10 @@ class ChannelHealth(BaseModel):
     adapter: str | None = Field(description="The adapter's class name.")
     session_scope: str | None
     busy_policy: str | None
-    health: str = Field(description="ok, idle (no traffic yet), degraded (last delivery failed), disabled.")
+    health: str = Field(
+        description="ok, idle (no traffic yet), degraded (last delivery failed), "
+        "disabled (known channel not in CHANNELS), internal (events from the core, e.g. admin resets)."
+    )
     last_inbound_at: datetime | None
     last_outbound_at: datetime | None
     inbound_recent: int = Field(description="Events accepted in the window.")
@@ -229,7 +233,7 @@ async def channels(
                 adapter=type(adapter).__name__ if adapter is not None else None,
                 session_scope=cs.session_scope.value if cs is not None else None,
                 busy_policy=cs.busy_policy.value if cs is not None else None,
-                health=_health(enabled, act),
+                health=_health(name, enabled, act),
                 **act,
             )
         )
@@ -251,9 +255,10 @@ def _no_activity() -> dict[str, Any]:
     }
 
 
-def _health(enabled: bool, act: dict[str, Any]) -> str:
+def _health(name: str, enabled: bool, act: dict[str, Any]) -> str:
     if not enabled:
-        return "disabled"
+        # `admin` (dashboard resets) and similar producers have no adapter by design.
+        return "disabled" if name in KNOWN_CHANNELS else "internal"
     error_at, sent_at = act["last_error_at"], act["last_outbound_at"]
     if error_at is not None and (sent_at is None or error_at > sent_at):
         return "degraded"

@@ -1,0 +1,609 @@
+// The admin dashboard: a single page with hash routes. All data comes from /admin/api/….
+
+import { api, ApiError, Unauthorized } from "./api.js";
+import { barChart, lineChart } from "./charts.js";
+import { $, ago, clear, h, prettyJson } from "./dom.js";
+import { renderHistory } from "./history.js";
+
+const page = $("#page");
+let refreshTimer = null;
+let renderToken = 0;
+
+// --- routing ---------------------------------------------------------------------------
+
+function parseHash() {
+  const raw = window.location.hash.replace(/^#\/?/, "");
+  const [path, query = ""] = raw.split("?");
+  const [route, ...rest] = path.split("/");
+  return {
+    route: route || "overview",
+    arg: rest.length ? decodeURIComponent(rest.join("/")) : null,
+    params: Object.fromEntries(new URLSearchParams(query)),
+  };
+}
+
+export function link(route, arg, params) {
+  let out = `#/${route}`;
+  if (arg !== undefined && arg !== null) out += `/${encodeURIComponent(arg)}`;
+  const q = new URLSearchParams(Object.entries(params || {}).filter(([, v]) => v !== "" && v != null));
+  if ([...q].length) out += `?${q}`;
+  return out;
+}
+
+const sessionLink = (key, generation) =>
+  h("a", { href: link("session", key, generation ? { generation } : null), class: "mono" }, key);
+
+const views = {
+  overview: renderOverview,
+  sessions: renderSessions,
+  session: renderSession,
+  runs: renderRuns,
+  run: renderRun,
+  approvals: renderApprovals,
+  cron: renderCron,
+  channels: renderChannels,
+};
+
+async function route() {
+  clearInterval(refreshTimer);
+  refreshTimer = null;
+  const { route: name, arg, params } = parseHash();
+  const view = views[name] || renderOverview;
+  const navName = name === "session" ? "sessions" : name === "run" ? "runs" : name;
+  for (const a of document.querySelectorAll("#nav a")) {
+    a.classList.toggle("active", a.dataset.route === navName);
+  }
+  const mine = ++renderToken;
+  try {
+    const content = await view(arg, params);
+    if (mine !== renderToken) return; // a newer navigation won
+    showApp();
+    clear(page).append(...[content].flat(Infinity).filter((x) => x !== null && x !== undefined && x !== false));
+  } catch (err) {
+    if (mine !== renderToken) return;
+    if (err instanceof Unauthorized) return showLogin();
+    clear(page).append(errorBox(err));
+    showApp();
+  }
+}
+
+function errorBox(err) {
+  const text = err instanceof ApiError ? `The server answered ${err.status}: ${err.detail}` : String(err);
+  return h("div", { class: "empty", role: "alert" }, text);
+}
+
+function toast(text) {
+  for (const old of document.querySelectorAll(".toast")) old.remove();
+  const el = h("div", { class: "toast", role: "status" }, text);
+  document.body.append(el);
+  setTimeout(() => el.remove(), 3000);
+}
+
+// --- login -----------------------------------------------------------------------------
+
+function showLogin() {
+  clearInterval(refreshTimer);
+  $("#login").classList.remove("hidden");
+  $("#nav").classList.add("hidden");
+  $("#logout").classList.add("hidden");
+  clear(page);
+  $("#login-token").focus();
+}
+
+function showApp() {
+  $("#login").classList.add("hidden");
+  $("#nav").classList.remove("hidden");
+  $("#logout").classList.remove("hidden");
+}
+
+$("#login-form").addEventListener("submit", async (ev) => {
+  ev.preventDefault();
+  const error = $("#login-error");
+  error.textContent = "";
+  try {
+    await api.login($("#login-token").value);
+    $("#login-token").value = "";
+    await route();
+  } catch (err) {
+    error.textContent = err instanceof Unauthorized ? "Wrong token." : `Sign-in failed: ${err.message}`;
+  }
+});
+
+$("#logout").addEventListener("click", async () => {
+  await api.logout().catch(() => null);
+  showLogin();
+});
+
+// --- overview --------------------------------------------------------------------------
+
+const WINDOWS = [
+  [15, "15 min"],
+  [60, "1 hour"],
+  [360, "6 hours"],
+  [1440, "24 hours"],
+];
+
+function card(label, value, sub, bad = false) {
+  return h(
+    "div",
+    { class: "card", dataset: { stat: label } },
+    h("div", { class: "k" }, label),
+    h("div", { class: bad ? "v bad" : "v" }, value ?? "—"),
+    sub ? h("div", { class: "sub" }, sub) : null,
+  );
+}
+
+const ms = (v) => (v === null || v === undefined ? "—" : v >= 1000 ? `${(v / 1000).toFixed(1)} s` : `${v} ms`);
+
+async function renderOverview(_arg, params) {
+  const minutes = Number(params.minutes) || 60;
+  const [ov, ts] = await Promise.all([api.overview(minutes), api.timeseries(minutes)]);
+  const s = ov.sessions;
+  const failures = ov.failures.inbox_failed + ov.failures.outbox_failed + ov.failures.runs_failed;
+  const picker = h(
+    "select",
+    {
+      "aria-label": "Window",
+      onChange: (ev) => {
+        window.location.hash = link("overview", null, { minutes: ev.target.value });
+      },
+    },
+    WINDOWS.map(([m, label]) => h("option", { value: m, selected: m === minutes }, label)),
+  );
+  const points = ts.points;
+  const series = (key) => points.map((p) => ({ t: p.t, value: p[key] }));
+  const failuresSeries = points.map((p) => ({ t: p.t, value: p.run_failures + p.send_failures }));
+
+  if (!refreshTimer) {
+    refreshTimer = setInterval(() => {
+      if (document.visibilityState === "visible" && parseHash().route === "overview") route();
+    }, 15000);
+  }
+  return [
+    h("div", { class: "row" }, h("h1", null, "Overview"), h("span", { class: "spacer" }), picker),
+    h(
+      "div",
+      { class: "cards" },
+      card("Active sessions", s.active ?? 0),
+      card("Suspended", s.suspended ?? 0),
+      card("Expired", s.expired ?? 0, `${s.archived ?? 0} archived`),
+      card("Events / min", ov.events_per_minute, `${ov.events_in_window} in window · ${ov.events_last_minute} this minute`),
+      card("Run latency p50", ms(ov.runs.latency_ms.p50), `p95 ${ms(ov.runs.latency_ms.p95)} · ${ov.runs.count} runs`),
+      card("Inbox backlog", ov.backlog.inbox_pending, "events not processed yet", ov.backlog.inbox_pending > 100),
+      card("Outbox backlog", ov.backlog.outbox_pending, "replies not delivered yet", ov.backlog.outbox_pending > 100),
+      card(
+        "Failures",
+        failures,
+        `${ov.failures.runs_failed} runs · ${ov.failures.inbox_failed} events · ${ov.failures.outbox_failed} deliveries`,
+        failures > 0,
+      ),
+    ),
+    h(
+      "div",
+      { class: "charts" },
+      barChart("Events per minute", series("events")),
+      lineChart("Run latency (avg per minute)", series("run_ms_avg"), { unit: " ms" }),
+      barChart("Replies delivered per minute", series("sent")),
+      barChart("Failures per minute", failuresSeries, { bad: true }),
+    ),
+    h("p", { class: "small muted" }, `Updated ${new Date(ov.generated_at).toLocaleTimeString()} · refreshes every 15 s`),
+  ];
+}
+
+// --- sessions --------------------------------------------------------------------------
+
+const STATUSES = ["active", "suspended", "expired", "archived"];
+
+async function renderSessions(_arg, params) {
+  const [list, chans] = await Promise.all([
+    api.sessions({
+      channel: params.channel,
+      status: params.status,
+      q: params.q,
+      key_prefix: params.key_prefix,
+      include_archived: params.include_archived ? "true" : undefined,
+      limit: 200,
+    }),
+    api.channels(),
+  ]);
+  const form = h(
+    "form",
+    {
+      class: "filters",
+      role: "search",
+      onSubmit: (ev) => {
+        ev.preventDefault();
+        const data = new FormData(ev.target);
+        window.location.hash = link("sessions", null, {
+          channel: data.get("channel"),
+          status: data.get("status"),
+          q: data.get("q").trim(),
+          key_prefix: data.get("key_prefix").trim(),
+          include_archived: data.get("include_archived") ? "1" : "",
+        });
+      },
+    },
+    h("input", { type: "search", name: "q", placeholder: "Search key or message text", value: params.q || "" }),
+    h("input", { type: "text", name: "key_prefix", placeholder: "Key prefix", value: params.key_prefix || "" }),
+    h(
+      "select",
+      { name: "channel", "aria-label": "Channel" },
+      h("option", { value: "" }, "All channels"),
+      chans.channels.map((c) => h("option", { value: c.name, selected: c.name === params.channel }, c.name)),
+    ),
+    h(
+      "select",
+      { name: "status", "aria-label": "Status" },
+      h("option", { value: "" }, "Any status"),
+      STATUSES.map((st) => h("option", { value: st, selected: st === params.status }, st)),
+    ),
+    h(
+      "label",
+      { class: "row small" },
+      h("input", { type: "checkbox", name: "include_archived", checked: Boolean(params.include_archived) }),
+      "include archived",
+    ),
+    h("button", { class: "primary", type: "submit" }, "Filter"),
+  );
+  const rows = list.sessions.map((x) =>
+    h(
+      "tr",
+      { dataset: { key: x.key } },
+      h("td", null, sessionLink(x.key)),
+      h("td", null, x.channel),
+      h("td", null, h("span", { class: `badge ${x.status}` }, x.status)),
+      h("td", { class: "num" }, x.generation),
+      h("td", { class: "num" }, x.message_count),
+      h("td", null, ago(x.last_active_at)),
+      h("td", { class: "muted" }, x.title || ""),
+    ),
+  );
+  return [
+    h("h1", null, "Sessions"),
+    form,
+    rows.length
+      ? h(
+          "table",
+          { class: "grid", id: "sessions-table" },
+          h("thead", null, h("tr", null, ["Key", "Channel", "Status", "Gen", "Messages", "Last active", "Title"].map((t) => h("th", null, t)))),
+          h("tbody", null, rows),
+        )
+      : h("div", { class: "empty" }, "No sessions match."),
+  ];
+}
+
+// --- one session -----------------------------------------------------------------------
+
+async function renderSession(key, params) {
+  const [current, gens, runs, approvals] = await Promise.all([
+    api.session(key),
+    api.generations(key),
+    api.sessionRuns(key),
+    api.approvals({ session_key: key }),
+  ]);
+  const generation = Number(params.generation) || current.generation;
+  const shown = gens.generations.find((g) => g.generation === generation) || current;
+  const history = await api.messages(key, generation);
+  const isCurrent = shown.generation === current.generation;
+
+  const actions = h(
+    "div",
+    { class: "actions" },
+    h("button", { type: "button", id: "action-reset", onClick: () => doReset(key, current) }, "Reset"),
+    h("button", { type: "button", id: "action-archive", onClick: () => doArchive(key) }, "Archive"),
+    gens.generations.length > 1 || !isCurrent
+      ? h(
+          "span",
+          { class: "row" },
+          h(
+            "select",
+            { id: "generation-select", "aria-label": "Generation", onChange: (ev) => {
+              window.location.hash = link("session", key, { generation: ev.target.value });
+            } },
+            gens.generations.map((g) =>
+              h("option", { value: g.generation, selected: g.generation === generation },
+                `generation ${g.generation} · ${g.status}${g.current ? " (current)" : ""} · ${g.message_count} msgs`),
+            ),
+          ),
+          isCurrent ? null : h("button", { type: "button", id: "action-reopen", onClick: () => doReopen(key, generation) }, `Reopen generation ${generation}`),
+        )
+      : null,
+  );
+
+  const facts = h(
+    "div",
+    { class: "facts" },
+    h("span", null, `channel ${current.channel}`),
+    h("span", null, `generation ${current.generation} of ${current.generations}`),
+    h("span", null, `${current.message_count} messages`),
+    h("span", null, `${current.runs} runs`),
+    h("span", null, `inbox pending ${current.inbox_pending}`),
+    h("span", null, `outbox pending ${current.outbox_pending}`),
+    h("span", null, "last active ", ago(current.last_active_at)),
+    current.lease && current.lease.owner ? h("span", null, `lease ${current.lease.owner} (fence ${current.lease.fence})`) : null,
+  );
+
+  const runRows = runs.runs.map(runRow);
+  const approvalRows = approvals.approvals.map(approvalRow);
+  return [
+    h(
+      "div",
+      { class: "session-head" },
+      h("h1", null, key),
+      h("span", { class: `badge ${current.status}`, id: "session-status" }, current.status),
+    ),
+    facts,
+    actions,
+    isCurrent ? null : h("p", { class: "muted" }, `Showing generation ${generation} (${shown.status}); the current one is ${current.generation}.`),
+    h("h2", null, `History (${history.messages.length} messages)`),
+    renderHistory(history.messages),
+    h("h2", null, "Runs"),
+    runRows.length ? runsTable(runRows) : h("div", { class: "empty" }, "No runs yet."),
+    h("h2", null, "Approvals"),
+    approvalRows.length ? approvalsTable(approvalRows) : h("div", { class: "empty" }, "No approval requests."),
+  ];
+}
+
+async function waitForChange(key, before, tries = 40) {
+  for (let i = 0; i < tries; i++) {
+    const now = await api.session(key).catch(() => null);
+    if (now && (now.status !== before.status || now.generation !== before.generation)) return now;
+    await new Promise((r) => setTimeout(r, 250));
+  }
+  return null;
+}
+
+async function doReset(key, before) {
+  $("#action-reset").disabled = true;
+  try {
+    await api.reset(key);
+    toast("Reset queued behind the session's events…");
+    const after = await waitForChange(key, before);
+    toast(after ? `Session is now ${after.status}.` : "Reset is still queued.");
+  } catch (err) {
+    if (err instanceof Unauthorized) return showLogin();
+    toast(`Reset failed: ${err.message}`);
+  }
+  await route();
+}
+
+async function doArchive(key) {
+  try {
+    await api.archive(key);
+    toast("Archived.");
+  } catch (err) {
+    if (err instanceof Unauthorized) return showLogin();
+    toast(`Archive failed: ${err.message}`);
+  }
+  await route();
+}
+
+async function doReopen(key, generation) {
+  try {
+    await api.reopen(key, generation);
+    toast(`Generation ${generation} is current again.`);
+    window.location.hash = link("session", key);
+  } catch (err) {
+    if (err instanceof Unauthorized) return showLogin();
+    toast(`Reopen failed: ${err.message}`);
+  }
+}
+
+// --- runs ------------------------------------------------------------------------------
+
+function outcomeBadge(outcome) {
+  const cls = outcome === "ok" ? "ok" : outcome === "running" ? "running" : "bad";
+  return h("span", { class: `badge ${cls}` }, outcome);
+}
+
+function runRow(r) {
+  return h(
+    "tr",
+    null,
+    h("td", null, h("a", { href: link("run", r.id) }, `#${r.id}`)),
+    h("td", null, sessionLink(r.session_key)),
+    h("td", null, outcomeBadge(r.outcome)),
+    h("td", null, ago(r.started_at)),
+    h("td", { class: "num" }, ms(r.duration_ms)),
+    h("td", { class: "num" }, r.iterations),
+    h("td", { class: "mono" }, (r.tool_calls || []).map((c) => c.name).join(", ") || "—"),
+    h("td", { class: "num" }, `${r.prompt_tokens} / ${r.completion_tokens}`),
+    h("td", { class: "small" }, r.model || r.provider),
+  );
+}
+
+function runsTable(rows) {
+  return h(
+    "table",
+    { class: "grid" },
+    h("thead", null, h("tr", null, ["Run", "Session", "Outcome", "Started", "Duration", "Steps", "Tool calls", "Tokens in / out", "Model"].map((t) => h("th", null, t)))),
+    h("tbody", null, rows),
+  );
+}
+
+async function renderRuns(_arg, params) {
+  const data = await api.runs({ outcome: params.outcome, session_key: params.session_key, before_id: params.before_id, limit: 100 });
+  const outcomes = ["ok", "running", "provider_error", "max_iterations", "cancelled", "error"];
+  const filter = h(
+    "form",
+    {
+      class: "filters",
+      onSubmit: (ev) => {
+        ev.preventDefault();
+        const d = new FormData(ev.target);
+        window.location.hash = link("runs", null, { outcome: d.get("outcome"), session_key: d.get("session_key").trim() });
+      },
+    },
+    h("input", { type: "text", name: "session_key", placeholder: "Session key", value: params.session_key || "" }),
+    h("select", { name: "outcome", "aria-label": "Outcome" }, h("option", { value: "" }, "Any outcome"),
+      outcomes.map((o) => h("option", { value: o, selected: o === params.outcome }, o))),
+    h("button", { class: "primary", type: "submit" }, "Filter"),
+  );
+  const last = data.runs[data.runs.length - 1];
+  return [
+    h("h1", null, "Runs"),
+    filter,
+    data.runs.length ? runsTable(data.runs.map(runRow)) : h("div", { class: "empty" }, "No runs."),
+    data.runs.length === 100 && last
+      ? h("p", null, h("a", { href: link("runs", null, { ...params, before_id: last.id }) }, "Older runs →"))
+      : null,
+  ];
+}
+
+async function renderRun(id) {
+  const r = await api.run(id);
+  const fact = (k, v) => h("tr", null, h("th", null, k), h("td", null, v));
+  return [
+    h("div", { class: "session-head" }, h("h1", null, `Run #${r.id}`), outcomeBadge(r.outcome)),
+    h(
+      "table",
+      { class: "grid kv" },
+      h(
+        "tbody",
+        null,
+        fact("Session", sessionLink(r.session_key, r.generation)),
+        fact("Generation", r.generation ?? "—"),
+        fact("Provider / model", `${r.provider} / ${r.model || "—"}`),
+        fact("Started", ago(r.started_at)),
+        fact("Duration", ms(r.duration_ms)),
+        fact("Model calls", r.iterations),
+        fact("Tokens (prompt / completion)", `${r.prompt_tokens} / ${r.completion_tokens}`),
+        fact("Events", h("span", { class: "mono small" }, (r.event_ids || []).join(", "))),
+        r.error ? fact("Error", h("pre", null, r.error)) : null,
+      ),
+    ),
+    h("h2", null, "Tool calls"),
+    (r.tool_calls || []).length
+      ? h(
+          "table",
+          { class: "grid" },
+          h("thead", null, h("tr", null, h("th", null, "Call id"), h("th", null, "Tool"), h("th", null, "Time"))),
+          h("tbody", null, r.tool_calls.map((c) => h("tr", null, h("td", { class: "mono" }, c.id), h("td", { class: "mono" }, c.name), h("td", { class: "num" }, ms(c.ms))))),
+        )
+      : h("div", { class: "empty" }, "No tool calls."),
+    h("h2", null, "Messages appended by this run"),
+    r.messages.length
+      ? h("p", null, r.messages.map((m) => h("span", { class: "pill" }, `#${m.seq} ${m.role}${m.name ? ` · ${m.name}` : ""}`)))
+      : h("div", { class: "empty" }, "None."),
+    h("h2", null, "Approvals"),
+    r.approvals.length ? approvalsTable(r.approvals.map(approvalRow)) : h("div", { class: "empty" }, "No approval requests."),
+    Object.keys(r.details || {}).length ? [h("h2", null, "Details"), h("pre", null, prettyJson(r.details))] : null,
+  ];
+}
+
+// --- approvals -------------------------------------------------------------------------
+
+function approvalRow(a) {
+  return h(
+    "tr",
+    null,
+    h("td", { class: "num" }, a.id),
+    h("td", null, sessionLink(a.session_key)),
+    h("td", null, a.run_id ? h("a", { href: link("run", a.run_id) }, `#${a.run_id}`) : "—"),
+    h("td", { class: "mono" }, a.tool_name),
+    h("td", null, h("details", null, h("summary", { class: "small" }, "arguments"), h("pre", null, prettyJson(a.arguments)))),
+    h("td", null, h("span", { class: `badge ${a.status}` }, a.status)),
+    h("td", null, ago(a.requested_at)),
+    h("td", null, a.decided_by || "—", a.decided_at ? [" · ", ago(a.decided_at)] : null),
+  );
+}
+
+function approvalsTable(rows) {
+  return h(
+    "table",
+    { class: "grid" },
+    h("thead", null, h("tr", null, ["#", "Session", "Run", "Tool", "Arguments", "Status", "Requested", "Decided"].map((t) => h("th", null, t)))),
+    h("tbody", null, rows),
+  );
+}
+
+async function renderApprovals(_arg, params) {
+  const data = await api.approvals({ status: params.status, limit: 200 });
+  const statuses = ["pending", "approved", "denied", "expired"];
+  return [
+    h("h1", null, "Approvals"),
+    h("div", { class: "filters" },
+      h("select", { "aria-label": "Status", onChange: (ev) => {
+        window.location.hash = link("approvals", null, { status: ev.target.value });
+      } }, h("option", { value: "" }, "Any status"), statuses.map((st) => h("option", { value: st, selected: st === params.status }, st)))),
+    data.approvals.length ? approvalsTable(data.approvals.map(approvalRow)) : h("div", { class: "empty" }, "No approval requests."),
+  ];
+}
+
+// --- cron jobs -------------------------------------------------------------------------
+
+async function renderCron() {
+  let data;
+  try {
+    data = await api.cronJobs();
+  } catch (err) {
+    if (err instanceof ApiError && err.status === 404) {
+      return [h("h1", null, "Cron jobs"), h("div", { class: "empty", id: "cron-missing" }, "This server has no cron jobs API (/admin/api/cron-jobs answered 404).")];
+    }
+    throw err;
+  }
+  const jobs = Array.isArray(data) ? data : data.jobs || data.cron_jobs || [];
+  const rows = jobs.map((j) => {
+    const target = j.target || { channel: j.target_channel, chat_id: j.target_chat_id };
+    return h(
+      "tr",
+      null,
+      h("td", { class: "num" }, j.id),
+      h("td", null, j.name, h("div", { class: "small muted" }, (j.prompt || "").slice(0, 80))),
+      h("td", { class: "mono" }, j.schedule || (j.run_at ? `once at ${j.run_at}` : "—"), j.timezone && j.timezone !== "UTC" ? ` (${j.timezone})` : ""),
+      h("td", null, h("span", { class: `badge ${j.enabled ? "ok" : ""}` }, j.enabled ? "enabled" : "disabled")),
+      h("td", null, ago(j.next_fire_at)),
+      h("td", null, ago(j.last_fired_at)),
+      h("td", { class: "num" }, j.max_runs ? `${j.runs ?? 0} / ${j.max_runs}` : j.runs ?? "—"),
+      h("td", null, j.source_session_key ? sessionLink(j.source_session_key) : "—"),
+      h("td", { class: "mono small" }, target.channel ? `${target.channel}:${target.chat_id}` : "—"),
+      h("td", { class: "small" }, j.last_error || ""),
+    );
+  });
+  return [
+    h("h1", null, "Cron jobs"),
+    rows.length
+      ? h(
+          "table",
+          { class: "grid", id: "cron-table" },
+          h("thead", null, h("tr", null, ["#", "Name", "Schedule", "State", "Next", "Last", "Runs", "Session", "Target", "Last error"].map((t) => h("th", null, t)))),
+          h("tbody", null, rows),
+        )
+      : h("div", { class: "empty" }, "No cron jobs."),
+  ];
+}
+
+// --- channels --------------------------------------------------------------------------
+
+async function renderChannels() {
+  const data = await api.channels();
+  const rows = data.channels.map((c) =>
+    h(
+      "tr",
+      { dataset: { channel: c.name } },
+      h("td", { class: "mono" }, c.name),
+      h("td", null, h("span", { class: `badge ${c.health}` }, c.health)),
+      h("td", null, c.enabled ? c.adapter : h("span", { class: "muted" }, "not running")),
+      h("td", { class: "small" }, c.session_scope ? `${c.session_scope} · ${c.busy_policy}` : "—"),
+      h("td", null, ago(c.last_inbound_at)),
+      h("td", null, ago(c.last_outbound_at)),
+      h("td", { class: "num" }, `${c.inbound_recent} / ${c.outbound_recent}`),
+      h("td", { class: "num" }, `${c.inbox_pending} / ${c.outbox_pending}`),
+      h("td", { class: "num" }, `${c.inbox_failed} / ${c.outbox_failed}`),
+      h("td", { class: "small" }, c.last_error ? [c.last_error, " · ", ago(c.last_error_at)] : ""),
+    ),
+  );
+  return [
+    h("h1", null, "Channels"),
+    h("p", { class: "small muted" }, `Counts "recent" are the last ${data.window_minutes} minutes; in / out pairs are inbox / outbox.`),
+    h(
+      "table",
+      { class: "grid", id: "channels-table" },
+      h("thead", null, h("tr", null, ["Channel", "Health", "Adapter", "Scope · busy", "Last inbound", "Last outbound", "Recent in / out", "Pending in / out", "Failed in / out", "Last error"].map((t) => h("th", null, t)))),
+      h("tbody", null, rows),
+    ),
+  ];
+}
+
+window.addEventListener("hashchange", route);
+route();

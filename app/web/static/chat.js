@@ -1,0 +1,364 @@
+// The chat page: one conversation at a time through the browser gateway (/ws).
+
+import { $, clear, h, prettyJson } from "./dom.js";
+import { GatewayClient } from "./gateway.js";
+
+const TOKEN_KEY = "chatgate.gatewayToken";
+const NEW_KEY = "\u0000new";
+
+const thread = $("#thread");
+const scroller = $("#scroller");
+const select = $("#session-select");
+const conn = $("#conn");
+
+let client = null;
+let allowed = { keys: [], prefix: null };
+let seen = new Set(); // "session_id:seq" already on screen
+const pendingByClientId = new Map(); // client_message_id -> bubble
+const pendingByEvent = new Map(); // event_id -> bubble
+const streaming = new Map(); // run_id -> bubble
+const toolCalls = new Map(); // tool_call_id -> {root, status, result}
+const approvalCards = new Map(); // approval_id -> card
+
+// --- token: from the URL fragment (#token=…&session=…), the tab, or the form ----------
+
+function readFragment() {
+  const params = new URLSearchParams(window.location.hash.slice(1));
+  const token = params.get("token");
+  const session = params.get("session");
+  if (token) {
+    sessionStorage.setItem(TOKEN_KEY, token);
+    // Keep the token out of the address bar, history and screenshots.
+    const rest = session ? `#session=${encodeURIComponent(session)}` : "";
+    history.replaceState(null, "", window.location.pathname + rest);
+  }
+  return { token: token || sessionStorage.getItem(TOKEN_KEY), session };
+}
+
+function showTokenPanel(message = "") {
+  if (client) client.close();
+  client = null;
+  $("#chat").classList.add("hidden");
+  $("#token-panel").classList.remove("hidden");
+  $("#token-error").textContent = message;
+  $("#token-input").focus();
+}
+
+$("#token-form").addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  const token = $("#token-input").value.trim();
+  if (!token) return;
+  sessionStorage.setItem(TOKEN_KEY, token);
+  $("#token-input").value = "";
+  start(token, null);
+});
+
+$("#forget").addEventListener("click", () => {
+  sessionStorage.removeItem(TOKEN_KEY);
+  showTokenPanel();
+});
+
+// --- rendering -------------------------------------------------------------------------
+
+function nearBottom() {
+  return scroller.scrollHeight - scroller.scrollTop - scroller.clientHeight < 120;
+}
+
+function add(el) {
+  const stick = nearBottom();
+  thread.append(el);
+  if (stick) scroller.scrollTop = scroller.scrollHeight;
+  return el;
+}
+
+function bubble(role, text, extra = {}) {
+  return h("div", { class: `msg ${role}`, ...extra }, text ?? "");
+}
+
+function notice(text, cls = "notice") {
+  return add(h("div", { class: cls }, text));
+}
+
+function resetView() {
+  clear(thread);
+  seen = new Set();
+  pendingByClientId.clear();
+  pendingByEvent.clear();
+  streaming.clear();
+  toolCalls.clear();
+  approvalCards.clear();
+}
+
+function toolCallElement(call) {
+  const fn = call.function || {};
+  const status = h("span", { class: "small muted tool-status" }, "running…");
+  const result = h("pre", { class: "tool-result" }, "waiting for the result…");
+  const root = h(
+    "details",
+    { class: "tool", dataset: { callId: call.id } },
+    h("summary", null, "Tool call ", h("strong", null, fn.name || "?"), " · ", status),
+    h("div", { class: "label" }, "arguments"),
+    h("pre", null, prettyJson(fn.arguments ?? "{}")),
+    h("div", { class: "label" }, "result"),
+    result,
+  );
+  toolCalls.set(call.id, { root, status, result });
+  return root;
+}
+
+function renderMessage(m) {
+  const id = `${m.session_id}:${m.seq}`;
+  if (m.seq !== undefined && seen.has(id)) return;
+  seen.add(id);
+  if (m.role === "user") {
+    const mine = m.event_id && pendingByEvent.get(m.event_id);
+    if (mine) {
+      mine.classList.remove("pending");
+      mine.dataset.seq = m.seq;
+      pendingByEvent.delete(m.event_id);
+      return;
+    }
+    add(bubble("user", m.content, { dataset: { seq: m.seq } }));
+    return;
+  }
+  if (m.role === "assistant") {
+    const live = streaming.get(m.run_id) || (streaming.size === 1 ? [...streaming.values()][0] : null);
+    if (live) {
+      streaming.delete([...streaming].find(([, el]) => el === live)[0]);
+      if (m.tool_calls && m.tool_calls.length && !m.content) live.remove();
+    }
+    if (m.content || !(m.tool_calls && m.tool_calls.length)) {
+      if (live && live.isConnected) {
+        live.textContent = m.content ?? "";
+        live.classList.remove("streaming");
+        live.dataset.seq = m.seq;
+      } else {
+        add(bubble("assistant", m.content, { dataset: { seq: m.seq } }));
+      }
+    }
+    for (const call of m.tool_calls || []) add(toolCallElement(call));
+    return;
+  }
+  if (m.role === "tool") {
+    const entry = toolCalls.get(m.tool_call_id);
+    if (entry) {
+      entry.result.textContent = prettyJson(m.content ?? "");
+      entry.status.textContent = "done";
+      entry.root.classList.add("done");
+    } else {
+      const el = toolCallElement({ id: m.tool_call_id, function: { name: m.name, arguments: "" } });
+      toolCalls.get(m.tool_call_id).result.textContent = prettyJson(m.content ?? "");
+      toolCalls.get(m.tool_call_id).status.textContent = "done";
+      add(el);
+    }
+    for (const [approvalId, card] of approvalCards) {
+      if (card.dataset.toolCallId === m.tool_call_id) {
+        card.remove();
+        approvalCards.delete(approvalId);
+      }
+    }
+  }
+}
+
+function renderDelta(frame) {
+  let live = streaming.get(frame.run_id);
+  if (!live) {
+    live = add(bubble("assistant", "", { class: "msg assistant streaming" }));
+    streaming.set(frame.run_id, live);
+  }
+  const stick = nearBottom();
+  live.append(document.createTextNode(frame.text ?? ""));
+  if (stick) scroller.scrollTop = scroller.scrollHeight;
+}
+
+function renderApproval(a) {
+  const id = a.approval_id ?? a.id;
+  if (id === undefined || approvalCards.has(id)) return;
+  const tool = a.tool_name || a.tool || "a tool";
+  const state = h("span", { class: "small muted" });
+  const decide = (approve) => {
+    if (!client) return;
+    client.decide(id, approve);
+    for (const b of card.querySelectorAll("button")) b.disabled = true;
+    state.textContent = approve ? "approval sent…" : "denial sent…";
+  };
+  const card = h(
+    "div",
+    { class: "approval", dataset: { approvalId: id, toolCallId: a.tool_call_id || "" } },
+    h("strong", null, `Approval needed: ${tool}`),
+    h("pre", null, prettyJson(a.arguments ?? {})),
+    a.expires_at ? h("div", { class: "small muted" }, `Denied automatically at ${new Date(a.expires_at).toLocaleTimeString()}.`) : null,
+    h(
+      "div",
+      { class: "row" },
+      h("button", { class: "primary", type: "button", onClick: () => decide(true) }, "Approve"),
+      h("button", { class: "danger", type: "button", onClick: () => decide(false) }, "Deny"),
+      state,
+    ),
+  );
+  approvalCards.set(id, card);
+  add(card);
+}
+
+// --- session switcher ------------------------------------------------------------------
+
+function fillSessions(extra = []) {
+  const current = client ? client.sessionKey : null;
+  const keys = new Map();
+  for (const k of allowed.keys) keys.set(k, k);
+  for (const s of extra) keys.set(s.key, `${s.key} · ${s.message_count} msgs${s.status && s.status !== "active" ? ` · ${s.status}` : ""}`);
+  if (current && !keys.has(current)) keys.set(current, current);
+  clear(select);
+  for (const [k, label] of keys) select.append(h("option", { value: k, selected: k === current }, label));
+  if (allowed.prefix !== null && allowed.prefix !== undefined) {
+    select.append(h("option", { value: NEW_KEY }, `+ new conversation${allowed.prefix ? ` under ${allowed.prefix}` : ""}`));
+  }
+}
+
+select.addEventListener("change", () => {
+  let key = select.value;
+  if (key === NEW_KEY) {
+    const stamp = new Date().toISOString().replace(/[-:T]/g, "").slice(0, 14);
+    key = `${allowed.prefix}${stamp}`;
+  }
+  if (!client || key === client.sessionKey) return;
+  resetView();
+  notice(`Opening ${key}…`);
+  client.attach(key);
+});
+
+// --- connection ------------------------------------------------------------------------
+
+function setStatus({ state, code, inMs }) {
+  conn.className = "pill";
+  if (state === "connected") {
+    conn.classList.add("ok");
+    conn.textContent = "connected";
+  } else if (state === "reconnecting") {
+    conn.classList.add("warn");
+    conn.textContent = inMs ? `reconnecting in ${Math.max(1, Math.round(inMs / 1000))} s…` : "reconnecting…";
+    if (code === 4503) conn.title = "The browser channel is not enabled on this server.";
+  } else if (state === "offline") {
+    conn.classList.add("bad");
+    conn.textContent = "offline";
+  } else {
+    conn.textContent = "connecting…";
+  }
+  conn.dataset.state = state;
+}
+
+function wsUrl() {
+  return `${window.location.protocol === "https:" ? "wss:" : "ws:"}//${window.location.host}/ws`;
+}
+
+function onFrame(frame) {
+  switch (frame.type) {
+    case "authenticated":
+      allowed = { keys: frame.session_keys || [], prefix: frame.key_prefix ?? null };
+      fillSessions();
+      client.listSessions();
+      break;
+    case "sessions":
+      fillSessions(frame.sessions || []);
+      break;
+    case "ready": {
+      if (!frame.resumed) resetView();
+      fillSessions();
+      history.replaceState(null, "", `${window.location.pathname}#session=${encodeURIComponent(frame.session_key)}`);
+      if (!frame.resumed && !frame.messages.length) notice(`This is ${frame.session_key}. Say hello.`);
+      if (frame.truncated) notice("Some older messages are not shown.");
+      for (const m of frame.messages || []) renderMessage({ session_id: frame.session_id, ...m });
+      for (const a of frame.pending_approvals || []) renderApproval(a);
+      break;
+    }
+    case "accepted": {
+      const mine = pendingByClientId.get(frame.client_message_id);
+      if (mine) {
+        pendingByClientId.delete(frame.client_message_id);
+        if (frame.event_id) pendingByEvent.set(frame.event_id, mine);
+      }
+      break;
+    }
+    case "message":
+      renderMessage(frame);
+      break;
+    case "delta":
+      renderDelta(frame);
+      break;
+    case "approval_request":
+      renderApproval(frame);
+      break;
+    case "notice": {
+      const text = frame.text || "";
+      const dup = [...approvalCards.keys()].some((id) => text.includes(`/approve ${id}`));
+      if (!dup) notice(text);
+      break;
+    }
+    case "new_session":
+      seen = new Set();
+      notice("— new conversation —", "divider");
+      break;
+    case "error":
+      notice(`⚠ ${frame.detail || frame.code}`, "notice error-text");
+      break;
+    default:
+      break;
+  }
+}
+
+function start(token, sessionKey) {
+  if (client) client.close();
+  $("#token-panel").classList.add("hidden");
+  $("#chat").classList.remove("hidden");
+  resetView();
+  client = new GatewayClient({ url: wsUrl(), token, sessionKey });
+  client.addEventListener("frame", (ev) => onFrame(ev.detail));
+  client.addEventListener("status", (ev) => setStatus(ev.detail));
+  client.addEventListener("unauthorized", (ev) => {
+    const why = ev.detail.code === 4002 ? "The token has expired." : "The gateway refused this token.";
+    sessionStorage.removeItem(TOKEN_KEY);
+    showTokenPanel(why);
+  });
+  client.connect();
+  $("#text").focus();
+}
+
+// --- composer --------------------------------------------------------------------------
+
+function sendCurrent() {
+  const box = $("#text");
+  const text = box.value.trim();
+  if (!text || !client) return;
+  const clientId = client.send(text);
+  const mine = add(bubble("user", text, { class: "msg user pending", dataset: { clientId } }));
+  pendingByClientId.set(clientId, mine);
+  box.value = "";
+  autosize();
+  scroller.scrollTop = scroller.scrollHeight;
+}
+
+function autosize() {
+  const box = $("#text");
+  box.style.height = "auto";
+  box.style.height = `${Math.min(180, box.scrollHeight)}px`;
+}
+
+$("#composer").addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  sendCurrent();
+});
+
+$("#text").addEventListener("keydown", (ev) => {
+  // Enter sends; Shift+Enter is a new line; never while an IME is composing (CJK input).
+  if (ev.key === "Enter" && !ev.shiftKey && !ev.isComposing) {
+    ev.preventDefault();
+    sendCurrent();
+  }
+});
+$("#text").addEventListener("input", autosize);
+
+$("#stop").addEventListener("click", () => client && client.stop());
+
+const initial = readFragment();
+if (initial.token) start(initial.token, initial.session);
+else showTokenPanel();

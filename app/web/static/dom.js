@@ -1,0 +1,70 @@
+// Tiny DOM helpers. Text always goes in through text nodes, never innerHTML, so nothing a
+// message or a session key contains is ever parsed as markup.
+
+const SVG_NS = "http://www.w3.org/2000/svg";
+
+function append(el, children) {
+  for (const child of children.flat(Infinity)) {
+    if (child === null || child === undefined || child === false) continue;
+    el.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return el;
+}
+
+function setAttrs(el, attrs) {
+  for (const [name, value] of Object.entries(attrs || {})) {
+    if (value === null || value === undefined || value === false) continue;
+    if (name.startsWith("on") && typeof value === "function") {
+      el.addEventListener(name.slice(2).toLowerCase(), value);
+    } else if (name === "dataset") {
+      Object.assign(el.dataset, value);
+    } else {
+      el.setAttribute(name, value === true ? "" : String(value));
+    }
+  }
+  return el;
+}
+
+/** h("div", {class: "x", onClick: fn}, "text", child, [more]) */
+export function h(tag, attrs, ...children) {
+  return append(setAttrs(document.createElement(tag), attrs), children);
+}
+
+/** The same for SVG elements. */
+export function s(tag, attrs, ...children) {
+  return append(setAttrs(document.createElementNS(SVG_NS, tag), attrs), children);
+}
+
+export function clear(el) {
+  while (el.firstChild) el.firstChild.remove();
+  return el;
+}
+
+export function $(selector, root = document) {
+  return root.querySelector(selector);
+}
+
+/** "3 min ago" with the exact time as a tooltip. */
+export function ago(iso) {
+  if (!iso) return h("span", { class: "muted" }, "—");
+  const t = new Date(iso);
+  const secs = Math.round((Date.now() - t.getTime()) / 1000);
+  let text;
+  if (secs < 5) text = "just now";
+  else if (secs < 60) text = `${secs} s ago`;
+  else if (secs < 3600) text = `${Math.floor(secs / 60)} min ago`;
+  else if (secs < 86400) text = `${Math.floor(secs / 3600)} h ago`;
+  else text = `${Math.floor(secs / 86400)} d ago`;
+  return h("time", { datetime: iso, title: t.toISOString() }, text);
+}
+
+export function prettyJson(value) {
+  if (typeof value === "string") {
+    try {
+      return JSON.stringify(JSON.parse(value), null, 2);
+    } catch {
+      return value;
+    }
+  }
+  return JSON.stringify(value, null, 2);
+}

@@ -1,0 +1,95 @@
+"""The admin dashboard in a real browser: log in, find a session, read its history, reset it."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from playwright.async_api import Page, expect
+
+from tests.conftest import ADMIN_TOKEN, WEBHOOK_SECRET, ServeApp
+from tests.support.webhook import post_webhook
+from tests.web.conftest import ignore_expected, shot
+
+pytestmark = pytest.mark.slow
+
+
+async def _ask(url: str, chat_id: str, text: str) -> None:
+    async with httpx.AsyncClient(timeout=30) as client:
+        resp = await post_webhook(
+            client, url, WEBHOOK_SECRET, {"chat_id": chat_id, "sender_id": "u1", "text": text}, wait=True
+        )
+        assert resp.status_code == 200, resp.text
+
+
+async def test_dashboard_login_history_tool_group_and_reset(serve: ServeApp, page: Page) -> None:
+    async with serve() as srv:
+        await _ask(srv.url, "c1", "what time is it?")
+        await _ask(srv.url, "c2", "hello <b>not bold</b>")
+
+        await page.goto(f"{srv.url}/admin")
+        await expect(page.locator("#login")).to_be_visible()
+        await page.fill("#login-token", "wrong-token")
+        await page.click("#login-form button[type=submit]")
+        await expect(page.locator("#login-error")).to_have_text("Wrong token.")
+
+        await page.fill("#login-token", ADMIN_TOKEN)
+        await page.click("#login-form button[type=submit]")
+        await expect(page.locator("#nav")).to_be_visible()
+        await expect(page.locator('[data-stat="Active sessions"] .v')).to_have_text("2")
+        await expect(page.locator(".chart svg")).to_have_count(4)
+        await expect(page.locator(".chart rect.bar").first).to_be_attached()
+        await shot(page, "dashboard-overview")
+
+        # The cookie is HttpOnly: scripts cannot read it.
+        assert await page.evaluate("document.cookie") == ""
+
+        # Sessions: search by message text finds the session with the tool call.
+        await page.click('#nav a[data-route="sessions"]')
+        await page.fill('input[name="q"]', "what time")
+        await page.click(".filters button[type=submit]")
+        rows = page.locator("#sessions-table tbody tr")
+        await expect(rows).to_have_count(1)
+        await expect(rows.first).to_have_attribute("data-key", "webhook:c1")
+        await shot(page, "dashboard-sessions")
+
+        await rows.first.locator("a").click()
+        await expect(page.locator(".session-head h1")).to_have_text("webhook:c1")
+        group = page.locator("#history .toolgroup")
+        await expect(group).to_have_count(1)
+        await expect(group.locator(".toolcall .name")).to_have_text("current_time")
+        await expect(group.locator("pre.result")).to_contain_text("iso")
+        roles = await page.locator("#history > .hmsg .who strong").all_inner_texts()
+        assert roles == ["user", "assistant"]
+        await expect(page.locator("#history > .hmsg.assistant .text")).to_contain_text("It is ")
+        await expect(page.locator("#session-status")).to_have_text("active")
+        await shot(page, "dashboard-session-history")
+
+        await page.click("#action-reset")
+        await expect(page.locator("#session-status")).to_have_text("expired", timeout=10_000)
+        await shot(page, "dashboard-session-reset")
+
+        # Markup in messages is shown as text, never rendered.
+        await page.goto(f"{srv.url}/admin#/session/{'webhook%3Ac2'}")
+        await expect(page.locator("#history .hmsg.user .text")).to_have_text("hello <b>not bold</b>")
+        assert await page.locator("#history b").count() == 0
+
+        await page.click('#nav a[data-route="channels"]')
+        webhook = page.locator('#channels-table tr[data-channel="webhook"]')
+        await expect(webhook.locator(".badge")).to_have_text("ok")
+        await shot(page, "dashboard-channels")
+
+        await page.click('#nav a[data-route="runs"]')
+        await expect(page.locator("table.grid tbody tr")).to_have_count(2)
+        await page.locator("table.grid tbody tr", has_text="current_time").locator("a").first.click()
+        await expect(page.locator(".session-head h1")).to_contain_text("Run #")
+        await shot(page, "dashboard-run")
+
+        await page.click('#nav a[data-route="cron"]')
+        await expect(page.locator("#cron-table, #cron-missing, .empty").first).to_be_visible()
+        await shot(page, "dashboard-cron")
+
+        await page.click("#logout")
+        await expect(page.locator("#login")).to_be_visible()
+
+        errors = ignore_expected(page.errors, r"401", r"Failed to load resource")  # type: ignore[attr-defined]
+        assert errors == []
