@@ -40,6 +40,9 @@ class Metrics:
             "chatgate_provider_errors", "Model provider failures", ["provider"], registry=r
         )
         self.ws_connections = Gauge("chatgate_ws_connections", "Open browser gateway connections", registry=r)
+        self.ws_closed = Counter(
+            "chatgate_ws_closed", "Browser gateway connections closed, by reason", ["reason"], registry=r
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

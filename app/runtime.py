@@ -26,7 +26,7 @@ from app.agent.provider import ChatProvider
 from app.agent.reminder import reminder_tools
 from app.agent.tools import Tool, ToolRegistry, builtin_tools
 from app.agent.workspace import file_tools
-from app.bus import LocalSessionBus, SessionBus
+from app.bus import SessionBus
 from app.channel import AcceptResult, ChannelAdapter, ChannelContext, ChannelSettings, WaitResult
 from app.config import Settings
 from app.db.engine import create_engine
@@ -34,6 +34,7 @@ from app.db.migrate import upgrade
 from app.db.models import inbox as inbox_table
 from app.db.models import outbox as outbox_table
 from app.events import ChatType, InboundEvent
+from app.gateway import build_session_bus
 from app.memory import MemoryFeatures
 from app.metrics import Metrics
 from app.pipeline.dispatcher import Dispatcher
@@ -127,7 +128,7 @@ class Runtime:
             max_iterations=settings.agent_max_iterations,
             max_tool_result_chars=settings.tool_result_max_chars,
         )
-        self.bus: SessionBus = LocalSessionBus()
+        self.bus: SessionBus = build_session_bus(settings, self.engine, self.metrics)
         self.adapters: dict[str, ChannelAdapter] = {}
         self.http = httpx.AsyncClient(timeout=httpx.Timeout(15.0))
         self.sender = OutboxSender(

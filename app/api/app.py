@@ -12,9 +12,11 @@ from app.agent.provider import ChatProvider
 from app.agent.tools import Tool
 from app.api.routes import admin, admin_dashboard, channels, health
 from app.api.routes import cron as cron_routes
+from app.api.routes import gateway as gateway_routes
 from app.channel import ChannelSettings
 from app.config import Settings
 from app.errors import ChannelRequestError
+from app.gateway.hub import GatewayHub
 from app.logs import configure_logging
 from app.runtime import Runtime
 from app.web import pages as web_pages
@@ -30,18 +32,22 @@ def create_app(
     """Build the app; nothing connects until the lifespan starts the runtime."""
     configure_logging(settings.log_level, settings.log_format)
     runtime = Runtime(settings, channel_settings=channel_settings, provider=provider, tools=tools)
+    gateway = GatewayHub(runtime)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await runtime.start()
+        await gateway.start()
         try:
             yield
         finally:
+            await gateway.stop()
             await runtime.stop()
 
     app = FastAPI(title="chatgate", version="0.1.0", lifespan=lifespan)
     app.state.runtime = runtime
     app.state.settings = settings
+    app.state.gateway = gateway
 
     @app.exception_handler(ChannelRequestError)
     async def _channel_error(_request: Request, exc: ChannelRequestError) -> JSONResponse:
@@ -52,5 +58,6 @@ def create_app(
     app.include_router(admin.router)
     app.include_router(cron_routes.router)
     app.include_router(admin_dashboard.router)
+    app.include_router(gateway_routes.router)
     web_pages.install(app)
     return app

@@ -1,0 +1,18 @@
+"""The browser gateway: `WS /ws` protocol, tokens, fan-out across replicas (docs/gateway.md)."""
+
+from __future__ import annotations
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.bus import LocalSessionBus, SessionBus
+from app.config import Settings
+from app.metrics import Metrics
+
+
+def build_session_bus(settings: Settings, engine: AsyncEngine, metrics: Metrics) -> SessionBus:
+    """PostgreSQL LISTEN/NOTIFY across replicas; in-process on SQLite (one process)."""
+    from app.gateway.pg_bus import PgSessionBus
+    from app.gateway.run_metrics import RunMetricsBus
+
+    inner: SessionBus = LocalSessionBus() if settings.is_sqlite else PgSessionBus(settings.database_url)
+    return RunMetricsBus(inner, engine, metrics)

@@ -1,0 +1,496 @@
+"""One browser gateway connection: authenticate, attach, send, and watch one session.
+
+Three tasks per connection: the reader (client frames), the pump (session bus events →
+frames, de-duplicated and gap-filled by seq) and the writer (the only one that sends on
+the socket). The pump never waits for the client: it puts frames into a bounded queue
+and a full queue closes the connection with 4008, so a slow client slows nobody else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import time
+from contextlib import AsyncExitStack
+from typing import TYPE_CHECKING, Any, Protocol
+
+import structlog
+
+from app.events import InboundEvent, TextPart
+from app.gateway import history
+from app.gateway.protocol import (
+    CLOSE_REASONS,
+    ApprovalFrame,
+    AttachFrame,
+    AuthFrame,
+    BadFrame,
+    ClientFrame,
+    CloseCode,
+    ListSessionsFrame,
+    PingFrame,
+    SendFrame,
+    StopFrame,
+    error_frame,
+    parse_client_frame,
+)
+from app.gateway.tokens import GatewayGrant, TokenInvalid
+
+if TYPE_CHECKING:
+    from app.gateway.hub import GatewayHub
+
+log = structlog.get_logger(__name__)
+
+BUS_QUEUE_SIZE = 1000  # events between the bus and the pump; the pump never waits on the client
+
+
+class GatewaySocket(Protocol):
+    """The little a connection needs from a WebSocket (`app.api` adapts Starlette's)."""
+
+    async def accept(self) -> None: ...
+
+    async def receive_text(self) -> str | None:
+        """The next text frame, or None once the peer is gone."""
+        ...
+
+    async def send_text(self, data: str) -> None: ...
+
+    async def close(self, code: int, reason: str) -> None: ...
+
+
+class _TooSlow(Exception):
+    pass
+
+
+def external_id_for(subject: str, key: str, client_message_id: str) -> str:
+    """Dedup id of a client message: scoped to who sent it where, so ids never collide
+    across users (a guessed id must not swallow, or reveal, someone else's message)."""
+    digest = hashlib.sha256(f"{subject}\x00{key}\x00{client_message_id}".encode()).hexdigest()
+    return f"gw:{digest}"
+
+
+class GatewayConnection:
+    def __init__(self, hub: GatewayHub, ws: GatewaySocket) -> None:
+        self.hub = hub
+        self.ws = ws
+        settings = hub.settings
+        self.grant: GatewayGrant | None = None
+        self.key: str | None = None
+        self.session_id: int | None = None
+        self.last_seq = 0
+        self.close_code: int | None = None
+        self._out: asyncio.Queue[str] = asyncio.Queue(maxsize=settings.gateway_send_queue_size)
+        self._last_frame_at = time.monotonic()
+        self._subscription: AsyncExitStack | None = None
+        self._pump: asyncio.Task[None] | None = None
+        self._writer: asyncio.Task[None] | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._ticker: asyncio.Task[None] | None = None
+        self._closer: asyncio.Task[None] | None = None
+
+    # --- lifecycle ------------------------------------------------------------------
+
+    async def run(self) -> None:
+        await self.ws.accept()
+        self._writer = asyncio.create_task(self._write_loop())
+        self._reader = asyncio.create_task(self._read_loop())
+        try:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+        finally:
+            for task in (self._ticker, self._pump, self._writer):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await task
+            if self._closer is not None:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await self._closer
+            await self._detach()
+
+    @property
+    def closing(self) -> bool:
+        return self.close_code is not None
+
+    async def close(self, code: CloseCode, detail: str | None = None) -> None:
+        """Close with `code`; never waits longer than the send timeout for a stuck client."""
+        if self.closing:
+            return
+        self.close_code = int(code)
+        current = asyncio.current_task()
+        for task in (self._writer, self._pump, self._ticker):
+            if task is not None and task is not current:
+                task.cancel()
+        reason = (detail or CLOSE_REASONS[code])[:120]
+        try:
+            await asyncio.wait_for(
+                self.ws.close(int(code), reason), self.hub.settings.gateway_send_timeout_seconds
+            )
+        except (TimeoutError, Exception):
+            log.info("gateway_close_not_sent", code=int(code))
+        if self._reader is not None and self._reader is not current:
+            self._reader.cancel()
+
+    def _close_soon(self, code: CloseCode, detail: str | None = None) -> None:
+        """Close from code that must not wait (the pump, the ticker)."""
+        if self.closing or self._closer is not None:
+            return
+        self._closer = asyncio.create_task(self.close(code, detail))
+
+    # --- sending ---------------------------------------------------------------------
+
+    def emit(self, frame: dict[str, Any]) -> None:
+        """Queue a frame for the client; a full queue means the client is too slow."""
+        if self.closing:
+            raise _TooSlow
+        try:
+            self._out.put_nowait(json.dumps(frame, default=str, ensure_ascii=False))
+        except asyncio.QueueFull:
+            self._close_soon(CloseCode.TOO_SLOW, f"too slow: more than {self._out.maxsize} frames behind")
+            raise _TooSlow from None
+
+    async def _write_loop(self) -> None:
+        timeout = self.hub.settings.gateway_send_timeout_seconds
+        while True:
+            data = await self._out.get()
+            try:
+                await asyncio.wait_for(self.ws.send_text(data), timeout)
+            except TimeoutError:
+                self._close_soon(CloseCode.TOO_SLOW, f"too slow: a send took over {timeout:g} s")
+                return
+            except Exception:
+                return  # the peer is gone; the reader sees it too
+
+    # --- reading ----------------------------------------------------------------------
+
+    async def _read_loop(self) -> None:
+        settings = self.hub.settings
+        if not self.hub.available:
+            await self.close(CloseCode.UNAVAILABLE)
+            return
+        try:
+            first = await asyncio.wait_for(self.ws.receive_text(), settings.gateway_auth_timeout_seconds)
+        except TimeoutError:
+            await self.close(CloseCode.UNAUTHORIZED, "unauthorized: no auth frame in time")
+            return
+        if first is None:
+            return
+        try:
+            frame = parse_client_frame(first)
+        except BadFrame as exc:
+            await self.close(CloseCode.UNAUTHORIZED, f"unauthorized: {exc.detail}")
+            return
+        if not isinstance(frame, AuthFrame):
+            await self.close(CloseCode.UNAUTHORIZED, "unauthorized: the first frame must be auth")
+            return
+        try:
+            self.grant = self.hub.verifier.verify(frame.token)
+        except TokenInvalid as exc:
+            await self.close(CloseCode.UNAUTHORIZED, f"unauthorized: {exc}")
+            return
+        self._last_frame_at = time.monotonic()
+        self._emit_authenticated()
+        self._ticker = asyncio.create_task(self._tick_loop())
+        while not self.closing:
+            text = await self.ws.receive_text()
+            if text is None:
+                return
+            self._last_frame_at = time.monotonic()
+            if len(text.encode()) > settings.gateway_max_frame_bytes:
+                await self.close(CloseCode.TOO_BIG, f"frame over {settings.gateway_max_frame_bytes} bytes")
+                return
+            try:
+                await self._handle(parse_client_frame(text))
+            except BadFrame as exc:
+                self._try_emit(error_frame("bad_frame", exc.detail))
+            except _TooSlow:
+                return
+
+    def _try_emit(self, frame: dict[str, Any]) -> None:
+        with contextlib.suppress(_TooSlow):
+            self.emit(frame)
+
+    def _emit_authenticated(self) -> None:
+        assert self.grant is not None
+        expires = self.grant.expires_at
+        self.emit(
+            {
+                "type": "authenticated",
+                "subject": self.grant.subject,
+                "session_keys": list(self.grant.session_keys),
+                "key_prefix": self.grant.key_prefix,
+                "expires_at": None
+                if expires is None
+                else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(expires)),
+            }
+        )
+
+    async def _handle(self, frame: ClientFrame) -> None:
+        assert self.grant is not None
+        if isinstance(frame, PingFrame):
+            self.emit({"type": "pong"})
+        elif isinstance(frame, AuthFrame):
+            await self._reauthenticate(frame)
+        elif isinstance(frame, AttachFrame):
+            await self._attach(frame)
+        elif isinstance(frame, ListSessionsFrame):
+            try:
+                found = await history.sessions_in_scope(self.hub.engine, self.grant)
+            except Exception:
+                log.exception("gateway_list_failed")
+                self.emit(error_frame("unavailable", "could not read sessions; retry"))
+                return
+            self.emit({"type": "sessions", "sessions": found})
+        elif isinstance(frame, SendFrame):
+            if len(frame.text) > self.hub.settings.gateway_max_text_chars:
+                self.emit(
+                    error_frame(
+                        "text_too_long",
+                        f"text is over {self.hub.settings.gateway_max_text_chars} characters",
+                        client_message_id=frame.client_message_id,
+                    )
+                )
+                return
+            if not frame.text.strip():
+                self.emit(
+                    error_frame("bad_frame", "text is empty", client_message_id=frame.client_message_id)
+                )
+                return
+            await self._send_text(frame.text, frame.client_message_id)
+        elif isinstance(frame, ApprovalFrame):
+            await self._send_text(f"/{frame.type} {frame.approval_id}", frame.client_message_id)
+        elif isinstance(frame, StopFrame):
+            await self._send_text("/stop", frame.client_message_id)
+
+    async def _reauthenticate(self, frame: AuthFrame) -> None:
+        """A fresh token on an open connection (a signed token is about to expire)."""
+        try:
+            grant = self.hub.verifier.verify(frame.token)
+        except TokenInvalid as exc:
+            self.emit(error_frame("unauthorized", str(exc)))
+            return
+        self.grant = grant
+        if self.key is not None and not grant.allows(self.key):
+            await self._detach()
+        self._emit_authenticated()
+
+    # --- inbound messages -------------------------------------------------------------
+
+    async def _send_text(self, text: str, client_message_id: str | None) -> None:
+        assert self.grant is not None
+        if self.key is None:
+            self.emit(
+                error_frame("not_attached", "attach to a session first", client_message_id=client_message_id)
+            )
+            return
+        key = self.key
+        event = InboundEvent(
+            channel="browser",
+            chat_id=key,
+            sender_id=self.grant.subject,
+            parts=(TextPart(text=text),),
+            external_id=external_id_for(self.grant.subject, key, client_message_id)
+            if client_message_id
+            else None,
+            session_key_override=key,
+            metadata={"client_message_id": client_message_id} if client_message_id else {},
+        )
+        try:
+            [result] = await self.hub.accept([event])
+        except Exception:
+            log.exception("gateway_accept_failed", session_key=key)
+            self.emit(
+                error_frame(
+                    "unavailable", "the message was not stored; retry", client_message_id=client_message_id
+                )
+            )
+            return
+        if result.skipped:
+            self.emit(
+                error_frame(
+                    "rejected",
+                    "the browser channel's sender policy does not admit this subject",
+                    client_message_id=client_message_id,
+                )
+            )
+            return
+        self.emit(
+            {
+                "type": "accepted",
+                "client_message_id": client_message_id,
+                "event_id": result.event_id,
+                "session_key": result.session_key,
+                "duplicate": result.duplicate,
+            }
+        )
+
+    # --- attaching --------------------------------------------------------------------
+
+    async def _attach(self, frame: AttachFrame) -> None:
+        assert self.grant is not None
+        key = frame.session_key or self.grant.default_key
+        if key is None:
+            self.emit(error_frame("bad_frame", "session_key is required: this token lists no default key"))
+            return
+        if not self.grant.allows(key):
+            # The same answer whether the key exists or not: knowing a key gives nothing.
+            self.emit(
+                error_frame("forbidden", "this token may not attach to that session key", session_key=key)
+            )
+            return
+        await self._detach()
+        stack = AsyncExitStack()
+        try:
+            # Subscribe first, then read: nothing committed after the read can be missed,
+            # and what both deliver is dropped by seq.
+            queue = await stack.enter_async_context(self.hub.bus.subscribe(key, maxsize=BUS_QUEUE_SIZE))
+            ready = await self._ready_frame(key, frame)
+        except Exception:
+            await stack.aclose()
+            log.exception("gateway_attach_failed", session_key=key)
+            self.emit(error_frame("unavailable", "could not read the session; retry"))
+            return
+        self._subscription = stack
+        self.key = key
+        self.emit(ready)
+        self._pump = asyncio.create_task(self._pump_loop(queue))
+
+    async def _ready_frame(self, key: str, frame: AttachFrame) -> dict[str, Any]:
+        settings = self.hub.settings
+        engine = self.hub.engine
+        current = await history.current_session(engine, key)
+        truncated = False
+        messages: list[dict[str, Any]] = []
+        if current is None:
+            self.session_id, self.last_seq = None, 0
+        else:
+            resume = frame.last_seq is not None and frame.session_id in (None, current.id)
+            if resume and frame.last_seq is not None and frame.last_seq <= current.last_seq:
+                messages = await history.messages_between(
+                    engine, key, current.id, after_seq=frame.last_seq, limit=settings.gateway_resume_limit + 1
+                )
+                if len(messages) > settings.gateway_resume_limit:
+                    resume, truncated = False, True
+            else:
+                truncated = frame.last_seq is not None and frame.last_seq > 0
+                resume = False
+            if not resume:
+                messages = await history.recent_messages(
+                    engine, key, current.id, limit=settings.gateway_history_limit
+                )
+            self.session_id = current.id
+            self.last_seq = messages[-1]["seq"] if messages else (frame.last_seq if resume else 0) or 0
+        approvals = await history.pending_approvals(engine, key)
+        return {
+            "type": "ready",
+            "session_key": key,
+            "session_id": current.id if current else None,
+            "generation": current.generation if current else None,
+            "status": current.status if current else None,
+            "messages": messages,
+            "last_seq": self.last_seq,
+            "truncated": truncated,
+            "pending_approvals": approvals,
+        }
+
+    async def _detach(self) -> None:
+        if self._pump is not None and self._pump is not asyncio.current_task():
+            self._pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._pump
+        self._pump = None
+        if self._subscription is not None:
+            with contextlib.suppress(Exception):
+                await self._subscription.aclose()
+        self._subscription = None
+        self.key = None
+        self.session_id = None
+        self.last_seq = 0
+
+    # --- the session's events -----------------------------------------------------------
+
+    async def _pump_loop(self, queue: asyncio.Queue[dict[str, Any]]) -> None:
+        while True:
+            event = await queue.get()
+            try:
+                await self._deliver(event)
+            except _TooSlow:
+                return
+            except Exception:
+                log.exception("gateway_deliver_failed", session_key=self.key)
+
+    async def _deliver(self, event: dict[str, Any]) -> None:
+        kind = event.get("type")
+        if kind in ("resync", "overflow"):
+            await self._catch_up()
+            return
+        if kind != "message":
+            self.emit(event)
+            return
+        session_id, seq = event.get("session_id"), event.get("seq")
+        if not isinstance(session_id, int) or not isinstance(seq, int):
+            return
+        if session_id != self.session_id:
+            if self.session_id is not None and session_id < self.session_id:
+                return  # a late event of an older generation
+            self._new_session(session_id)
+        if seq <= self.last_seq:
+            return  # already sent (from the history read, or twice on the bus)
+        if seq > self.last_seq + 1:
+            await self._fill(before_seq=seq)  # published out of order, or a replica's NOTIFY lagged
+        self.emit(event)
+        self.last_seq = seq
+
+    def _new_session(self, session_id: int) -> None:
+        self.emit({"type": "new_session", "session_key": self.key, "session_id": session_id})
+        self.session_id = session_id
+        self.last_seq = 0
+
+    async def _fill(self, before_seq: int | None = None) -> None:
+        assert self.key is not None and self.session_id is not None
+        rows = await history.messages_between(
+            self.hub.engine,
+            self.key,
+            self.session_id,
+            after_seq=self.last_seq,
+            before_seq=before_seq,
+            limit=self.hub.settings.gateway_resume_limit,
+        )
+        for row in rows:
+            self.emit(row)
+            self.last_seq = row["seq"]
+
+    async def _catch_up(self) -> None:
+        """The bus may have lost events: read what the database has after our last seq."""
+        assert self.key is not None
+        current = await history.current_session(self.hub.engine, self.key)
+        if current is None:
+            return
+        if current.id != self.session_id:
+            if self.session_id is not None and current.id < self.session_id:
+                return
+            self._new_session(current.id)
+        await self._fill()
+
+    # --- heartbeats, idle and expiry ------------------------------------------------------
+
+    async def _tick_loop(self) -> None:
+        settings = self.hub.settings
+        tick = min(1.0, settings.gateway_heartbeat_seconds, settings.gateway_idle_timeout_seconds / 4)
+        next_beat = time.monotonic() + settings.gateway_heartbeat_seconds
+        while not self.closing:
+            await asyncio.sleep(tick)
+            now = time.monotonic()
+            if now - self._last_frame_at > settings.gateway_idle_timeout_seconds:
+                self._close_soon(CloseCode.IDLE, "idle: no frame from the client")
+                return
+            if self.grant is not None and self.grant.expired():
+                self._close_soon(CloseCode.TOKEN_EXPIRED)
+                return
+            if now >= next_beat:
+                next_beat = now + settings.gateway_heartbeat_seconds
+                try:
+                    self.emit({"type": "heartbeat", "ts": int(time.time())})
+                except _TooSlow:
+                    return

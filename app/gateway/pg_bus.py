@@ -1,0 +1,262 @@
+"""The session bus across replicas: PostgreSQL LISTEN/NOTIFY, no other broker.
+
+Each replica delivers its own publishes to its local subscribers directly and NOTIFYs
+the other replicas on a channel derived from the session key (`cg_<sha256(key)[:40]>`,
+so a replica only LISTENs to the keys somebody watches there). NOTIFY payloads are
+limited to 8000 bytes: bigger events are split into chunks that the receivers put back
+together (notifications of one sender arrive in order). A counter in every envelope keeps
+PostgreSQL from merging equal payloads sent in one transaction.
+
+When the listening connection drops, the bus reconnects, LISTENs again and hands every
+local subscriber a `{"type": "resync"}` marker: events may have been missed, and the
+gateway re-reads the history it needs from the database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import itertools
+import json
+import time
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import asyncpg
+import structlog
+from sqlalchemy.engine import make_url
+
+from app.bus import LocalSessionBus
+
+log = structlog.get_logger(__name__)
+
+MAX_PAYLOAD_BYTES = 7900  # PostgreSQL's limit is 8000 with the default block size
+CHUNK_CHARS = 3000  # JSON-escaping a chunk at most doubles it: still under the limit
+PARTIAL_TTL_SECONDS = 60.0
+
+
+def channel_for(key: str) -> str:
+    return "cg_" + hashlib.sha256(key.encode()).hexdigest()[:40]
+
+
+def asyncpg_dsn(database_url: str) -> str:
+    """The SQLAlchemy URL (`postgresql+asyncpg://…`) as a plain libpq DSN for asyncpg."""
+    url = make_url(database_url).set(drivername="postgresql")
+    return url.render_as_string(hide_password=False)
+
+
+class PgSessionBus:
+    def __init__(self, database_url: str, *, reconnect_delay: float = 1.0) -> None:
+        self._dsn = asyncpg_dsn(database_url)
+        self._reconnect_delay = reconnect_delay
+        self._local = LocalSessionBus()
+        self._origin = uuid.uuid4().hex[:12]
+        self._counter = itertools.count(1)
+        self._watched: Counter[str] = Counter()  # key -> local subscriptions
+        self._listen_conn: asyncpg.Connection | None = None
+        self._listen_lock = asyncio.Lock()
+        self._publish_conn: asyncpg.Connection | None = None
+        self._outgoing: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
+        self._partial: dict[tuple[str, int], tuple[float, list[str | None]]] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._reconnecting: asyncio.Task[None] | None = None
+        self._stopping = False
+
+    # --- lifecycle ------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._stopping = False
+        try:
+            await self._connect_listener()
+        except (OSError, asyncpg.PostgresError) as exc:
+            log.warning("bus_listen_connect_failed", error=str(exc))
+            self._schedule_reconnect()
+        self._tasks.append(asyncio.create_task(self._publish_loop(), name="pg-bus-publisher"))
+
+    async def stop(self) -> None:
+        self._stopping = True
+        # Give queued notifications a moment to go out before the process leaves.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._outgoing.join(), 2.0)
+        for task in [*self._tasks, self._reconnecting]:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        self._tasks.clear()
+        for conn in (self._listen_conn, self._publish_conn):
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(conn.close(), 2.0)
+        self._listen_conn = self._publish_conn = None
+
+    # --- SessionBus -------------------------------------------------------------------
+
+    async def publish(self, key: str, event: dict[str, Any]) -> None:
+        """Deliver locally now; NOTIFY the other replicas in the background, in order."""
+        self._local.deliver_local(key, event)
+        channel = channel_for(key)
+        for payload in self._envelopes(key, event):
+            self._outgoing.put_nowait((channel, payload))
+
+    @asynccontextmanager
+    async def subscribe(self, key: str, maxsize: int = 1000) -> AsyncIterator[asyncio.Queue[dict[str, Any]]]:
+        # Register locally, then LISTEN: once this yields, nothing published later is missed.
+        async with self._local.subscribe(key, maxsize) as queue:
+            self._watched[key] += 1
+            try:
+                if self._watched[key] == 1:
+                    await self._listen(key)
+                else:
+                    async with self._listen_lock:
+                        pass  # a LISTEN for this key may still be on its way: wait for it
+                yield queue
+            finally:
+                self._watched[key] -= 1
+                if self._watched[key] <= 0:
+                    del self._watched[key]
+                    await self._unlisten(key)
+
+    def subscriber_count(self, key: str) -> int:
+        return self._local.subscriber_count(key)
+
+    # --- envelopes --------------------------------------------------------------------
+
+    def _envelopes(self, key: str, event: dict[str, Any]) -> list[str]:
+        n = next(self._counter)
+        body = json.dumps(event, separators=(",", ":"), default=str)  # ASCII: bytes == chars
+        whole = json.dumps({"o": self._origin, "n": n, "k": key, "e": body}, separators=(",", ":"))
+        if len(whole) <= MAX_PAYLOAD_BYTES:
+            return [whole]
+        pieces = [body[i : i + CHUNK_CHARS] for i in range(0, len(body), CHUNK_CHARS)]
+        return [
+            json.dumps(
+                {"o": self._origin, "n": n, "k": key, "i": i, "t": len(pieces), "d": piece},
+                separators=(",", ":"),
+            )
+            for i, piece in enumerate(pieces)
+        ]
+
+    def _on_notification(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
+        try:
+            env = json.loads(payload)
+            if env["o"] == self._origin:
+                return  # our own publish: delivered locally already
+            key = env["k"]
+            if "e" in env:
+                body = env["e"]
+            else:
+                body = self._reassemble(env)
+                if body is None:
+                    return
+            event = json.loads(body)
+        except (ValueError, KeyError, TypeError):
+            log.warning("bus_bad_notification", size=len(payload))
+            return
+        self._local.deliver_local(key, event)
+
+    def _reassemble(self, env: dict[str, Any]) -> str | None:
+        ident = (env["o"], int(env["n"]))
+        now = time.monotonic()
+        _, parts = self._partial.setdefault(ident, (now, [None] * int(env["t"])))
+        parts[int(env["i"])] = env["d"]
+        if any(p is None for p in parts):
+            if len(self._partial) > 100:  # a sender died mid-event: forget old fragments
+                for old, (seen, _) in list(self._partial.items()):
+                    if now - seen > PARTIAL_TTL_SECONDS:
+                        del self._partial[old]
+            return None
+        del self._partial[ident]
+        return "".join(p for p in parts if p is not None)
+
+    # --- listening ----------------------------------------------------------------------
+
+    async def _connect_listener(self) -> None:
+        conn = await asyncpg.connect(self._dsn)
+        conn.add_termination_listener(self._on_listener_lost)
+        async with self._listen_lock:
+            self._listen_conn = conn
+            for key in list(self._watched):
+                await conn.add_listener(channel_for(key), self._on_notification)
+
+    async def _listen(self, key: str) -> None:
+        async with self._listen_lock:
+            if self._listen_conn is None or self._listen_conn.is_closed():
+                return  # the reconnect will LISTEN and resync this key
+            try:
+                await self._listen_conn.add_listener(channel_for(key), self._on_notification)
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                log.warning("bus_listen_failed", error=str(exc))
+                self._schedule_reconnect()
+
+    async def _unlisten(self, key: str) -> None:
+        async with self._listen_lock:
+            if self._listen_conn is None or self._listen_conn.is_closed():
+                return
+            with contextlib.suppress(OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+                await self._listen_conn.remove_listener(channel_for(key), self._on_notification)
+
+    def _on_listener_lost(self, _conn: Any) -> None:
+        if not self._stopping:
+            log.warning("bus_listener_lost")
+            self._schedule_reconnect()
+
+    def _schedule_reconnect(self) -> None:
+        if self._stopping or (self._reconnecting is not None and not self._reconnecting.done()):
+            return
+        self._reconnecting = asyncio.create_task(self._reconnect(), name="pg-bus-reconnect")
+
+    async def _reconnect(self) -> None:
+        old, self._listen_conn = self._listen_conn, None
+        if old is not None:
+            with contextlib.suppress(Exception):
+                old.terminate()
+        while not self._stopping:
+            try:
+                await self._connect_listener()
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                log.warning("bus_reconnect_failed", error=str(exc))
+                await asyncio.sleep(self._reconnect_delay)
+                continue
+            log.info("bus_reconnected", keys=len(self._watched))
+            for key in list(self._watched):
+                self._local.deliver_local(key, {"type": "resync", "session_key": key})
+            return
+
+    # --- publishing ---------------------------------------------------------------------
+
+    async def _publish_loop(self) -> None:
+        while True:
+            batch = [await self._outgoing.get()]
+            while not self._outgoing.empty() and len(batch) < 500:
+                batch.append(self._outgoing.get_nowait())
+            try:
+                await self._notify(batch)
+            finally:
+                for _ in batch:
+                    self._outgoing.task_done()
+
+    async def _notify(self, batch: list[tuple[str, str]]) -> None:
+        for attempt in range(5):
+            try:
+                if self._publish_conn is None or self._publish_conn.is_closed():
+                    self._publish_conn = await asyncpg.connect(self._dsn)
+                async with self._publish_conn.transaction():
+                    await self._publish_conn.executemany("SELECT pg_notify($1, $2)", batch)
+                return
+            except asyncio.CancelledError:
+                raise
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                log.warning("bus_notify_failed", error=str(exc), attempt=attempt + 1)
+                if self._publish_conn is not None:
+                    with contextlib.suppress(Exception):
+                        self._publish_conn.terminate()
+                self._publish_conn = None
+                await asyncio.sleep(min(2.0, self._reconnect_delay * (attempt + 1)))
+        # Other replicas' clients notice the hole at their next message and fill it from
+        # the database; only transient events (deltas) are lost.
+        log.error("bus_notify_dropped", notifications=len(batch))
