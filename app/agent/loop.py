@@ -53,7 +53,7 @@ def denied_result(reason: str) -> str:
 
 
 def truncate_tool_result(text: str, limit: int) -> str:
-    if len(text) <= limit:
+    if len(text) <= limit or text.startswith(TRUNCATION_MARKER[:26], limit):  # not twice
         return text
     return text[:limit] + TRUNCATION_MARKER.format(dropped=len(text) - limit)
 
