@@ -53,12 +53,20 @@ class OutboxSender:
         self.on_result = on_result or (lambda channel, status: None)
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="outbox-sender")
 
-    async def stop(self) -> None:
-        if self._task is not None:
+    async def stop(self, grace: float = 5.0) -> None:
+        """Let a delivery in flight record its result, then stop (cancel after `grace`)."""
+        if self._task is None:
+            return
+        self._stopping = True
+        self._wakeup.set()
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), grace)
+        except TimeoutError:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
@@ -67,7 +75,7 @@ class OutboxSender:
         self._wakeup.set()
 
     async def _loop(self) -> None:
-        while True:
+        while not self._stopping:
             try:
                 claimed = await self.deliver_due()
             except asyncio.CancelledError:
@@ -75,7 +83,7 @@ class OutboxSender:
             except Exception:
                 log.exception("outbox_loop_failed")
                 claimed = 0
-            if claimed == 0:
+            if claimed == 0 and not self._stopping:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wakeup.wait(), self.poll_interval)
                 self._wakeup.clear()
