@@ -1,0 +1,350 @@
+"""QQ official bot API over its HTTP callback (`POST /channels/qq`).
+
+Inbound: every callback is verified with Ed25519 (key derived from `QQ_APP_SECRET`)
+before it is parsed; the callback-URL validation (op 13) is answered with the signed
+`plain_token`; `C2C_MESSAGE_CREATE` (private chat) and `GROUP_AT_MESSAGE_CREATE` (a
+group message that @-mentions the bot) become events, deduplicated on the message id.
+
+Outbound: replies go through the REST API (`/v2/users/{openid}/messages`,
+`/v2/groups/{group_openid}/messages`) with an app access token fetched from the token
+endpoint and cached until shortly before it expires. A reply to a message is a
+"passive" message: it carries the original `msg_id` and a `msg_seq` that grows with
+each message sent for that `msg_id` (the platform refuses a repeated pair).
+
+Chat ids are `user:<user_openid>` and `group:<group_openid>`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections import OrderedDict
+from typing import Any
+
+import httpx
+import structlog
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from app.channel import ChannelContext, ChannelRequest, ChannelResponse, ChannelSettings, SendResult
+from app.errors import (
+    ChannelAuthError,
+    ChannelNotConfigured,
+    ChannelRateLimited,
+    ChannelRejected,
+    ChannelSendAuthError,
+    ChannelUnavailable,
+    InvalidPayload,
+)
+from app.events import (
+    ChatType,
+    FilePart,
+    ImagePart,
+    InboundEvent,
+    MentionPart,
+    OutboundMessage,
+    Part,
+    TextPart,
+)
+from channels.qq import signing
+
+log = structlog.get_logger(__name__)
+
+OP_DISPATCH = 0
+OP_CALLBACK_ACK = 12
+OP_VALIDATION = 13
+
+MESSAGE_EVENTS = {"C2C_MESSAGE_CREATE", "GROUP_AT_MESSAGE_CREATE"}
+_TOKEN_MARGIN_SECONDS = 50  # the platform issues a fresh token in the last 60 s of the old one
+_SAFE_TOKEN = re.compile(r"[A-Za-z0-9_\-]{1,128}")
+_KEPT = 10_000
+
+
+class QQSettings(ChannelSettings):
+    model_config = SettingsConfigDict(env_prefix="QQ_", env_file=".env", extra="ignore")
+
+    app_id: str | None = Field(None, description="The bot's AppID (QQ open platform).")
+    app_secret: str | None = Field(None, description="The bot's AppSecret: signs callbacks, gets tokens.")
+    api_base_url: str = Field("https://api.sgroup.qq.com", description="QQ bot OpenAPI base URL.")
+    token_url: str = Field(
+        "https://bots.qq.com/app/getAppAccessToken", description="Where app access tokens come from."
+    )
+    timestamp_tolerance_seconds: int = Field(
+        300, description="Refuse callbacks signed longer ago than this (0 turns the check off)."
+    )
+    max_text_chars: int = Field(2000, description="Longer replies are sent as several messages.")
+    api_timeout_seconds: float = Field(10.0, description="Timeout of one OpenAPI request.")
+
+
+class QQChannel:
+    name = "qq"
+
+    def __init__(self, settings: QQSettings, context: ChannelContext) -> None:
+        self.settings = settings
+        self.context = context
+        self._key = signing.private_key(settings.app_secret) if settings.app_secret else None
+        self._token: str | None = None
+        self._token_expires = 0.0
+        self._token_lock = asyncio.Lock()
+        self._next_seq: OrderedDict[str, int] = OrderedDict()  # msg_id -> last msg_seq used
+        self._seq_of: OrderedDict[tuple[str, int], int] = OrderedDict()  # (outbound id, chunk) -> seq
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    # --- inbound -----------------------------------------------------------------------
+
+    async def handle_request(self, request: ChannelRequest) -> ChannelResponse:
+        if request.method != "POST" or request.path.strip("/") != "":
+            return ChannelResponse.json({"error": "not_found", "detail": "POST /channels/qq"}, 404)
+        if self._key is None or not self.settings.app_id:
+            raise ChannelNotConfigured("QQ_APP_ID and QQ_APP_SECRET must be set on this server")
+        appid = request.headers.get("x-bot-appid")
+        if appid is not None and appid.strip() != self.settings.app_id:
+            raise ChannelAuthError("X-Bot-Appid is not this bot's AppID")
+        signed = signing.SIGNATURE_HEADER in request.headers
+        if signed:
+            signing.verify(
+                self._key,
+                request.headers.get(signing.SIGNATURE_HEADER),
+                request.headers.get(signing.TIMESTAMP_HEADER),
+                request.body,
+                tolerance=self.settings.timestamp_tolerance_seconds,
+            )
+        payload = request.json()
+        if not isinstance(payload, dict):
+            raise InvalidPayload("body must be a JSON object")
+        op = payload.get("op")
+        if op == OP_VALIDATION:
+            return self._answer_validation(payload, signed=signed)
+        if not signed:
+            raise ChannelAuthError("missing X-Signature-Ed25519 header")
+        if op == OP_DISPATCH and payload.get("t") in MESSAGE_EVENTS:
+            event = self.parse_message(payload)
+            await self.context.accept([event])
+        return ChannelResponse.json({"op": OP_CALLBACK_ACK, "d": 0})
+
+    def _answer_validation(self, payload: dict[str, Any], *, signed: bool) -> ChannelResponse:
+        assert self._key is not None
+        d = payload.get("d")
+        if not isinstance(d, dict):
+            raise InvalidPayload("validation request without d")
+        plain_token, event_ts = d.get("plain_token"), d.get("event_ts")
+        if not isinstance(plain_token, str) or not isinstance(event_ts, str | int):
+            raise InvalidPayload("validation request needs d.plain_token and d.event_ts")
+        event_ts = str(event_ts)
+        # An unsigned validation must not turn us into a signing oracle: what we sign is
+        # event_ts + plain_token, and a forged callback's signed text (timestamp + body)
+        # always contains "{", which these restrictions exclude.
+        if not signed and (not event_ts.isdigit() or not _SAFE_TOKEN.fullmatch(plain_token)):
+            raise ChannelAuthError("unsigned validation request with unexpected characters")
+        signature = signing.sign(self._key, (event_ts + plain_token).encode())
+        return ChannelResponse.json({"plain_token": plain_token, "signature": signature})
+
+    def parse_message(self, payload: dict[str, Any]) -> InboundEvent:
+        kind = payload["t"]
+        d = payload.get("d")
+        if not isinstance(d, dict):
+            raise InvalidPayload(f"{kind} without d")
+        author = d.get("author")
+        author = author if isinstance(author, dict) else {}
+        message_id = _str(d.get("id"))
+        parts: list[Part] = []
+        if kind == "C2C_MESSAGE_CREATE":
+            sender = _str(author.get("user_openid")) or _str(author.get("id"))
+            chat_id, chat_type = f"user:{sender}", ChatType.DIRECT
+        else:
+            group = _str(d.get("group_openid"))
+            if not group:
+                raise InvalidPayload("GROUP_AT_MESSAGE_CREATE without group_openid")
+            sender = _str(author.get("member_openid")) or _str(author.get("id"))
+            chat_id, chat_type = f"group:{group}", ChatType.GROUP
+            parts.append(MentionPart(user_id=self.settings.app_id or "", is_self=True))
+        if not sender:
+            raise InvalidPayload(f"{kind} without an author openid")
+        content = d.get("content")
+        if isinstance(content, str) and content.strip():
+            parts.append(TextPart(text=content.strip()))
+        for att in d.get("attachments") or []:
+            if isinstance(att, dict):
+                parts.append(_attachment_part(att))
+        if not any(isinstance(p, TextPart | ImagePart | FilePart) for p in parts):
+            parts.append(TextPart(text=""))
+        event_id = _str(payload.get("id"))
+        metadata: dict[str, Any] = {}
+        if message_id:
+            metadata["reply_msg_id"] = message_id
+        if event_id:
+            metadata["reply_event_id"] = event_id
+        external = f"msg:{message_id}" if message_id else (f"event:{event_id}" if event_id else None)
+        return InboundEvent(
+            channel=self.name,
+            chat_id=chat_id,
+            sender_id=sender,
+            chat_type=chat_type,
+            parts=tuple(parts),
+            external_id=external,
+            session_scope=self.settings.session_scope,
+            metadata=metadata,
+        )
+
+    # --- outbound ----------------------------------------------------------------------
+
+    async def send(self, message: OutboundMessage) -> SendResult:
+        kind, _, target = message.chat_id.partition(":")
+        if kind == "user" and target:
+            path = f"/v2/users/{target}/messages"
+        elif kind == "group" and target:
+            path = f"/v2/groups/{target}/messages"
+        else:
+            raise ChannelRejected(f"not a QQ chat id: {message.chat_id!r}")
+        texts = [t for t in _split(message.text, self.settings.max_text_chars) if t]
+        for part in message.parts:  # images are sent as links; rich media needs an upload first
+            if isinstance(part, ImagePart | FilePart) and part.url:
+                texts.append(part.url)
+        msg_id = message.metadata.get("reply_msg_id")
+        sent: str | None = None
+        for index, text in enumerate(texts):
+            body: dict[str, Any] = {"content": text, "msg_type": 0}
+            if msg_id:
+                body["msg_id"] = str(msg_id)
+                body["msg_seq"] = self._seq(str(msg_id), message.message_id, index)
+            data = await self._api("POST", path, body)
+            sent = _str(data.get("id")) if isinstance(data, dict) else None
+        return SendResult(platform_message_id=sent)
+
+    def _seq(self, msg_id: str, outbound_id: str, index: int) -> int:
+        """The msg_seq of one chunk: new chunks count up; a retried chunk keeps its number."""
+        key = (outbound_id, index)
+        if key in self._seq_of:
+            return self._seq_of[key]
+        seq = self._next_seq.get(msg_id, 0) + 1
+        self._next_seq[msg_id] = seq
+        self._next_seq.move_to_end(msg_id)
+        self._seq_of[key] = seq
+        while len(self._next_seq) > _KEPT:
+            self._next_seq.popitem(last=False)
+        while len(self._seq_of) > _KEPT:
+            self._seq_of.popitem(last=False)
+        return seq
+
+    async def _api(self, method: str, path: str, body: dict[str, Any]) -> Any:
+        for attempt in (1, 2):
+            token = await self._access_token()
+            try:
+                resp = await self.context.http.request(
+                    method,
+                    f"{self.settings.api_base_url.rstrip('/')}{path}",
+                    json=body,
+                    headers={"Authorization": f"QQBot {token}", "X-Union-Appid": self.settings.app_id or ""},
+                    timeout=self.settings.api_timeout_seconds,
+                )
+            except httpx.HTTPError as exc:
+                raise ChannelUnavailable(f"QQ OpenAPI unreachable: {exc!r}") from exc
+            if resp.status_code == 401 and attempt == 1:
+                self._forget_token(token)  # expired or revoked early: fetch a fresh one once
+                continue
+            return _checked(resp)
+        raise AssertionError("unreachable")
+
+    def _forget_token(self, token: str) -> None:
+        if self._token == token:
+            self._token, self._token_expires = None, 0.0
+
+    async def _access_token(self) -> str:
+        async with self._token_lock:
+            if self._token and time.monotonic() < self._token_expires:
+                return self._token
+            if not self.settings.app_id or not self.settings.app_secret:
+                raise ChannelSendAuthError("QQ_APP_ID and QQ_APP_SECRET are needed to send")
+            try:
+                resp = await self.context.http.post(
+                    self.settings.token_url,
+                    json={"appId": self.settings.app_id, "clientSecret": self.settings.app_secret},
+                    timeout=self.settings.api_timeout_seconds,
+                )
+            except httpx.HTTPError as exc:
+                raise ChannelUnavailable(f"QQ token endpoint unreachable: {exc!r}") from exc
+            if resp.status_code >= 500 or resp.status_code == 429:
+                raise ChannelUnavailable(f"QQ token endpoint answered {resp.status_code}")
+            try:
+                data = resp.json()
+            except ValueError:
+                data = None
+            token = data.get("access_token") if isinstance(data, dict) else None
+            if resp.status_code >= 400 or not token:
+                detail = data.get("message") if isinstance(data, dict) else resp.text[:200]
+                raise ChannelSendAuthError(f"QQ refused our AppID/AppSecret: {detail}")
+            try:
+                lifetime = float(data.get("expires_in", 7200))
+            except (TypeError, ValueError):
+                lifetime = 7200.0
+            self._token = str(token)
+            self._token_expires = time.monotonic() + max(0.0, lifetime - _TOKEN_MARGIN_SECONDS)
+            return self._token
+
+
+def _checked(resp: httpx.Response) -> Any:
+    """The JSON of a successful OpenAPI answer; a typed `DeliveryError` otherwise."""
+    try:
+        data = resp.json()
+    except ValueError:
+        data = None
+    code = data.get("code") if isinstance(data, dict) else None
+    message = data.get("message") if isinstance(data, dict) else None
+    detail = f"QQ OpenAPI answered {resp.status_code}" + (f": {code} {message}" if code else "")
+    if resp.status_code == 401:
+        raise ChannelSendAuthError(detail)
+    if resp.status_code == 429:
+        raise ChannelRateLimited(_retry_after(resp), detail)
+    if resp.status_code >= 500 or resp.status_code == 408:
+        raise ChannelUnavailable(detail)
+    if resp.status_code >= 400:
+        raise ChannelRejected(detail)
+    return data
+
+
+def _attachment_part(att: dict[str, Any]) -> Part:
+    url = _str(att.get("url"))
+    if url and not url.startswith(("http://", "https://")):
+        url = "https://" + url  # the platform reports attachment urls without a scheme
+    content_type = _str(att.get("content_type")) or ""
+    if content_type.startswith("image"):
+        return ImagePart(url=url, mime_type=content_type)
+    size = att.get("size")
+    return FilePart(
+        url=url,
+        name=_str(att.get("filename")),
+        mime_type=content_type or None,
+        size=size if isinstance(size, int) else None,
+    )
+
+
+def _split(text: str, limit: int) -> list[str]:
+    chunks = []
+    while len(text) > limit:
+        cut = text.rfind("\n", 0, limit)
+        if cut <= limit // 2:
+            cut = limit
+        chunks.append(text[:cut])
+        text = text[cut:].lstrip("\n")
+    chunks.append(text)
+    return chunks
+
+
+def _str(value: Any) -> str | None:
+    if value is None or isinstance(value, bool):
+        return None
+    text = str(value).strip()
+    return text or None
+
+
+def _retry_after(resp: httpx.Response) -> float:
+    try:
+        return max(0.0, float(resp.headers.get("retry-after", "1")))
+    except ValueError:
+        return 1.0

@@ -1,0 +1,171 @@
+"""A fake of the QQ bot platform, written from its published documentation.
+
+* `QQPlatform` is a real HTTP server playing the token endpoint
+  (`POST /app/getAppAccessToken`) and the OpenAPI message endpoints
+  (`POST /v2/users/{openid}/messages`, `POST /v2/groups/{group_openid}/messages`); it
+  checks `Authorization: QQBot <token>`, refuses a repeated `(msg_id, msg_seq)` pair like
+  the platform does, and records what it accepted.
+* `signed_headers` signs a callback the way the platform does: Ed25519 over
+  `timestamp + body`, with the seed made by repeating the bot secret to 32 bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+
+def key_from_secret(secret: str) -> Ed25519PrivateKey:
+    seed = secret
+    while len(seed) < 32:  # "repeat the secret until 32 bytes" (the docs' Go sample)
+        seed = seed * 2
+    return Ed25519PrivateKey.from_private_bytes(seed[:32].encode())
+
+
+def signature(secret: str, message: bytes) -> str:
+    return key_from_secret(secret).sign(message).hex()
+
+
+def signed_headers(
+    secret: str, body: bytes, *, timestamp: int | None = None, app_id: str | None = None
+) -> dict[str, str]:
+    ts = str(int(time.time()) if timestamp is None else timestamp)
+    headers = {
+        "Content-Type": "application/json",
+        "User-Agent": "QQBot-Callback",
+        "X-Signature-Method": "Ed25519",
+        "X-Signature-Timestamp": ts,
+        "X-Signature-Ed25519": signature(secret, ts.encode() + body),
+    }
+    if app_id is not None:
+        headers["X-Bot-Appid"] = app_id
+    return headers
+
+
+_ids = itertools.count(1)
+
+
+def c2c_message(user_openid: str, content: str, *, message_id: str | None = None) -> dict[str, Any]:
+    n = next(_ids)
+    return {
+        "op": 0,
+        "id": f"C2C_MESSAGE_CREATE:evt{n}",
+        "t": "C2C_MESSAGE_CREATE",
+        "s": n,
+        "d": {
+            "id": message_id or f"ROBOT1.0_msg{n}",
+            "author": {"id": user_openid, "user_openid": user_openid, "union_openid": user_openid},
+            "content": content,
+            "timestamp": "2026-12-02T12:00:00+08:00",
+            "attachments": [],
+        },
+    }
+
+
+def group_at_message(
+    group_openid: str, member_openid: str, content: str, *, message_id: str | None = None
+) -> dict[str, Any]:
+    n = next(_ids)
+    return {
+        "op": 0,
+        "id": f"GROUP_AT_MESSAGE_CREATE:evt{n}",
+        "t": "GROUP_AT_MESSAGE_CREATE",
+        "s": n,
+        "d": {
+            "id": message_id or f"ROBOT1.0_grp{n}",
+            "author": {"id": member_openid, "member_openid": member_openid},
+            "content": content,
+            "group_id": group_openid,
+            "group_openid": group_openid,
+            "timestamp": "2026-12-02T12:00:00+08:00",
+            "attachments": [],
+        },
+    }
+
+
+@dataclass
+class SentMessage:
+    path: str
+    authorization: str
+    body: dict[str, Any]
+
+
+class QQPlatform:
+    """Token endpoint and message API. `fail_first` answers 500 to that many message calls
+    (-1: all of them)."""
+
+    def __init__(self, app_id: str, secret: str, *, fail_first: int = 0, expires_in: int = 7200) -> None:
+        self.app_id = app_id
+        self.secret = secret
+        self.fail_first = fail_first
+        self.expires_in = expires_in
+        self.token_requests = 0
+        self.message_attempts = 0
+        self.valid_tokens: set[str] = set()
+        self.sent: list[SentMessage] = []
+        self._seen_seq: set[tuple[str, int]] = set()
+        self._changed = asyncio.Condition()
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+
+    @property
+    def token_url(self) -> str:
+        return f"{self.url}/app/getAppAccessToken"
+
+    def revoke_tokens(self) -> None:
+        self.valid_tokens.clear()
+
+    async def _token(self, request: web.Request) -> web.Response:
+        self.token_requests += 1
+        body = await request.json()
+        if body.get("appId") != self.app_id or body.get("clientSecret") != self.secret:
+            return web.json_response({"code": 100016, "message": "invalid appid or secret"})
+        token = f"token-{self.token_requests}"
+        self.valid_tokens.add(token)
+        return web.json_response({"access_token": token, "expires_in": str(self.expires_in)})
+
+    async def _message(self, request: web.Request) -> web.Response:
+        self.message_attempts += 1
+        auth = request.headers.get("Authorization", "")
+        if not auth.startswith("QQBot ") or auth.removeprefix("QQBot ") not in self.valid_tokens:
+            return web.json_response({"code": 11244, "message": "token not exist or expire"}, status=401)
+        if self.fail_first < 0 or self.message_attempts <= self.fail_first:
+            return web.json_response({"code": 500000, "message": "internal error"}, status=500)
+        body = await request.json()
+        if "msg_id" in body:
+            pair = (body["msg_id"], int(body.get("msg_seq", 1)))
+            if pair in self._seen_seq:
+                return web.json_response({"code": 40054005, "message": "消息被去重"}, status=400)
+            self._seen_seq.add(pair)
+        async with self._changed:
+            self.sent.append(SentMessage(request.path, auth, body))
+            self._changed.notify_all()
+        return web.json_response({"id": f"sent-{len(self.sent)}", "timestamp": int(time.time())})
+
+    async def wait_for(self, count: int, timeout: float = 15) -> list[SentMessage]:
+        async with self._changed:
+            await asyncio.wait_for(self._changed.wait_for(lambda: len(self.sent) >= count), timeout)
+        return list(self.sent)
+
+    async def __aenter__(self) -> QQPlatform:
+        app = web.Application()
+        app.router.add_post("/app/getAppAccessToken", self._token)
+        app.router.add_post("/v2/users/{openid}/messages", self._message)
+        app.router.add_post("/v2/groups/{group_openid}/messages", self._message)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
