@@ -64,10 +64,20 @@ function nearBottom() {
   return scroller.scrollHeight - scroller.scrollTop - scroller.clientHeight < 120;
 }
 
+// Committed messages go above the bubbles still waiting for the server, so the thread
+// stays in seq order when missed messages arrive after a reconnect.
 function add(el) {
   const stick = nearBottom();
-  thread.append(el);
+  const firstPending = thread.querySelector(".msg.pending");
+  if (firstPending && el !== firstPending) thread.insertBefore(el, firstPending);
+  else thread.append(el);
   if (stick) scroller.scrollTop = scroller.scrollHeight;
+  return el;
+}
+
+function addPending(el) {
+  thread.append(el);
+  scroller.scrollTop = scroller.scrollHeight;
   return el;
 }
 
@@ -116,6 +126,7 @@ function renderMessage(m) {
       mine.classList.remove("pending");
       mine.dataset.seq = m.seq;
       pendingByEvent.delete(m.event_id);
+      add(mine); // moves it to its place in seq order
       return;
     }
     add(bubble("user", m.content, { dataset: { seq: m.seq } }));
@@ -206,7 +217,7 @@ function fillSessions(extra = []) {
   const current = client ? client.sessionKey : null;
   const keys = new Map();
   for (const k of allowed.keys) keys.set(k, k);
-  for (const s of extra) keys.set(s.key, `${s.key} · ${s.message_count} msgs${s.status && s.status !== "active" ? ` · ${s.status}` : ""}`);
+  for (const s of extra) keys.set(s.key, s.status && s.status !== "active" ? `${s.key} · ${s.status}` : s.key);
   if (current && !keys.has(current)) keys.set(current, current);
   clear(select);
   for (const [k, label] of keys) select.append(h("option", { value: k, selected: k === current }, label));
@@ -294,10 +305,15 @@ function onFrame(frame) {
       if (!dup) notice(text);
       break;
     }
-    case "new_session":
-      seen = new Set();
-      notice("— new conversation —", "divider");
+    case "new_session": {
+      // The first message of a key opens its first generation: nothing to mark then.
+      if (frame.previous_session_id === null || frame.previous_session_id === undefined) break;
+      const divider = h("div", { class: "divider" }, "— new conversation —");
+      const firstPending = [...pendingByClientId.values(), ...pendingByEvent.values()].find((el) => el.isConnected);
+      if (firstPending) thread.insertBefore(divider, firstPending);
+      else add(divider);
       break;
+    }
     case "error":
       notice(`⚠ ${frame.detail || frame.code}`, "notice error-text");
       break;
@@ -330,11 +346,10 @@ function sendCurrent() {
   const text = box.value.trim();
   if (!text || !client) return;
   const clientId = client.send(text);
-  const mine = add(bubble("user", text, { class: "msg user pending", dataset: { clientId } }));
+  const mine = addPending(bubble("user", text, { class: "msg user pending", dataset: { clientId } }));
   pendingByClientId.set(clientId, mine);
   box.value = "";
   autosize();
-  scroller.scrollTop = scroller.scrollHeight;
 }
 
 function autosize() {

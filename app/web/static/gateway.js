@@ -87,6 +87,7 @@ export class GatewayClient extends EventTarget {
         this.unacked.delete(frame.client_message_id);
         break;
       case "new_session":
+        frame.previous_session_id = this.sessionId;
         this.sessionId = frame.session_id;
         this.lastSeq = 0;
         break;

@@ -1,0 +1,206 @@
+"""The chat page in a real browser against the real gateway (/ws), then the dashboard on it."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from playwright.async_api import Page, WebSocket, WebSocketRoute, expect
+
+from channels.browser.adapter import BrowserSettings
+from tests.conftest import ADMIN_TOKEN, ServeApp, webhook_settings
+from tests.web.conftest import ignore_expected, shot
+
+pytestmark = pytest.mark.slow
+
+TOKEN = "tok-alice-0123456789abcdef"
+GATEWAY_TOKENS = [
+    {"token": TOKEN, "subject": "alice", "session_keys": ["web:alice"], "key_prefix": "web:alice:"},
+]
+
+# Records whether a streaming bubble ever appeared (deltas are gone once the message lands).
+SAW_STREAMING = """
+window.__sawStreaming = [];
+new MutationObserver((records) => {
+  for (const r of records) for (const n of r.addedNodes) {
+    if (n.classList && n.classList.contains("streaming")) window.__sawStreaming.push(n.textContent);
+  }
+}).observe(document, { childList: true, subtree: true });
+"""
+
+
+def _serve(serve: ServeApp) -> Any:
+    return serve(
+        channel_settings={"webhook": webhook_settings(), "browser": BrowserSettings(_env_file=None)},  # type: ignore[call-arg]
+        gateway_tokens=GATEWAY_TOKENS,
+    )
+
+
+class FrameLog:
+    """Every frame the page's WebSockets sent and received, parsed."""
+
+    def __init__(self, page: Page) -> None:
+        self.sent: list[dict[str, Any]] = []
+        self.received: list[dict[str, Any]] = []
+        page.on("websocket", self._attach)
+
+    def _attach(self, ws: WebSocket) -> None:
+        ws.on("framesent", lambda payload: self.sent.append(json.loads(payload)))
+        ws.on("framereceived", lambda payload: self.received.append(json.loads(payload)))
+
+    def received_types(self) -> list[str]:
+        return [f["type"] for f in self.received]
+
+
+async def test_chat_streams_reply_shows_tool_call_then_dashboard_resets_it(
+    serve: ServeApp, page: Page
+) -> None:
+    async with _serve(serve) as srv:
+        frames = FrameLog(page)
+        await page.add_init_script(SAW_STREAMING)
+        await page.goto(f"{srv.url}/#token={TOKEN}&session=web:alice")
+        await expect(page.locator("#conn")).to_have_attribute("data-state", "connected")
+        assert TOKEN not in page.url  # the token left the address bar
+        await expect(page.locator("#session-select")).to_have_value("web:alice")
+
+        await page.fill("#text", "what time is it?")
+        await page.keyboard.press("Enter")
+        tool = page.locator("details.tool")
+        await expect(tool).to_have_count(1)
+        await expect(tool.locator("summary strong")).to_have_text("current_time")
+        await expect(tool.locator(".tool-status")).to_have_text("done")
+        answer = page.locator(".msg.assistant").last
+        await expect(answer).to_contain_text("It is ")
+        await expect(page.locator(".msg.user")).to_have_text(["what time is it?"])
+        await expect(page.locator(".msg.user.pending")).to_have_count(0)
+        await tool.locator("summary").click()
+        await expect(tool.locator(".tool-result")).to_contain_text("iso")
+
+        await page.fill("#text", "hello there")
+        await page.click("#send")
+        await expect(page.locator(".msg.assistant").last).to_have_text("You said: hello there")
+        await expect(page.locator(".msg.streaming")).to_have_count(0)
+        assert "delta" in frames.received_types()
+        assert "You said: hello there" in await page.evaluate("window.__sawStreaming.join('|')")
+        await shot(page, "chat-conversation")
+
+        sends = [f for f in frames.sent if f["type"] == "send"]
+        assert [f["text"] for f in sends] == ["what time is it?", "hello there"]
+        assert all(f["client_message_id"] for f in sends)
+
+        # The dashboard shows the same session, its tool-call group, and resets it.
+        await page.goto(f"{srv.url}/admin")
+        await page.fill("#login-token", ADMIN_TOKEN)
+        await page.click("#login-form button[type=submit]")
+        await page.click('#nav a[data-route="sessions"]')
+        await page.select_option('select[name="channel"]', "browser")
+        await page.click(".filters button[type=submit]")
+        row = page.locator('#sessions-table tr[data-key="web:alice"]')
+        await expect(row).to_have_count(1)
+        await row.locator("a").click()
+        await expect(page.locator("#history .toolgroup .toolcall .name")).to_have_text("current_time")
+        await expect(page.locator("#history .hmsg.user .text")).to_have_text(
+            ["what time is it?", "hello there"]
+        )
+        await shot(page, "chat-session-in-dashboard")
+        await page.click("#action-reset")
+        await expect(page.locator("#session-status")).to_have_text("expired", timeout=10_000)
+
+        errors = ignore_expected(page.errors, r"401", r"Failed to load resource")  # type: ignore[attr-defined]
+        assert errors == []
+
+
+async def _ws_conversation(url: str, text: str) -> int:
+    """Another client (a real WebSocket, like a second tab) talks in the same session."""
+    import websockets
+
+    async with websockets.connect(url.replace("http://", "ws://") + "/ws") as ws:
+        await ws.send(json.dumps({"type": "auth", "token": TOKEN}))
+        await ws.send(json.dumps({"type": "attach", "session_key": "web:alice"}))
+        await ws.send(json.dumps({"type": "send", "text": text, "client_message_id": "other-1"}))
+        async for raw in ws:
+            frame = json.loads(raw)
+            if frame["type"] == "message" and frame["role"] == "assistant" and frame.get("content"):
+                return int(frame["seq"])
+    raise AssertionError("no answer")
+
+
+class DroppableGateway:
+    """Routes the page's /ws through Playwright so a test can cut it and refuse reconnects."""
+
+    def __init__(self) -> None:
+        self.sent: list[dict[str, Any]] = []
+        self.received: list[dict[str, Any]] = []
+        self.offline = False
+        self.routes: list[tuple[WebSocketRoute, WebSocketRoute]] = []
+
+    async def install(self, page: Page) -> None:
+        await page.route_web_socket("**/ws", self._route)
+
+    async def _route(self, ws: WebSocketRoute) -> None:
+        if self.offline:
+            await ws.close(code=1013, reason="test: network down")
+            return
+        server = ws.connect_to_server()
+
+        def from_page(message: str | bytes) -> None:
+            self.sent.append(json.loads(message))
+            server.send(message)
+
+        def from_server(message: str | bytes) -> None:
+            self.received.append(json.loads(message))
+            ws.send(message)
+
+        ws.on_message(from_page)
+        server.on_message(from_server)
+        self.routes.append((ws, server))
+
+    async def drop(self) -> None:
+        self.offline = True
+        for page_side, server_side in self.routes:
+            await server_side.close(code=1000)
+            await page_side.close(code=4000, reason="test: connection lost")
+        self.routes.clear()
+
+
+async def test_chat_reconnects_and_resumes_from_last_seq(serve: ServeApp, page: Page) -> None:
+    async with _serve(serve) as srv:
+        gateway = DroppableGateway()
+        await gateway.install(page)
+        await page.goto(f"{srv.url}/#token={TOKEN}")
+        await expect(page.locator("#conn")).to_have_attribute("data-state", "connected")
+        await page.fill("#text", "first")
+        await page.keyboard.press("Enter")
+        await expect(page.locator(".msg.assistant")).to_have_text(["You said: first"])
+
+        await gateway.drop()
+        await expect(page.locator("#conn")).to_have_attribute("data-state", "reconnecting")
+        await shot(page, "chat-reconnecting")
+        # While this tab is away: another client talks in the session, and this tab queues a message.
+        last = await _ws_conversation(srv.url, "from the other tab")
+        await page.fill("#text", "typed while offline")
+        await page.keyboard.press("Enter")
+        await expect(page.locator(".msg.user.pending")).to_have_text("typed while offline")
+
+        gateway.offline = False
+        await expect(page.locator("#conn")).to_have_attribute("data-state", "connected", timeout=15_000)
+        await expect(page.locator(".msg.user")).to_have_text(
+            ["first", "from the other tab", "typed while offline"], timeout=10_000
+        )
+        await expect(page.locator(".msg.assistant")).to_have_text(
+            ["You said: first", "You said: from the other tab", "You said: typed while offline"]
+        )
+        await expect(page.locator(".msg.user.pending")).to_have_count(0)
+        await shot(page, "chat-resumed")
+
+        attaches = [f for f in gateway.sent if f["type"] == "attach"]
+        assert len(attaches) == 2
+        assert attaches[0].get("last_seq") is None
+        assert attaches[1]["last_seq"] == 2 and attaches[1]["session_id"] is not None
+        readies = [f for f in gateway.received if f["type"] == "ready"]
+        missed = [m["seq"] for m in readies[-1]["messages"]]
+        assert missed == [3, last]  # exactly what happened while away, nothing twice
+        # The queued message went out once, on the new connection, after the resume.
+        queued = [f for f in gateway.sent if f["type"] == "send" and f["text"] == "typed while offline"]
+        assert len(queued) == 1
