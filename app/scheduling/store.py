@@ -310,9 +310,11 @@ class JobStore:
             "target_chat_id": merged["target"].chat_id,
             "target_thread_id": merged["target"].thread_id,
             "max_runs": merged["max_runs"],
-            "enabled": merged["enabled"],
             "updated_at": now,
         }
+        if changes.get("enabled") is not None:
+            # Written only when asked: a fire claimed meanwhile may have disabled the job.
+            values["enabled"] = merged["enabled"]
         timing_changed = (
             merged["schedule"] != current.schedule
             or merged["run_at"] != current.run_at
