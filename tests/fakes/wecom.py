@@ -1,0 +1,289 @@
+"""A fake WeCom: the API as a real local HTTP server, and the callback side that signs
+and encrypts what WeCom would POST to us.
+
+The callback crypto here is written from the published rule (企业微信 加解密方案说明),
+independently of `channels.common.wechat_crypto`: PKCS#7 to 32-byte blocks is
+`cryptography`'s `PKCS7(256)` padder, the signature is SHA1 of the sorted strings.
+`WeChatPlatformCrypto` is shared with the Official Account fake (same crypto family).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import itertools
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Self
+
+from aiohttp import web
+from cryptography.hazmat.primitives import padding
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+# --- the platform's side of the callback crypto ------------------------------------------
+
+
+def platform_signature(*values: str) -> str:
+    """SHA1 over the dictionary-sorted, concatenated strings (the documented rule)."""
+    joined = "".join(sorted(values))
+    return hashlib.sha1(joined.encode("utf-8")).hexdigest()
+
+
+class WeChatPlatformCrypto:
+    def __init__(self, token: str, encoding_aes_key: str, receive_id: str) -> None:
+        self.token = token
+        self.key = base64.b64decode(encoding_aes_key + "=")
+        assert len(self.key) == 32
+        self.receive_id = receive_id
+
+    def seal(self, message: str, *, receive_id: str | None = None, random16: bytes | None = None) -> str:
+        body = message.encode("utf-8")
+        plain = (
+            (random16 or os.urandom(16))
+            + len(body).to_bytes(4, "big")
+            + body
+            + (self.receive_id if receive_id is None else receive_id).encode("utf-8")
+        )
+        padder = padding.PKCS7(256).padder()  # 256 bits = the scheme's 32-byte block
+        padded = padder.update(plain) + padder.finalize()
+        enc = Cipher(algorithms.AES(self.key), modes.CBC(self.key[:16])).encryptor()
+        return base64.b64encode(enc.update(padded) + enc.finalize()).decode("ascii")
+
+    def open(self, encrypt: str) -> tuple[str, str]:
+        """(message, receive id) of a ciphertext."""
+        dec = Cipher(algorithms.AES(self.key), modes.CBC(self.key[:16])).decryptor()
+        padded = dec.update(base64.b64decode(encrypt)) + dec.finalize()
+        unpadder = padding.PKCS7(256).unpadder()
+        plain = unpadder.update(padded) + unpadder.finalize()
+        length = int.from_bytes(plain[16:20], "big")
+        return plain[20 : 20 + length].decode("utf-8"), plain[20 + length :].decode("utf-8")
+
+
+def cdata_xml(fields: dict[str, Any]) -> str:
+    """`<xml>` with each value in CDATA (numbers bare), as the platforms send it."""
+    items = []
+    for name, value in fields.items():
+        if isinstance(value, int):
+            items.append(f"<{name}>{value}</{name}>")
+        else:
+            items.append(f"<{name}><![CDATA[{value}]]></{name}>")
+    return "<xml>" + "".join(items) + "</xml>"
+
+
+_nonces = itertools.count(100000)
+
+
+@dataclass
+class SignedCallback:
+    query: dict[str, str]
+    body: bytes
+
+
+class WeComCallbacks:
+    """Builds the GET/POST requests WeCom sends to an app's callback URL."""
+
+    def __init__(self, token: str, encoding_aes_key: str, corp_id: str, agent_id: int) -> None:
+        self.crypto = WeChatPlatformCrypto(token, encoding_aes_key, corp_id)
+        self.corp_id = corp_id
+        self.agent_id = agent_id
+
+    def verify_url(self, echo: str, *, timestamp: int | None = None, **override: str) -> dict[str, str]:
+        ts = str(int(time.time()) if timestamp is None else timestamp)
+        nonce = str(next(_nonces))
+        echostr = self.crypto.seal(echo)
+        query = {
+            "msg_signature": platform_signature(self.crypto.token, ts, nonce, echostr),
+            "timestamp": ts,
+            "nonce": nonce,
+            "echostr": echostr,
+        }
+        query.update(override)
+        return query
+
+    def post(
+        self,
+        inner_xml: str,
+        *,
+        timestamp: int | None = None,
+        receive_id: str | None = None,
+        encrypt: str | None = None,
+        outer: str | None = None,
+    ) -> SignedCallback:
+        ts = str(int(time.time()) if timestamp is None else timestamp)
+        nonce = str(next(_nonces))
+        enc = encrypt if encrypt is not None else self.crypto.seal(inner_xml, receive_id=receive_id)
+        body = (
+            outer
+            if outer is not None
+            else (
+                f"<xml><ToUserName><![CDATA[{self.corp_id}]]></ToUserName>"
+                f"<AgentID><![CDATA[{self.agent_id}]]></AgentID>"
+                f"<Encrypt><![CDATA[{enc}]]></Encrypt></xml>"
+            )
+        )
+        query = {
+            "msg_signature": platform_signature(self.crypto.token, ts, nonce, enc),
+            "timestamp": ts,
+            "nonce": nonce,
+        }
+        return SignedCallback(query, body.encode("utf-8"))
+
+    def text(self, user: str, content: str, msg_id: int, *, agent_id: int | None = None) -> str:
+        return cdata_xml(
+            {
+                "ToUserName": self.corp_id,
+                "FromUserName": user,
+                "CreateTime": int(time.time()),
+                "MsgType": "text",
+                "Content": content,
+                "MsgId": msg_id,
+                "AgentID": self.agent_id if agent_id is None else agent_id,
+            }
+        )
+
+    def image(self, user: str, pic_url: str, msg_id: int) -> str:
+        return cdata_xml(
+            {
+                "ToUserName": self.corp_id,
+                "FromUserName": user,
+                "CreateTime": int(time.time()),
+                "MsgType": "image",
+                "PicUrl": pic_url,
+                "MediaId": "media-1",
+                "MsgId": msg_id,
+                "AgentID": self.agent_id,
+            }
+        )
+
+    def event(self, user: str, event: str, create_time: int, event_key: str = "") -> str:
+        return cdata_xml(
+            {
+                "ToUserName": self.corp_id,
+                "FromUserName": user,
+                "CreateTime": create_time,
+                "MsgType": "event",
+                "Event": event,
+                "EventKey": event_key,
+                "AgentID": self.agent_id,
+            }
+        )
+
+
+# --- the API server ----------------------------------------------------------------------
+
+
+@dataclass
+class ApiCall:
+    path: str
+    query: dict[str, str]
+    body: Any
+
+
+@dataclass
+class TokenApiFake:
+    """What the WeCom and Official Account fakes share: tokens, outages, a call log.
+
+    `outage=True` answers sends with HTTP 503; `revoke_tokens(errcode)` makes every token
+    issued so far answer `errcode` (42001 expired, 40014 invalid) on use; `send_errcode`
+    makes sends answer that errcode.
+    """
+
+    token_lifetime: int = 7200
+    outage: bool = False
+    send_errcode: int | None = None
+    token_requests: int = 0
+    calls: list[ApiCall] = field(default_factory=list)
+    sent: list[ApiCall] = field(default_factory=list)
+    url: str = ""
+    _tokens: dict[str, int] = field(default_factory=dict)  # token -> errcode on use (0 = valid)
+    _serial: itertools.count = field(default_factory=lambda: itertools.count(1))  # type: ignore[type-arg]
+    _changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+    _runner: web.AppRunner | None = None
+
+    def routes(self) -> list[web.RouteDef]:
+        raise NotImplementedError
+
+    def issue_token(self) -> dict[str, Any]:
+        self.token_requests += 1
+        token = f"token-{self.token_requests}"
+        self._tokens[token] = 0
+        return {"errcode": 0, "errmsg": "ok", "access_token": token, "expires_in": self.token_lifetime}
+
+    def revoke_tokens(self, errcode: int = 42001) -> None:
+        for token in self._tokens:
+            self._tokens[token] = errcode
+
+    @property
+    def send_attempts(self) -> int:
+        return sum(1 for c in self.calls if "send" in c.path)
+
+    async def guarded_send(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        call = ApiCall(request.path, dict(request.query), body)
+        async with self._changed:
+            self.calls.append(call)
+            self._changed.notify_all()
+        if self.outage:
+            return web.Response(status=503, text="service unavailable")
+        token = request.query.get("access_token", "")
+        state = self._tokens.get(token)
+        if state is None:
+            return web.json_response({"errcode": 40014, "errmsg": "invalid access_token"})
+        if state:
+            return web.json_response({"errcode": state, "errmsg": "access_token expired or invalid"})
+        if self.send_errcode is not None:
+            return web.json_response({"errcode": self.send_errcode, "errmsg": "scripted failure"})
+        async with self._changed:
+            self.sent.append(call)
+            self._changed.notify_all()
+        return web.json_response({"errcode": 0, "errmsg": "ok", "msgid": f"msg-{next(self._serial)}"})
+
+    async def wait_for_sent(self, count: int, timeout: float = 15) -> list[ApiCall]:
+        async with self._changed:
+            await asyncio.wait_for(self._changed.wait_for(lambda: len(self.sent) >= count), timeout)
+        return list(self.sent)
+
+    async def wait_for_attempts(self, count: int, timeout: float = 15) -> None:
+        async with self._changed:
+            await asyncio.wait_for(self._changed.wait_for(lambda: self.send_attempts >= count), timeout)
+
+    async def __aenter__(self) -> Self:
+        app = web.Application()
+        app.add_routes(self.routes())
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+
+@dataclass
+class FakeWeComApi(TokenApiFake):
+    """`GET /cgi-bin/gettoken`, `POST /cgi-bin/message/send`, `POST /cgi-bin/appchat/send`."""
+
+    corp_id: str = "ww-test-corp"
+    corp_secret: str = "corp-secret"
+
+    def routes(self) -> list[web.RouteDef]:
+        return [
+            web.get("/cgi-bin/gettoken", self._gettoken),
+            web.post("/cgi-bin/message/send", self.guarded_send),
+            web.post("/cgi-bin/appchat/send", self.guarded_send),
+        ]
+
+    async def _gettoken(self, request: web.Request) -> web.Response:
+        q = request.query
+        self.calls.append(ApiCall(request.path, dict(q), None))
+        if q.get("corpid") != self.corp_id:
+            return web.json_response({"errcode": 40013, "errmsg": "invalid corpid"})
+        if q.get("corpsecret") != self.corp_secret:
+            return web.json_response({"errcode": 40001, "errmsg": "invalid credential"})
+        return web.json_response(self.issue_token())
