@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 from playwright.async_api import Page, WebSocket, WebSocketRoute, expect
 
+from app.agent.provider import DeltaCallback, ProviderReply, ToolSpec
+from app.agent.tools import Risk, ToolContext
+from app.sessions.messages import ChatMessage, tool_call
 from channels.browser.adapter import BrowserSettings
 from tests.conftest import ADMIN_TOKEN, ServeApp, webhook_settings
 from tests.web.conftest import ignore_expected, shot
@@ -204,3 +208,127 @@ async def test_chat_reconnects_and_resumes_from_last_seq(serve: ServeApp, page: 
         # The queued message went out once, on the new connection, after the resume.
         queued = [f for f in gateway.sent if f["type"] == "send" and f["text"] == "typed while offline"]
         assert len(queued) == 1
+
+
+class WipeTool:
+    """A risky tool: the run must stop and ask before it runs."""
+
+    spec = ToolSpec(
+        name="wipe_cache",
+        description="Delete the cache.",
+        parameters={"type": "object", "properties": {"scope": {"type": "string"}}},
+    )
+    risk = Risk.RISKY
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+
+    async def run(self, arguments: dict[str, Any], ctx: ToolContext) -> str:
+        self.calls.append(arguments)
+        return json.dumps({"wiped": arguments.get("scope", "all")})
+
+
+class WipeProvider:
+    """A scripted model: "wipe" asks for the risky tool, a tool result is reported back."""
+
+    name = "scripted"
+
+    async def complete(
+        self,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpec],
+        *,
+        model: str | None = None,
+        on_delta: DeltaCallback | None = None,
+    ) -> ProviderReply:
+        last = messages[-1]
+        if last.role == "tool":
+            return ProviderReply(content=f"Result: {last.content}")
+        if "wipe" in (last.content or ""):
+            call = tool_call(f"call_wipe_{last.seq}", "wipe_cache", {"scope": "images"})
+            return ProviderReply(content=None, tool_calls=(call,))
+        return ProviderReply(content="ok")
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def test_chat_approval_prompt_approve_and_deny(serve: ServeApp, page: Page) -> None:
+    tool = WipeTool()
+    async with serve(
+        channel_settings={"browser": BrowserSettings(_env_file=None, approvers=["alice"])},  # type: ignore[call-arg]
+        gateway_tokens=GATEWAY_TOKENS,
+        provider=WipeProvider(),
+        tools=[tool],
+    ) as srv:
+        await page.goto(f"{srv.url}/#token={TOKEN}")
+        await expect(page.locator("#conn")).to_have_attribute("data-state", "connected")
+        await page.fill("#text", "please wipe the cache")
+        await page.keyboard.press("Enter")
+        card = page.locator(".approval")
+        await expect(card).to_have_count(1)
+        await expect(card.locator("strong")).to_have_text("Approval needed: wipe_cache")
+        await expect(card.locator("pre")).to_contain_text('"scope": "images"')
+        await expect(page.locator("details.tool .tool-status")).to_have_text("waiting for approval")
+        await shot(page, "chat-approval")
+        assert tool.calls == []
+
+        await card.get_by_role("button", name="Approve").click()
+        await expect(page.locator(".msg.assistant").last).to_have_text('Result: {"wiped": "images"}')
+        await expect(card).to_have_count(0)
+        await expect(page.locator("details.tool .tool-status")).to_have_text("done")
+        assert tool.calls == [{"scope": "images"}]
+
+        # A reload shows a pending request again (from `ready`), and Deny refuses it.
+        await page.fill("#text", "wipe again")
+        await page.keyboard.press("Enter")
+        await expect(page.locator(".approval")).to_have_count(1)
+        await page.reload()
+        card = page.locator(".approval")
+        await expect(card).to_have_count(1)
+        await card.get_by_role("button", name="Deny").click()
+        await expect(card).to_have_count(0)
+        await expect(page.locator("details.tool").last.locator(".tool-result")).to_contain_text("deni")
+        await expect(page.locator("details.tool").last.locator(".tool-status")).to_have_text("error")
+        await expect(page.locator(".msg.assistant").last).to_contain_text("Result: ")
+        assert tool.calls == [{"scope": "images"}]
+        await shot(page, "chat-denied")
+
+
+async def test_chat_token_refused_then_switch_sessions_and_scope(serve: ServeApp, page: Page) -> None:
+    async with _serve(serve) as srv:
+        await page.goto(f"{srv.url}/#token=not-a-valid-token-at-all")
+        await expect(page.locator("#token-panel")).to_be_visible()
+        await expect(page.locator("#token-error")).to_have_text("The gateway refused this token.")
+        await shot(page, "chat-token-refused")
+
+        await page.fill("#token-input", TOKEN)
+        await page.click("#token-form button[type=submit]")
+        await expect(page.locator("#conn")).to_have_attribute("data-state", "connected")
+        await page.fill("#text", "in the main session")
+        await page.keyboard.press("Enter")
+        await expect(page.locator(".msg.assistant")).to_have_text(["You said: in the main session"])
+
+        # A new conversation under the token's prefix, then back: each shows its own history.
+        options = await page.locator("#session-select option").all_inner_texts()
+        assert options[0] == "web:alice" and "new conversation under web:alice:" in options[-1]
+        await page.select_option("#session-select", index=len(options) - 1)
+        await expect(page.locator(".msg")).to_have_count(0)
+        new_key = await page.locator("#session-select").input_value()
+        assert new_key.startswith("web:alice:")
+        await page.fill("#text", "in the side session")
+        await page.keyboard.press("Enter")
+        await expect(page.locator(".msg.assistant")).to_have_text(["You said: in the side session"])
+        await shot(page, "chat-side-session")
+
+        await page.select_option("#session-select", "web:alice")
+        await expect(page.locator(".msg.user")).to_have_text(["in the main session"])
+        await page.select_option("#session-select", new_key)
+        await expect(page.locator(".msg.user")).to_have_text(["in the side session"])
+
+        # Knowing another key gives nothing: refused, and the page falls back to its own session.
+        await page.goto(f"{srv.url}/#session=webhook:someone-else")
+        await page.reload()
+        await expect(page.locator(".notice.error-text")).to_contain_text("may not")
+        await expect(page.locator("#session-select")).to_have_value("web:alice")
+        await expect(page.locator(".msg.user")).to_have_text(["in the main session"])

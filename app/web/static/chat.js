@@ -152,22 +152,29 @@ function renderMessage(m) {
   }
   if (m.role === "tool") {
     const entry = toolCalls.get(m.tool_call_id);
-    if (entry) {
-      entry.result.textContent = prettyJson(m.content ?? "");
-      entry.status.textContent = "done";
-      entry.root.classList.add("done");
-    } else {
-      const el = toolCallElement({ id: m.tool_call_id, function: { name: m.name, arguments: "" } });
-      toolCalls.get(m.tool_call_id).result.textContent = prettyJson(m.content ?? "");
-      toolCalls.get(m.tool_call_id).status.textContent = "done";
-      add(el);
+    let target = entry;
+    if (!target) {
+      add(toolCallElement({ id: m.tool_call_id, function: { name: m.name, arguments: "" } }));
+      target = toolCalls.get(m.tool_call_id);
     }
+    target.result.textContent = prettyJson(m.content ?? "");
+    target.status.textContent = toolFailed(m.content) ? "error" : "done";
+    target.root.classList.add("done");
     for (const [approvalId, card] of approvalCards) {
       if (card.dataset.toolCallId === m.tool_call_id) {
         card.remove();
         approvalCards.delete(approvalId);
       }
     }
+  }
+}
+
+function toolFailed(content) {
+  try {
+    const data = JSON.parse(content);
+    return Boolean(data && typeof data === "object" && "error" in data);
+  } catch {
+    return false;
   }
 }
 
@@ -208,19 +215,22 @@ function renderApproval(a) {
     ),
   );
   approvalCards.set(id, card);
+  const call = toolCalls.get(a.tool_call_id);
+  if (call) call.status.textContent = "waiting for approval";
   add(card);
 }
 
 // --- session switcher ------------------------------------------------------------------
 
+const known = new Map(); // session key -> label, everything this tab has seen
+
 function fillSessions(extra = []) {
   const current = client ? client.sessionKey : null;
-  const keys = new Map();
-  for (const k of allowed.keys) keys.set(k, k);
-  for (const s of extra) keys.set(s.key, s.status && s.status !== "active" ? `${s.key} · ${s.status}` : s.key);
-  if (current && !keys.has(current)) keys.set(current, current);
+  for (const k of allowed.keys) if (!known.has(k)) known.set(k, k);
+  for (const s of extra) known.set(s.key, s.status && s.status !== "active" ? `${s.key} · ${s.status}` : s.key);
+  if (current && !known.has(current)) known.set(current, current);
   clear(select);
-  for (const [k, label] of keys) select.append(h("option", { value: k, selected: k === current }, label));
+  for (const [k, label] of known) select.append(h("option", { value: k, selected: k === current }, label));
   if (allowed.prefix !== null && allowed.prefix !== undefined) {
     select.append(h("option", { value: NEW_KEY }, `+ new conversation${allowed.prefix ? ` under ${allowed.prefix}` : ""}`));
   }
@@ -316,6 +326,10 @@ function onFrame(frame) {
     }
     case "error":
       notice(`⚠ ${frame.detail || frame.code}`, "notice error-text");
+      if (frame.code === "forbidden" && allowed.keys.length && client.sessionKey !== allowed.keys[0]) {
+        // A link to a key this token may not open: fall back to the token's own session.
+        client.attach(allowed.keys[0]);
+      }
       break;
     default:
       break;
@@ -327,6 +341,7 @@ function start(token, sessionKey) {
   $("#token-panel").classList.add("hidden");
   $("#chat").classList.remove("hidden");
   resetView();
+  known.clear(); // a new token: the old one's keys are not this one's
   client = new GatewayClient({ url: wsUrl(), token, sessionKey });
   client.addEventListener("frame", (ev) => onFrame(ev.detail));
   client.addEventListener("status", (ev) => setStatus(ev.detail));
