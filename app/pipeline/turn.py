@@ -135,6 +135,9 @@ class _Turn:
     origin: InboundEvent  # whose request the run serves (tool context, policy)
     reply_to: InboundEvent  # the event the final answer replies to
     run_started: float = field(default_factory=time.monotonic)
+    # A run resumed by /approve already has replies (the question): its new inbox rows are
+    # not linked by run id, so waiting clients get only the replies to their own event.
+    link_rows: bool = True
 
     @property
     def handled_ids(self) -> set[int]:
@@ -429,7 +432,8 @@ class TurnHandler:
             await insert_outbox(
                 conn, reply, session_id=session.id, run_id=turn.run_id, event_id=reply_to.event_id
             )
-            await Inbox.mark(conn, [r.id for r in rows], "done", run_id=turn.run_id)
+            link = turn.run_id if turn.link_rows else None
+            await Inbox.mark(conn, [r.id for r in rows], "done", run_id=link)
             await self._save_run(conn, turn, record, finished=True)
         self.inbox.wake([r.event_id for r in rows])
         self.on_outbox()
@@ -438,6 +442,13 @@ class TurnHandler:
     async def _save_run(
         self, conn: AsyncConnection, turn: _Turn, record: RunRecord, *, finished: bool
     ) -> None:
+        stored = (
+            await conn.execute(
+                select(runs.c.event_ids, runs.c.details, runs.c.started_at).where(runs.c.id == turn.run_id)
+            )
+        ).one()
+        event_ids = list(stored.event_ids or [])
+        event_ids += [r.event_id for r in turn.rows if r.event_id not in event_ids]
         values: dict[str, Any] = dict(
             model=record.model,
             tool_calls=record.tool_calls,
@@ -446,23 +457,14 @@ class TurnHandler:
             completion_tokens=record.completion_tokens,
             outcome=record.outcome,
             error=record.error,
-            details=record.trace_details(),
-            event_ids=await self._run_event_ids(conn, turn),
+            details={**(stored.details or {}), **record.trace_details()},
+            event_ids=event_ids,
         )
         if finished:
-            started_at = (
-                await conn.execute(select(runs.c.started_at).where(runs.c.id == turn.run_id))
-            ).scalar_one()
             now = utcnow()
             values["finished_at"] = now
-            values["duration_ms"] = round((now - started_at).total_seconds() * 1000)
+            values["duration_ms"] = round((now - stored.started_at).total_seconds() * 1000)
         await conn.execute(update(runs).where(runs.c.id == turn.run_id).values(**values))
-
-    async def _run_event_ids(self, conn: AsyncConnection, turn: _Turn) -> list[str]:
-        known = (await conn.execute(select(runs.c.event_ids).where(runs.c.id == turn.run_id))).scalar_one()
-        ids = list(known or [])
-        ids += [r.event_id for r in turn.rows if r.event_id not in ids]
-        return ids
 
     # --- mid-run input: steer and /stop ---------------------------------------------
 
@@ -600,7 +602,8 @@ class TurnHandler:
                 run_id=turn.run_id,
                 event_id=turn.reply_to.event_id,
             )
-            await Inbox.mark(conn, [r.id for r in turn.rows], "done", run_id=turn.run_id)
+            link = turn.run_id if turn.link_rows else None
+            await Inbox.mark(conn, [r.id for r in turn.rows], "done", run_id=link)
             await self._save_run(conn, turn, record, finished=False)
         self.inbox.wake([r.event_id for r in turn.rows])
         self.on_outbox()
@@ -731,7 +734,13 @@ class TurnHandler:
             details=details,
         )
         turn = _Turn(
-            lease=lease, session=session, rows=[row], run_id=run["id"], origin=origin, reply_to=event
+            lease=lease,
+            session=session,
+            rows=[row],
+            run_id=run["id"],
+            origin=origin,
+            reply_to=event,
+            link_rows=False,
         )
         decisions = {approval["tool_call_id"]: Decision(verdict, by=by, reason=reason)}
         self._input_signals.setdefault(lease.key, asyncio.Event())
@@ -827,7 +836,7 @@ class TurnHandler:
                     run_id=waiting.run_id,
                     event_id=event.event_id,
                 )
-                await Inbox.mark(conn, [row.id], "done", run_id=waiting.run_id)
+                await Inbox.mark(conn, [row.id], "done")
         await self._after_reply(row)
 
     async def _reply_only(
