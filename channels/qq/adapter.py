@@ -197,24 +197,45 @@ class QQChannel:
     async def send(self, message: OutboundMessage) -> SendResult:
         kind, _, target = message.chat_id.partition(":")
         if kind == "user" and target:
-            path = f"/v2/users/{target}/messages"
+            base = f"/v2/users/{target}"
         elif kind == "group" and target:
-            path = f"/v2/groups/{target}/messages"
+            base = f"/v2/groups/{target}"
         else:
             raise ChannelRejected(f"not a QQ chat id: {message.chat_id!r}")
-        texts = [t for t in _split(message.text, self.settings.max_text_chars) if t]
-        for part in message.parts:  # images are sent as links; rich media needs an upload first
-            if isinstance(part, ImagePart | FilePart) and part.url:
-                texts.append(part.url)
+        bodies: list[dict[str, Any]] = [
+            {"content": text, "msg_type": 0}
+            for text in _split(message.text, self.settings.max_text_chars)
+            if text
+        ]
+        links = [p.url for p in message.parts if isinstance(p, FilePart) and p.url]
+        if links:  # files need a platform upload the bot may not be allowed; a link always works
+            bodies.append({"content": "\n".join(links), "msg_type": 0})
+        images = [p for p in message.parts if isinstance(p, ImagePart) and (p.url or p.data_base64)]
         msg_id = message.metadata.get("reply_msg_id")
         sent: str | None = None
-        for index, text in enumerate(texts):
-            body: dict[str, Any] = {"content": text, "msg_type": 0}
+        index = 0
+        items: list[dict[str, Any] | ImagePart] = [*bodies, *images]
+        for item in items:
+            if isinstance(item, ImagePart):
+                # Rich media: upload first (the platform fetches the URL), then send its file_info.
+                upload: dict[str, Any] = {"file_type": 1, "srv_send_msg": False}
+                if item.url:
+                    upload["url"] = item.url
+                else:
+                    upload["file_data"] = item.data_base64
+                info = await self._api("POST", f"{base}/files", upload)
+                file_info = info.get("file_info") if isinstance(info, dict) else None
+                if not file_info:
+                    raise ChannelRejected("QQ did not return file_info for the uploaded image")
+                body: dict[str, Any] = {"msg_type": 7, "media": {"file_info": file_info}}
+            else:
+                body = dict(item)
             if msg_id:
                 body["msg_id"] = str(msg_id)
                 body["msg_seq"] = self._seq(str(msg_id), message.message_id, index)
-            data = await self._api("POST", path, body)
+            data = await self._api("POST", f"{base}/messages", body)
             sent = _str(data.get("id")) if isinstance(data, dict) else None
+            index += 1
         return SendResult(platform_message_id=sent)
 
     def _seq(self, msg_id: str, outbound_id: str, index: int) -> int:

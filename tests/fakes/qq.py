@@ -51,7 +51,13 @@ def signed_headers(
 _ids = itertools.count(1)
 
 
-def c2c_message(user_openid: str, content: str, *, message_id: str | None = None) -> dict[str, Any]:
+def c2c_message(
+    user_openid: str,
+    content: str,
+    *,
+    message_id: str | None = None,
+    attachments: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     n = next(_ids)
     return {
         "op": 0,
@@ -63,7 +69,7 @@ def c2c_message(user_openid: str, content: str, *, message_id: str | None = None
             "author": {"id": user_openid, "user_openid": user_openid, "union_openid": user_openid},
             "content": content,
             "timestamp": "2026-12-02T12:00:00+08:00",
-            "attachments": [],
+            "attachments": attachments or [],
         },
     }
 
@@ -109,6 +115,7 @@ class QQPlatform:
         self.message_attempts = 0
         self.valid_tokens: set[str] = set()
         self.sent: list[SentMessage] = []
+        self.uploads: list[SentMessage] = []
         self._seen_seq: set[tuple[str, int]] = set()
         self._changed = asyncio.Condition()
         self._runner: web.AppRunner | None = None
@@ -148,6 +155,17 @@ class QQPlatform:
             self._changed.notify_all()
         return web.json_response({"id": f"sent-{len(self.sent)}", "timestamp": int(time.time())})
 
+    async def _upload(self, request: web.Request) -> web.Response:
+        auth = request.headers.get("Authorization", "")
+        if auth.removeprefix("QQBot ") not in self.valid_tokens:
+            return web.json_response({"code": 11244, "message": "token not exist or expire"}, status=401)
+        body = await request.json()
+        if body.get("file_type") not in (1, 2, 3, 4) or not (body.get("url") or body.get("file_data")):
+            return web.json_response({"code": 40034001, "message": "invalid file"}, status=400)
+        self.uploads.append(SentMessage(request.path, auth, body))
+        n = len(self.uploads)
+        return web.json_response({"file_uuid": f"uuid-{n}", "file_info": f"file-info-{n}", "ttl": 3600})
+
     async def wait_for(self, count: int, timeout: float = 15) -> list[SentMessage]:
         async with self._changed:
             await asyncio.wait_for(self._changed.wait_for(lambda: len(self.sent) >= count), timeout)
@@ -158,6 +176,8 @@ class QQPlatform:
         app.router.add_post("/app/getAppAccessToken", self._token)
         app.router.add_post("/v2/users/{openid}/messages", self._message)
         app.router.add_post("/v2/groups/{group_openid}/messages", self._message)
+        app.router.add_post("/v2/users/{openid}/files", self._upload)
+        app.router.add_post("/v2/groups/{group_openid}/files", self._upload)
         self._runner = web.AppRunner(app)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)

@@ -11,6 +11,7 @@ import httpx
 from sqlalchemy import func, select
 
 from app.db.models import inbox, outbox
+from app.events import ImagePart, MentionPart, OutboundMessage, TextPart
 from channels.onebot import OneBotSettings
 from tests.conftest import ADMIN_TOKEN, ServeApp
 from tests.fakes.onebot import (
@@ -267,6 +268,44 @@ async def test_a_silent_bridge_times_out_and_is_retried(serve: ServeApp) -> None
         async with srv.runtime.engine.connect() as conn:
             error = (await conn.execute(select(outbox.c.last_error))).scalar_one()
         assert "did not answer" in error
+
+
+async def test_answers_without_a_bot_of_origin_use_the_only_bot_and_long_text_is_split(
+    serve: ServeApp,
+) -> None:
+    settings = onebot_settings(max_text_chars=10)
+    async with (
+        serve(channel_settings={"onebot": settings}) as srv,
+        FakeBridge(ws_url(srv), BOT, TOKEN) as bridge,
+    ):
+        adapter = srv.runtime.adapters["onebot"]
+
+        async def connected() -> bool:
+            return bool(adapter.connected_bots == [str(BOT)])
+
+        await _wait_until(connected)
+        # Like a cron job's reply: no reply_self_id, so the only connected bot sends it.
+        answer = OutboundMessage(
+            channel="onebot",
+            chat_id="group:555",
+            parts=(
+                TextPart(text="0123456789abcdefghij!"),
+                ImagePart(url="https://img.example/c.png"),
+                MentionPart(user_id="42"),
+            ),
+            metadata={"reply_message_id": "5"},
+        )
+        result = await adapter.send(answer)
+        assert [a.params["message"] for a in bridge.actions] == [
+            [{"type": "reply", "data": {"id": "5"}}, _text("0123456789")],
+            [_text("abcdefghij")],
+            [
+                _text("!"),
+                {"type": "image", "data": {"file": "https://img.example/c.png"}},
+                {"type": "at", "data": {"qq": "42"}},
+            ],
+        ]
+        assert result.platform_message_id == str(bridge.sent_ids[-1])
 
 
 # --- HTTP POST mode ----------------------------------------------------------------------

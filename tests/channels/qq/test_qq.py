@@ -13,6 +13,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from sqlalchemy import func, select
 
 from app.db.models import inbox, outbox
+from app.events import ImagePart, OutboundMessage, TextPart
 from channels.qq import QQSettings
 from tests.conftest import ADMIN_TOKEN, ServeApp
 from tests.fakes.qq import QQPlatform, c2c_message, group_at_message, key_from_secret, signed_headers
@@ -144,6 +145,55 @@ async def test_a_long_reply_is_split_with_growing_msg_seq(serve: ServeApp) -> No
             assert "".join(s.body["content"] for s in sent) == f"You said: {text}"
             assert [s.body["msg_seq"] for s in sent] == list(range(1, len(sent) + 1))
             assert {s.body["msg_id"] for s in sent} == {"MSG-9"}
+
+
+async def test_images_arrive_as_parts_and_leave_as_uploaded_rich_media(serve: ServeApp) -> None:
+    async with QQPlatform(APP_ID, SECRET) as platform:
+        async with (
+            serve(channel_settings={"qq": qq_settings(platform)}) as srv,
+            httpx.AsyncClient(timeout=30) as client,
+        ):
+            picture = {
+                "content_type": "image/jpeg",
+                "filename": "cat.jpg",
+                "url": "multimedia.nt.qq.com.cn/download?appid=1406&fileid=abc",
+                "size": 1234,
+            }
+            event = c2c_message("OPENID_A", "look", message_id="MSG-IMG", attachments=[picture])
+            assert (await _post(client, srv, event)).status_code == 200
+            await platform.wait_for(1)
+            resp = await client.get(
+                f"{srv.url}/admin/api/sessions/{quote('qq:user%3AOPENID_A', safe='')}/messages",
+                headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+            )
+            [user] = [m for m in resp.json()["messages"] if m["role"] == "user"]
+            assert user["parts"][0]["type"] == "image"
+            assert user["parts"][0]["url"] == "https://multimedia.nt.qq.com.cn/download?appid=1406&fileid=abc"
+            # An answer with an image (sent through the real adapter against the fake).
+            adapter = srv.runtime.adapters["qq"]
+            answer = OutboundMessage(
+                channel="qq",
+                chat_id="user:OPENID_A",
+                parts=(TextPart(text="here"), ImagePart(url="https://img.example/dog.png")),
+                metadata={"reply_msg_id": "MSG-IMG"},
+            )
+            result = await adapter.send(answer)
+            assert result.platform_message_id == "sent-3"
+            [upload] = platform.uploads
+            assert upload.path == "/v2/users/OPENID_A/files"
+            assert upload.body == {
+                "file_type": 1,
+                "url": "https://img.example/dog.png",
+                "srv_send_msg": False,
+            }
+            text, media = platform.sent[1:]
+            assert text.body == {"content": "here", "msg_type": 0, "msg_id": "MSG-IMG", "msg_seq": 2}
+            assert media.body == {
+                "msg_type": 7,
+                "media": {"file_info": "file-info-1"},
+                "msg_id": "MSG-IMG",
+                "msg_seq": 3,
+            }
 
 
 async def test_forged_stale_and_unsigned_callbacks_are_refused(serve: ServeApp) -> None:
