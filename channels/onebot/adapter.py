@@ -147,6 +147,8 @@ class OneBotChannel:
             if self._bots.get(self_id) is conn:
                 del self._bots[self_id]
             conn.fail_pending("connection closed")
+            with contextlib.suppress(Exception):  # e.g. after a binary frame we cannot read
+                await ws.close(1000, "closing")
             events.put_nowait(None)
             with contextlib.suppress(asyncio.CancelledError):
                 await worker

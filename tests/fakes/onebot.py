@@ -134,7 +134,24 @@ class FakeBridge:
             with contextlib.suppress(asyncio.CancelledError, ConnectionClosed):
                 await self._reader
 
+    @property
+    def close_code(self) -> int | None:
+        return self._ws.close_code if self._ws is not None else None
+
+    async def wait_closed(self, timeout: float = 10) -> int | None:
+        assert self._ws is not None
+        await asyncio.wait_for(self._ws.wait_closed(), timeout)
+        return self._ws.close_code
+
+    async def send_raw(self, data: str | bytes) -> None:
+        assert self._ws is not None
+        await self._ws.send(data)
+
     async def _read(self) -> None:
+        with contextlib.suppress(ConnectionClosed):
+            await self._read_frames()
+
+    async def _read_frames(self) -> None:
         assert self._ws is not None
         async for raw in self._ws:
             frame = json.loads(raw)

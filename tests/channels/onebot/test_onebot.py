@@ -208,6 +208,26 @@ async def test_a_redelivered_event_is_processed_once(serve: ServeApp) -> None:
         assert await _count(srv.runtime, inbox) == 1
 
 
+async def test_bad_frames_are_ignored_and_a_reconnecting_bridge_replaces_the_old_socket(
+    serve: ServeApp,
+) -> None:
+    async with serve(channel_settings={"onebot": onebot_settings()}) as srv:
+        adapter = srv.runtime.adapters["onebot"]
+        async with FakeBridge(ws_url(srv), BOT, TOKEN) as old:
+            await old.send_raw("this is not json")
+            await old.send_raw("[1, 2]")
+            await old.send_raw(json.dumps({"echo": "nobody-waits", "status": "ok", "retcode": 0}))
+            await old.send_event(private_message(BOT, 42, "still there?"))
+            await old.wait_for_actions(1)
+            async with FakeBridge(ws_url(srv), BOT, TOKEN) as new:
+                assert await old.wait_closed() == 4000  # replaced
+                await new.send_event(private_message(BOT, 42, "after reconnect"))
+                [action] = await new.wait_for_actions(1)
+                assert action.params["message"] == [_text("You said: after reconnect")]
+                assert adapter.connected_bots == [str(BOT)]
+        assert len(old.actions) == 1
+
+
 async def test_bridges_without_the_right_token_are_refused_with_a_close_code(serve: ServeApp) -> None:
     async with serve(channel_settings={"onebot": onebot_settings()}) as srv:
         url = ws_url(srv)
