@@ -233,6 +233,12 @@ class OneBotChannel:
         parsed = segments_to_parts(normalize(data.get("message")), self_id)
         if not parsed.has_content:
             return None  # a poke, a bare @, a sticker-only message …
+        if chat_type is ChatType.GROUP and self.settings.require_mention_in_groups:
+            addressed = parsed.mentions_self or (
+                parsed.reply_to is not None and (self_id, parsed.reply_to) in self._sent
+            )
+            if not addressed:
+                return None  # group talk not meant for the bot is neither stored nor answered
         message_id = _id(data.get("message_id"))
         sender = data.get("sender")
         sender = sender if isinstance(sender, dict) else {}
@@ -242,12 +248,6 @@ class OneBotChannel:
         name = sender.get("card") or sender.get("nickname")
         if name:
             metadata["sender_name"] = str(name)
-        if chat_type is ChatType.GROUP and self.settings.require_mention_in_groups:
-            addressed = parsed.mentions_self or (
-                parsed.reply_to is not None and (self_id, parsed.reply_to) in self._sent
-            )
-            if not addressed:
-                metadata["no_reply"] = True  # kept as context, not answered
         return InboundEvent(
             channel=self.name,
             chat_id=chat_id,

@@ -120,7 +120,7 @@ async def test_cq_string_group_mention_is_parsed_unescaped_and_answered_with_a_q
         assert user["content"] == "look [x] & y"
 
 
-async def test_group_messages_without_mention_are_kept_but_not_answered(serve: ServeApp) -> None:
+async def test_group_messages_not_addressed_to_the_bot_are_ignored(serve: ServeApp) -> None:
     async with (
         serve(channel_settings={"onebot": onebot_settings()}) as srv,
         FakeBridge(ws_url(srv), BOT, TOKEN) as bridge,
@@ -146,7 +146,8 @@ async def test_group_messages_without_mention_are_kept_but_not_answered(serve: S
         assert len(bridge.actions) == 2
         history = await _history(client, srv, "onebot:group%3A555")
         users = [m["content"] for m in history if m["role"] == "user"]
-        assert users == ["just chatting", "not you", "now you", "thanks"]
+        assert users == ["now you", "thanks"]
+        assert await _count(srv.runtime, inbox) == 2  # the others were not stored
 
 
 async def test_without_mention_gating_every_group_message_is_answered(serve: ServeApp) -> None:
