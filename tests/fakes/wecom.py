@@ -185,13 +185,14 @@ class ApiCall:
 class TokenApiFake:
     """What the WeCom and Official Account fakes share: tokens, outages, a call log.
 
-    `outage=True` answers sends with HTTP 503; `revoke_tokens(errcode)` makes every token
-    issued so far answer `errcode` (42001 expired, 40014 invalid) on use; `send_errcode`
-    makes sends answer that errcode.
+    `outage=True` (or `outage_after=n`, once n sends went through) answers sends with 503;
+    `revoke_tokens(errcode)` makes every token issued so far answer `errcode` (42001
+    expired, 40014 invalid) on use; `send_errcode` makes sends answer that errcode.
     """
 
     token_lifetime: int = 7200
     outage: bool = False
+    outage_after: int | None = None  # an outage starts once this many sends succeeded
     send_errcode: int | None = None
     token_requests: int = 0
     calls: list[ApiCall] = field(default_factory=list)
@@ -225,7 +226,7 @@ class TokenApiFake:
         async with self._changed:
             self.calls.append(call)
             self._changed.notify_all()
-        if self.outage:
+        if self.outage or (self.outage_after is not None and len(self.sent) >= self.outage_after):
             return web.Response(status=503, text="service unavailable")
         token = request.query.get("access_token", "")
         state = self._tokens.get(token)
