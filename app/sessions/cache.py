@@ -1,13 +1,15 @@
 """A bounded LRU of in-memory session state that never evicts a session mid-run.
 
-Entries remember the lease fence they were read under. A worker that takes a key's
-lease with fence `f` may only reuse an entry stored under `f - 1` by this same process:
-any other fence means someone else held the key in between and the entry is stale.
+Entries remember the lease fence they were read under and are only reused under that
+same fence, i.e. while this worker keeps holding the key: once the lease was released,
+anyone (another replica, an admin action) may have changed the session, so the next
+holder reads it again. A pinned entry (its key is being worked on) is never evicted.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -16,7 +18,7 @@ V = TypeVar("V")
 
 @dataclass
 class _Entry(Generic[V]):
-    value: V
+    value: V | None
     fence: int
     pins: int = 0
 
@@ -34,13 +36,10 @@ class SessionCache(Generic[V]):
     def __contains__(self, key: str) -> bool:
         return key in self._entries
 
-    def get(self, key: str, *, fence: int | None = None) -> V | None:
-        """The cached value; with `fence`, only if it is still valid under that lease."""
+    def get(self, key: str, *, fence: int) -> V | None:
+        """The cached value if it was stored under this very lease fence."""
         entry = self._entries.get(key)
-        if entry is None:
-            return None
-        if fence is not None and entry.fence not in (fence, fence - 1):
-            self._entries.pop(key)
+        if entry is None or entry.value is None or entry.fence != fence:
             return None
         self._entries.move_to_end(key)
         return entry.value
@@ -55,11 +54,21 @@ class SessionCache(Generic[V]):
             self._entries[key] = _Entry(value, fence)
         self._evict(protect=key)
 
-    def pin(self, key: str) -> None:
-        """Mark a key as mid-run: it stays cached until `unpin`."""
+    def invalidate(self, key: str) -> None:
+        """Forget the value (the session changed) but keep a pin if there is one."""
         entry = self._entries.get(key)
         if entry is not None:
-            entry.pins += 1
+            entry.value = None
+
+    def invalidate_where(self, predicate: Callable[[V], bool]) -> None:
+        for entry in self._entries.values():
+            if entry.value is not None and predicate(entry.value):
+                entry.value = None
+
+    def pin(self, key: str) -> None:
+        """Mark a key as mid-run: its entry stays until `unpin`."""
+        entry = self._entries.setdefault(key, _Entry(None, -1))
+        entry.pins += 1
 
     def unpin(self, key: str) -> None:
         entry = self._entries.get(key)
@@ -67,10 +76,9 @@ class SessionCache(Generic[V]):
             entry.pins -= 1
         self._evict()
 
-    def discard(self, key: str) -> None:
+    def pinned(self, key: str) -> bool:
         entry = self._entries.get(key)
-        if entry is not None and entry.pins == 0:
-            del self._entries[key]
+        return entry is not None and entry.pins > 0
 
     def _evict(self, protect: str | None = None) -> None:
         if len(self._entries) <= self.capacity:

@@ -18,6 +18,7 @@ from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.db.models import messages, session_keys, sessions, utcnow
+from app.sessions.cache import SessionCache
 from app.sessions.lease import ensure_key
 from app.sessions.messages import ChatMessage
 from app.sessions.window import trim_to_legal_window
@@ -92,8 +93,11 @@ class SessionStore:
         engine: AsyncEngine,
         default_lifecycle: Lifecycle,
         channel_lifecycles: Mapping[str, Lifecycle] | None = None,
+        *,
+        cache_size: int = 1024,
     ) -> None:
         self.engine = engine
+        self.cache: SessionCache[SessionState] = SessionCache(cache_size)
         self.default_lifecycle = default_lifecycle
         self.channel_lifecycles = dict(channel_lifecycles or {})
 
@@ -103,10 +107,42 @@ class SessionStore:
     # --- generations (call inside a fenced transaction) -----------------------------
 
     async def open_current(
-        self, conn: AsyncConnection, key: str, channel: str, *, now: datetime | None = None
+        self,
+        conn: AsyncConnection,
+        key: str,
+        channel: str,
+        *,
+        now: datetime | None = None,
+        fence: int | None = None,
     ) -> SessionState:
-        """The key's open session, reactivated if suspended; a new generation if none."""
+        """The key's open session, reactivated if suspended; a new generation if none.
+
+        With the caller's lease `fence`, the state is cached while that lease is held
+        (see `SessionCache`) and the key is pinned until `release(key)`.
+        """
         now = now or utcnow()
+        if fence is None:
+            return await self._open_current(conn, key, channel, now)
+        if not self.cache.pinned(key):
+            self.cache.pin(key)
+        current = self.cache.get(key, fence=fence)
+        if (
+            current is None
+            or (now - current.last_active_at).total_seconds() > self.lifecycle(current.channel).expire_after
+        ):
+            current = await self._open_current(conn, key, channel, now)
+        # The caller is about to append: remember it as active now.
+        self.cache.put(key, replace(current, last_active_at=now), fence=fence)
+        return current
+
+    def release(self, key: str) -> None:
+        """The worker let go of the key: its state may be evicted (it is stale anyway)."""
+        self.cache.invalidate(key)
+        self.cache.unpin(key)
+
+    async def _open_current(
+        self, conn: AsyncConnection, key: str, channel: str, now: datetime
+    ) -> SessionState:
         current = await self._current(conn, key)
         if current is not None and current.status in OPEN_STATUSES:
             idle = (now - current.last_active_at).total_seconds()
@@ -126,6 +162,7 @@ class SessionStore:
         self, conn: AsyncConnection, key: str, *, now: datetime | None = None
     ) -> SessionState | None:
         """Expire the key's open session (/new, /reset, /end). History is kept."""
+        self.cache.invalidate(key)
         current = await self._current(conn, key)
         if current is None or current.status not in OPEN_STATUSES:
             return None
@@ -347,6 +384,7 @@ class SessionStore:
 
     async def set_status(self, session_id: int, status: SessionStatus) -> None:
         """Admin action (archive, reopen). Never deletes anything."""
+        self.cache.invalidate_where(lambda state: state.id == session_id)
         now = utcnow()
         values: dict[str, Any] = {"status": status.value, "updated_at": now}
         if status in (SessionStatus.EXPIRED, SessionStatus.ARCHIVED):
@@ -358,6 +396,7 @@ class SessionStore:
 
     async def reopen(self, key: str, session_id: int) -> None:
         """Make an earlier generation the key's current one again (admin)."""
+        self.cache.invalidate(key)
         async with self.engine.begin() as conn:
             now = utcnow()
             current = await self._current(conn, key)

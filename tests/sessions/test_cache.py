@@ -14,26 +14,30 @@ def test_lru_eviction_skips_pinned_entries() -> None:
     assert "a" in cache and "b" not in cache and "c" in cache
     cache.put("d", "D", fence=1)
     assert "a" in cache and "c" not in cache and "d" in cache
+    assert cache.get("a", fence=1) == "A"  # reading makes "a" the most recent
     cache.unpin("a")
     cache.put("e", "E", fence=1)
-    assert "a" not in cache and len(cache) == 2
+    assert "d" not in cache and "a" in cache and len(cache) == 2
+    cache.put("f", "F", fence=1)
+    assert "a" not in cache
 
 
 def test_all_pinned_may_exceed_capacity_until_unpinned() -> None:
     cache: SessionCache[int] = SessionCache(capacity=1)
     for i, key in enumerate("xyz"):
-        cache.put(key, i, fence=1)
         cache.pin(key)
+        cache.put(key, i, fence=1)
     assert len(cache) == 3
+    assert [cache.get(k, fence=1) for k in "xyz"] == [0, 1, 2]
     for key in "xyz":
         cache.unpin(key)
     assert len(cache) == 1
 
 
-def test_entry_from_another_holders_fence_is_stale() -> None:
+def test_entries_are_only_valid_under_the_fence_they_were_read_with() -> None:
     cache: SessionCache[str] = SessionCache(capacity=4)
     cache.put("k", "state", fence=5)
-    assert cache.get("k", fence=6) == "state"  # we released and re-took the lease
-    cache.put("k", "state", fence=6)
-    assert cache.get("k", fence=9) is None  # someone else held the key in between
-    assert "k" not in cache
+    assert cache.get("k", fence=5) == "state"
+    assert cache.get("k", fence=6) is None  # the lease was released in between
+    cache.invalidate("k")
+    assert cache.get("k", fence=5) is None

@@ -99,7 +99,7 @@ def _legal_end(history: list[ChatMessage], end: int) -> bool:
     """True if history[:end] does not end inside an unfinished tool-call group."""
     for i in range(end - 1, -1, -1):
         if history[i].role == "assistant" and history[i].tool_calls:
-            ids = {tc["id"] for tc in history[i].tool_calls}
+            ids = set(history[i].tool_call_ids)
             got = {m.tool_call_id for m in history[i + 1 : end]}
             return ids <= got
         if history[i].role != "tool":
