@@ -101,53 +101,6 @@ async def test_redelivered_update_is_processed_once(serve: ServeApp) -> None:
     assert fake.sent_texts() == ["You said: once please"]
 
 
-async def test_outage_on_send_is_retried_then_recorded_as_failed(serve: ServeApp) -> None:
-    async with FakeTelegram() as fake:
-        fake.always["sendMessage"] = tg.SERVER_ERROR
-        async with (
-            serve(
-                channel_settings={"telegram": tg_settings(fake)},
-                outbox_max_attempts=3,
-                outbox_backoff_base_seconds=0.05,
-            ) as srv,
-            httpx.AsyncClient(timeout=30) as client,
-        ):
-            await post_update(client, srv.url, tg.update(30, tg.message("anyone there?")))
-            [row] = await wait_outbox_final(srv.runtime)
-    assert row["status"] == "failed"
-    assert row["attempts"] == 3
-    assert "Telegram unreachable" in row["last_error"]
-    assert len(fake.calls_of("sendMessage")) == 3
-
-
-async def test_flood_control_retry_after_is_honoured(serve: ServeApp) -> None:
-    async with FakeTelegram() as fake:
-        fake.fail("sendMessage", tg.TOO_MANY_REQUESTS)  # retry_after=1
-        async with (
-            serve(channel_settings={"telegram": tg_settings(fake)}) as srv,
-            httpx.AsyncClient(timeout=30) as client,
-        ):
-            await post_update(client, srv.url, tg.update(31, tg.message("flood")))
-            [row] = await wait_outbox_final(srv.runtime)
-    assert row["status"] == "sent"
-    assert row["attempts"] == 2
-    assert len(fake.calls_of("sendMessage")) == 2
-
-
-async def test_blocked_bot_is_not_retried(serve: ServeApp) -> None:
-    async with FakeTelegram() as fake:
-        fake.always["sendMessage"] = tg.BLOCKED
-        async with (
-            serve(channel_settings={"telegram": tg_settings(fake)}) as srv,
-            httpx.AsyncClient(timeout=30) as client,
-        ):
-            await post_update(client, srv.url, tg.update(32, tg.message("hi")))
-            [row] = await wait_outbox_final(srv.runtime)
-    assert row["status"] == "failed"
-    assert row["attempts"] == 1
-    assert "blocked" in row["last_error"]
-
-
 async def test_groups_answer_only_when_mentioned_or_replied_to(serve: ServeApp) -> None:
     group = tg.group_chat(-100777)
     async with FakeTelegram() as fake:
@@ -225,23 +178,6 @@ async def test_forum_topic_is_its_own_session_and_the_reply_goes_to_the_topic(se
     assert keys == ["telegram:-100999:77", "telegram:-100999:78"]
     by_topic = {c.params["message_thread_id"]: c.params["text"] for c in calls}
     assert by_topic == {"77": "You said: topic 77", "78": "You said: topic 78"}
-
-
-async def test_long_reply_is_split_into_telegram_sized_messages(serve: ServeApp) -> None:
-    words = " ".join(f"word{i}" for i in range(1200))  # ~8,900 characters
-    async with FakeTelegram() as fake:
-        async with (
-            serve(channel_settings={"telegram": tg_settings(fake)}) as srv,
-            httpx.AsyncClient(timeout=30) as client,
-        ):
-            await post_update(client, srv.url, tg.update(70, tg.message(words)))
-            [row] = await wait_outbox_final(srv.runtime)
-    texts = fake.sent_texts()
-    assert row["status"] == "sent"
-    assert len(texts) == 3
-    assert all(len(t) <= 4096 for t in texts)
-    assert "".join(texts) == f"You said: {words}"
-    assert all(not t.startswith("d") for t in texts[1:])  # cut between words
 
 
 async def test_photo_and_document_become_parts(serve: ServeApp) -> None:

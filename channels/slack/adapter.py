@@ -1,0 +1,212 @@
+"""Slack channel: Events API over HTTP (`POST /channels/slack/events`), Web API for replies.
+
+Inbound requests are verified with Slack's signing rule before anything is parsed, then
+committed to the inbox and acknowledged at once (Slack wants an answer within 3 s; the
+agent runs later). Replies go through slack_sdk's `AsyncWebClient` (`chat.postMessage`)
+pointed at `SLACK_API_BASE_URL`, in the message's thread, split when long.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import OrderedDict
+from typing import Any
+
+import aiohttp
+import structlog
+from slack_sdk.errors import SlackApiError, SlackClientError
+from slack_sdk.web.async_client import AsyncWebClient
+
+from app.channel import ChannelContext, ChannelRequest, ChannelResponse, SendResult
+from app.errors import (
+    ChannelNotConfigured,
+    ChannelRateLimited,
+    ChannelRejected,
+    ChannelSendAuthError,
+    ChannelUnavailable,
+    DeliveryError,
+    InvalidPayload,
+)
+from app.events import OutboundMessage
+from channels.slack import signing
+from channels.slack.parse import Parsed, parse_event_callback
+from channels.slack.settings import SlackSettings
+from channels.slack.text import split_text
+
+log = structlog.get_logger(__name__)
+
+# Web API errors that mean our token is wrong; retrying cannot help.
+_AUTH_ERRORS = {
+    "invalid_auth",
+    "not_authed",
+    "account_inactive",
+    "token_revoked",
+    "token_expired",
+    "no_permission",
+    "missing_scope",
+    "ekm_access_denied",
+}
+# Web API errors that are Slack's trouble, not ours: try again later.
+_TRANSIENT_ERRORS = {"internal_error", "fatal_error", "service_unavailable", "request_timeout"}
+
+
+class SlackChannel:
+    name = "slack"
+
+    def __init__(self, settings: SlackSettings, context: ChannelContext) -> None:
+        self.settings = settings
+        self.context = context
+        self.bot_user_id = settings.bot_user_id
+        self.client: AsyncWebClient | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._socket: Any = None  # Socket Mode client, when SLACK_MODE=socket
+        # message_id → chunks already posted, so a retry after a partial send does not
+        # repeat them (bounded; lost on restart, when a retry may repeat a chunk).
+        self._sent_chunks: OrderedDict[str, int] = OrderedDict()
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if not self.settings.bot_token:
+            log.warning("slack_not_configured", detail="SLACK_BOT_TOKEN is not set")
+            return
+        self._session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=self.settings.request_timeout_seconds)
+        )
+        self.client = AsyncWebClient(
+            token=self.settings.bot_token,
+            base_url=self.settings.api_base_url,
+            timeout=self.settings.request_timeout_seconds,
+            session=self._session,
+        )
+        await self._ensure_identity()
+        if self.settings.mode == "socket":
+            from channels.slack.socket_mode import start_socket_mode
+
+            self._socket = await start_socket_mode(self)
+
+    async def stop(self) -> None:
+        if self._socket is not None:
+            with contextlib.suppress(Exception):
+                await self._socket.close()
+            self._socket = None
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _ensure_identity(self) -> None:
+        """Learn the bot's user id (to ignore our own messages and find mentions) via auth.test."""
+        if self.bot_user_id is not None or self.client is None:
+            return
+        try:
+            resp = await self.client.auth_test()
+        except (SlackClientError, aiohttp.ClientError, TimeoutError) as exc:
+            log.error("slack_auth_test_failed", error=str(exc))
+            return
+        user_id = resp.get("user_id")
+        self.bot_user_id = str(user_id) if user_id else None
+
+    # --- inbound --------------------------------------------------------------------
+
+    async def handle_request(self, request: ChannelRequest) -> ChannelResponse:
+        if request.method != "POST" or request.path.strip("/") != "events":
+            return ChannelResponse.json({"error": "not_found", "detail": "POST /channels/slack/events"}, 404)
+        if not self.settings.signing_secret:
+            raise ChannelNotConfigured("SLACK_SIGNING_SECRET is not set on this server")
+        signing.verify(
+            self.settings.signing_secret,
+            request.headers,
+            request.body,
+            tolerance=self.settings.timestamp_tolerance_seconds,
+        )
+        return ChannelResponse.json(await self.handle_payload(request.json()))
+
+    async def handle_payload(self, payload: Any) -> dict[str, Any]:
+        """One verified Events API payload (HTTP or Socket Mode) → the acknowledgement body."""
+        if not isinstance(payload, dict):
+            raise InvalidPayload("body must be a JSON object")
+        kind = payload.get("type")
+        if kind == "url_verification":
+            challenge = payload.get("challenge")
+            if not isinstance(challenge, str):
+                raise InvalidPayload("url_verification without a challenge")
+            return {"challenge": challenge}
+        if kind != "event_callback":
+            return {"ok": True, "ignored": f"payload type {kind}"}
+        parsed = await self._parse(payload)
+        if parsed.event is None:
+            return {"ok": True, "ignored": parsed.ignored}
+        [result] = await self.context.accept([parsed.event])
+        body: dict[str, Any] = {"ok": True, "event_id": result.event_id, "session_key": result.session_key}
+        if result.duplicate:
+            body["duplicate"] = True
+        if result.skipped:
+            body["skipped"] = True
+        return body
+
+    async def _parse(self, payload: dict[str, Any]) -> Parsed:
+        if self.bot_user_id is None:
+            await self._ensure_identity()  # auth.test failed at start; try again
+        return parse_event_callback(payload, self.settings, self.bot_user_id)
+
+    # --- outbound -------------------------------------------------------------------
+
+    async def send(self, message: OutboundMessage) -> SendResult:
+        if self.client is None:
+            raise ChannelSendAuthError("SLACK_BOT_TOKEN is not set", retryable=False)
+        chunks = split_text(message.text, self.settings.max_message_chars)
+        if not chunks:
+            return SendResult()
+        first_ts: str | None = None
+        for index in range(self._sent_chunks.get(message.message_id, 0), len(chunks)):
+            try:
+                ts = await self._post(message.chat_id, chunks[index], message.thread_id)
+            except DeliveryError:
+                self._remember(message.message_id, index)
+                raise
+            first_ts = first_ts or ts
+        self._sent_chunks.pop(message.message_id, None)
+        return SendResult(platform_message_id=first_ts)
+
+    async def _post(self, channel: str, text: str, thread_ts: str | None) -> str | None:
+        assert self.client is not None
+        try:
+            resp = await self.client.chat_postMessage(channel=channel, text=text, thread_ts=thread_ts)
+        except SlackApiError as exc:
+            raise _delivery_error(exc) from exc
+        except (SlackClientError, aiohttp.ClientError, TimeoutError) as exc:
+            raise ChannelUnavailable(f"Slack unreachable: {exc!r}") from exc
+        ts = resp.get("ts")
+        return str(ts) if ts else None
+
+    def _remember(self, message_id: str, done: int) -> None:
+        self._sent_chunks[message_id] = done
+        self._sent_chunks.move_to_end(message_id)
+        while len(self._sent_chunks) > 1000:
+            self._sent_chunks.popitem(last=False)
+
+
+def _delivery_error(exc: SlackApiError) -> DeliveryError:
+    response = exc.response
+    status = int(getattr(response, "status_code", 0) or 0)
+    data = getattr(response, "data", None)
+    error = data.get("error") if isinstance(data, dict) else None
+    if status == 429 or error == "ratelimited":
+        return ChannelRateLimited(_retry_after(getattr(response, "headers", None)), "Slack rate limit (429)")
+    if error in _AUTH_ERRORS:
+        return ChannelSendAuthError(f"Slack refused our token: {error}")
+    if status >= 500 or error in _TRANSIENT_ERRORS or error is None:
+        return ChannelUnavailable(f"Slack answered {status}: {error or 'no error code'}")
+    return ChannelRejected(f"Slack rejected the message: {error}")
+
+
+def _retry_after(headers: Any) -> float:
+    value = None
+    if headers:
+        for key, item in dict(headers).items():
+            if str(key).lower() == "retry-after":
+                value = item
+    try:
+        return max(0.0, float(value)) if value is not None else 1.0
+    except (TypeError, ValueError):
+        return 1.0

@@ -1,0 +1,221 @@
+"""A fake Slack Web API: a real local HTTP server that slack_sdk's AsyncWebClient talks to.
+
+It serves `POST /api/{method}` like slack.com (bearer token, JSON or form parameters,
+answers `{"ok": true, …}` or `{"ok": false, "error": …}` with Slack's status codes),
+records every call and can be scripted to fail. Also builds Events API payloads and
+signs them with Slack's published rule (independently of the adapter's code).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import itertools
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+BOT_TOKEN = "xoxb-test-token"
+BOT_USER_ID = "UBOT01"
+BOT_ID = "BBOT01"
+TEAM_ID = "T0001"
+SIGNING_SECRET = "slack-signing-secret"
+
+
+@dataclass
+class Call:
+    method: str
+    params: dict[str, Any]
+    headers: dict[str, str]
+
+
+@dataclass
+class Failure:
+    status: int
+    error: str
+    retry_after: int | None = None
+
+
+RATE_LIMITED = Failure(429, "ratelimited", retry_after=1)
+SERVER_ERROR = Failure(500, "internal_error")
+INVALID_AUTH = Failure(200, "invalid_auth")
+CHANNEL_NOT_FOUND = Failure(200, "channel_not_found")
+
+
+@dataclass
+class FakeSlack:
+    token: str = BOT_TOKEN
+    bot_user_id: str = BOT_USER_ID
+    calls: list[Call] = field(default_factory=list)
+    script: dict[str, list[Failure]] = field(default_factory=dict)
+    always: dict[str, Failure] = field(default_factory=dict)
+    # conversation id -> failures of chat.postMessage to it, answered in order
+    by_channel: dict[str, list[Failure]] = field(default_factory=dict)
+    url: str = ""
+
+    def __post_init__(self) -> None:
+        self._changed = asyncio.Condition()
+        self._runner: web.AppRunner | None = None
+        self._ts = itertools.count(1)
+
+    def fail(self, method: str, *failures: Failure) -> None:
+        self.script.setdefault(method, []).extend(failures)
+
+    def calls_of(self, method: str) -> list[Call]:
+        return [c for c in self.calls if c.method == method]
+
+    def posted(self) -> list[dict[str, Any]]:
+        return [c.params for c in self.calls_of("chat.postMessage")]
+
+    async def wait_for(self, method: str, count: int, timeout: float = 15) -> list[Call]:
+        async with self._changed:
+            await asyncio.wait_for(
+                self._changed.wait_for(lambda: len(self.calls_of(method)) >= count), timeout
+            )
+        return self.calls_of(method)
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        method = request.match_info["method"]
+        if request.content_type == "application/json":
+            params = await request.json()
+        else:
+            params = dict(await request.post())
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        async with self._changed:
+            self.calls.append(Call(method, params, headers))
+            self._changed.notify_all()
+        if headers.get("authorization") != f"Bearer {self.token}":
+            return web.json_response({"ok": False, "error": "invalid_auth"})
+        scripted = self.script.get(method) or self.by_channel.get(str(params.get("channel")))
+        failure = scripted.pop(0) if scripted else self.always.get(method)
+        if failure is not None:
+            extra = {"Retry-After": str(failure.retry_after)} if failure.retry_after is not None else {}
+            return web.json_response(
+                {"ok": False, "error": failure.error}, status=failure.status, headers=extra
+            )
+        if method == "auth.test":
+            return web.json_response(
+                {
+                    "ok": True,
+                    "url": "https://test.slack.com/",
+                    "team": "Test",
+                    "user": "gate",
+                    "team_id": TEAM_ID,
+                    "user_id": self.bot_user_id,
+                    "bot_id": BOT_ID,
+                }
+            )
+        if method == "chat.postMessage":
+            ts = f"{int(time.time())}.{next(self._ts):06d}"
+            message = {"type": "message", "text": params.get("text"), "user": self.bot_user_id, "ts": ts}
+            if params.get("thread_ts"):
+                message["thread_ts"] = params["thread_ts"]
+            return web.json_response(
+                {"ok": True, "channel": params.get("channel"), "ts": ts, "message": message}
+            )
+        return web.json_response({"ok": False, "error": "unknown_method"}, status=404)
+
+    async def __aenter__(self) -> FakeSlack:
+        app = web.Application()
+        app.router.add_post("/api/{method}", self._handle)
+        self._runner = web.AppRunner(app, shutdown_timeout=0.5)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://127.0.0.1:{port}/api/"
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+
+# --- Events API payloads, signed as Slack signs them --------------------------------------
+
+_event_ids = itertools.count(1)
+_ts = itertools.count(1)
+
+
+def new_ts() -> str:
+    return f"{int(time.time())}.{next(_ts):06d}"
+
+
+def signed_headers(
+    body: bytes, *, secret: str = SIGNING_SECRET, timestamp: int | None = None
+) -> dict[str, str]:
+    """`v0=` + hex HMAC-SHA256(signing secret, "v0:{timestamp}:{body}") — Slack's published rule."""
+    ts = str(int(time.time()) if timestamp is None else timestamp)
+    mac = hmac.new(secret.encode(), b"v0:" + ts.encode() + b":" + body, hashlib.sha256).hexdigest()
+    return {
+        "Content-Type": "application/json",
+        "X-Slack-Request-Timestamp": ts,
+        "X-Slack-Signature": f"v0={mac}",
+    }
+
+
+def event_callback(event: dict[str, Any], event_id: str | None = None) -> dict[str, Any]:
+    return {
+        "token": "verification-token-unused",
+        "team_id": TEAM_ID,
+        "api_app_id": "A0001",
+        "event": event,
+        "type": "event_callback",
+        "event_id": event_id or f"Ev{next(_event_ids):08d}",
+        "event_time": int(time.time()),
+        "authorizations": [{"team_id": TEAM_ID, "user_id": BOT_USER_ID, "is_bot": True}],
+    }
+
+
+def dm(text: str, *, user: str = "UALICE", channel: str = "D0ALICE", **extra: Any) -> dict[str, Any]:
+    event = {
+        "type": "message",
+        "channel": channel,
+        "user": user,
+        "text": text,
+        "ts": new_ts(),
+        "channel_type": "im",
+        "event_ts": "",
+    }
+    event["event_ts"] = event["ts"]
+    event.update(extra)
+    return event
+
+
+def mention(text: str, *, user: str = "UALICE", channel: str = "C0GENERAL", **extra: Any) -> dict[str, Any]:
+    ts = new_ts()
+    event = {
+        "type": "app_mention",
+        "channel": channel,
+        "user": user,
+        "text": f"<@{BOT_USER_ID}> {text}",
+        "ts": ts,
+        "event_ts": ts,
+    }
+    event.update(extra)
+    return event
+
+
+def channel_message(
+    text: str, *, user: str = "UALICE", channel: str = "C0GENERAL", **extra: Any
+) -> dict[str, Any]:
+    ts = new_ts()
+    event = {
+        "type": "message",
+        "channel": channel,
+        "user": user,
+        "text": text,
+        "ts": ts,
+        "event_ts": ts,
+        "channel_type": "channel",
+    }
+    event.update(extra)
+    return event
+
+
+def body_of(payload: dict[str, Any]) -> bytes:
+    return json.dumps(payload).encode()
