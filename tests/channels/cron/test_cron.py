@@ -114,16 +114,17 @@ async def test_reply_goes_to_the_target_thread_and_lands_on_an_explicit_session(
 async def test_a_fire_missed_during_downtime_runs_once_on_start(serve: ServeApp) -> None:
     async with HttpReceiver() as receiver:
         webhook = webhook_settings(callback_url=receiver.url)
-        # The job was due every 5 minutes for the last ten days while no scheduler ran.
+        # A monthly job missed about ten fires while no scheduler ran. (Monthly, so that no
+        # regular fire can fall inside the test and blur "once".)
         async with serve(channel_settings={"webhook": webhook}) as srv:
             job = await srv.runtime.jobs.create(
                 prompt="ping",
                 source_session_key="webhook:ops",
                 target=Target("webhook", "ops"),
-                schedule="*/5 * * * *",
-                now=utcnow() - timedelta(days=10),
+                schedule="0 0 1 * *",
+                now=utcnow() - timedelta(days=300),
             )
-        assert job.next_fire_at is not None and job.next_fire_at < utcnow() - timedelta(days=9)
+        assert job.next_fire_at is not None and job.next_fire_at < utcnow() - timedelta(days=250)
 
         async with serve(channel_settings={"webhook": webhook, "cron": cron_settings()}) as srv:
             await receiver.wait_for(1)
@@ -134,7 +135,8 @@ async def test_a_fire_missed_during_downtime_runs_once_on_start(serve: ServeApp)
             after = await srv.runtime.jobs.get(job.id)
             assert after is not None and after.next_fire_at is not None
             now = utcnow()
-            assert now < after.next_fire_at <= now + timedelta(minutes=5)
+            assert now < after.next_fire_at <= now + timedelta(days=31)
+            assert (after.next_fire_at.day, after.next_fire_at.hour) == (1, 0)
             assert after.runs == 1 and after.enabled
         assert len(receiver.received) == 1
 
@@ -152,13 +154,13 @@ async def _two_runtimes(pg_url: str, tick: float) -> tuple[Runtime, Runtime]:
 
 async def test_two_runtimes_on_one_database_fire_each_due_job_exactly_once(pg_url: str) -> None:
     a, b = await _two_runtimes(pg_url, tick=0.01)
-    long_ago = utcnow() - timedelta(hours=3)
+    long_ago = utcnow() - timedelta(days=90)
     jobs = [
         await a.jobs.create(
             prompt=f"job {i}",
             source_session_key=f"webhook:c{i}",
             target=Target("webhook", f"c{i}"),
-            schedule="* * * * *",
+            schedule="0 0 1 * *",  # monthly: the next regular fire is far outside the test
             now=long_ago,
         )
         for i in range(20)
@@ -184,17 +186,18 @@ async def test_two_runtimes_on_one_database_fire_each_due_job_exactly_once(pg_ur
 async def test_concurrent_ticks_with_the_same_clock_claim_each_fire_once(pg_url: str) -> None:
     a, b = await _two_runtimes(pg_url, tick=3600)  # ticks only when the test says so
     async with a, b:
-        now = utcnow()
+        # Due next New Year: the tickers' own (real-clock) ticks never see them due.
         jobs = [
             await a.jobs.create(
                 prompt=f"job {i}",
                 source_session_key=f"webhook:c{i}",
                 target=Target("webhook", f"c{i}"),
-                schedule="0 * * * *",
-                now=now - timedelta(hours=2),
+                schedule="0 0 1 1 *",
             )
             for i in range(10)
         ]
+        assert jobs[0].next_fire_at is not None
+        now = jobs[0].next_fire_at + timedelta(minutes=1)
         cron_a, cron_b = a.adapters["cron"], b.adapters["cron"]
         assert isinstance(cron_a, CronChannel) and isinstance(cron_b, CronChannel)
         fires_a, fires_b = await asyncio.gather(cron_a.tick(now), cron_b.tick(now))
@@ -203,8 +206,11 @@ async def test_concurrent_ticks_with_the_same_clock_claim_each_fire_once(pg_url:
         assert sorted(f.job_id for f in fires if f.claimed) == [j.id for j in jobs]
         # The same instant again: nothing is due any more.
         assert await cron_a.tick(now) == [] and await cron_b.tick(now) == []
-        # An hour later each job is due once more, and fires once more.
-        hour_later = now + timedelta(hours=1)
-        later = await asyncio.gather(cron_a.tick(hour_later), cron_b.tick(hour_later))
+        # At the next fire each job is due once more, and fires once more.
+        claimed = await a.jobs.get(jobs[0].id)
+        assert claimed is not None and claimed.next_fire_at is not None
+        assert claimed.next_fire_at.year == now.year + 1
+        next_year = claimed.next_fire_at + timedelta(minutes=1)
+        later = await asyncio.gather(cron_a.tick(next_year), cron_b.tick(next_year))
         assert sorted(f.job_id for f in later[0] + later[1] if not f.duplicate) == [j.id for j in jobs]
         assert len(await cron_inbox_rows(a)) == 20
