@@ -20,6 +20,7 @@ from typing import Any
 from aiohttp import web
 
 BOT_TOKEN = "xoxb-test-token"
+APP_TOKEN = "xapp-test-token"
 BOT_USER_ID = "UBOT01"
 BOT_ID = "BBOT01"
 TEAM_ID = "T0001"
@@ -56,11 +57,15 @@ class FakeSlack:
     # conversation id -> failures of chat.postMessage to it, answered in order
     by_channel: dict[str, list[Failure]] = field(default_factory=dict)
     url: str = ""
+    # Socket Mode: envelope ids the app acknowledged, in order
+    acks: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._changed = asyncio.Condition()
         self._runner: web.AppRunner | None = None
         self._ts = itertools.count(1)
+        self._sockets: list[web.WebSocketResponse] = []
+        self._port = 0
 
     def fail(self, method: str, *failures: Failure) -> None:
         self.script.setdefault(method, []).extend(failures)
@@ -78,6 +83,52 @@ class FakeSlack:
             )
         return self.calls_of(method)
 
+    # --- Socket Mode ------------------------------------------------------------------
+
+    async def wait_for_socket(self, timeout: float = 15) -> None:
+        async with self._changed:
+            await asyncio.wait_for(self._changed.wait_for(lambda: bool(self._sockets)), timeout)
+
+    async def push_envelope(self, payload: dict[str, Any], envelope_id: str, retry_attempt: int = 0) -> None:
+        """Send an events_api envelope to every connected app, as Slack's Socket Mode does."""
+        envelope = {
+            "envelope_id": envelope_id,
+            "type": "events_api",
+            "payload": payload,
+            "accepts_response_payload": False,
+            "retry_attempt": retry_attempt,
+            "retry_reason": "timeout" if retry_attempt else "",
+        }
+        for ws in list(self._sockets):
+            await ws.send_str(json.dumps(envelope))
+
+    async def wait_for_acks(self, count: int, timeout: float = 15) -> list[str]:
+        async with self._changed:
+            await asyncio.wait_for(self._changed.wait_for(lambda: len(self.acks) >= count), timeout)
+        return list(self.acks)
+
+    async def _socket(self, request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(autoping=True)
+        await ws.prepare(request)
+        await ws.send_str(
+            json.dumps({"type": "hello", "num_connections": 1, "connection_info": {"app_id": "A0001"}})
+        )
+        async with self._changed:
+            self._sockets.append(ws)
+            self._changed.notify_all()
+        try:
+            async for msg in ws:
+                data = json.loads(msg.data) if isinstance(msg.data, str) else {}
+                if "envelope_id" in data:
+                    async with self._changed:
+                        self.acks.append(data["envelope_id"])
+                        self._changed.notify_all()
+        finally:
+            self._sockets.remove(ws)
+        return ws
+
+    # --- Web API --------------------------------------------------------------------
+
     async def _handle(self, request: web.Request) -> web.Response:
         method = request.match_info["method"]
         if request.content_type == "application/json":
@@ -88,6 +139,10 @@ class FakeSlack:
         async with self._changed:
             self.calls.append(Call(method, params, headers))
             self._changed.notify_all()
+        if method == "apps.connections.open":
+            if headers.get("authorization") != f"Bearer {APP_TOKEN}":
+                return web.json_response({"ok": False, "error": "invalid_auth"})
+            return web.json_response({"ok": True, "url": f"ws://127.0.0.1:{self._port}/link/?ticket=t1"})
         if headers.get("authorization") != f"Bearer {self.token}":
             return web.json_response({"ok": False, "error": "invalid_auth"})
         scripted = self.script.get(method) or self.by_channel.get(str(params.get("channel")))
@@ -122,15 +177,19 @@ class FakeSlack:
     async def __aenter__(self) -> FakeSlack:
         app = web.Application()
         app.router.add_post("/api/{method}", self._handle)
+        app.router.add_get("/link/", self._socket)
         self._runner = web.AppRunner(app, shutdown_timeout=0.5)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._port = port
         self.url = f"http://127.0.0.1:{port}/api/"
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
+        for ws in list(self._sockets):
+            await ws.close()
         if self._runner is not None:
             await self._runner.cleanup()
 
