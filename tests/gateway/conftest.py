@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
@@ -109,10 +110,26 @@ class GatewayClient:
             return exc.rcvd.code if exc.rcvd else None
 
 
+def small_buffer_socket(host: str, port: int, rcvbuf: int = 32_768) -> socket.socket:
+    """A connected socket with a small, fixed receive buffer (no autotuning): a client
+    that stops reading then backs up quickly, as a slow phone on a bad network does."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.connect((host, port))
+    return sock
+
+
 @asynccontextmanager
 async def gateway_client(
-    base_url: str, token: str | None = None, **connect_kw: Any
+    base_url: str, token: str | None = None, *, slow: bool = False, **connect_kw: Any
 ) -> AsyncIterator[GatewayClient]:
+    if slow:
+        host, port = base_url.removeprefix("http://").split(":")
+        connect_kw.update(sock=small_buffer_socket(host, int(port)), max_queue=1)
+    else:
+        # Tests read only the frames they look at; buffer the rest instead of pausing the
+        # socket (a paused client would only see our close after its close timeout).
+        connect_kw.setdefault("max_queue", None)
     async with connect(ws_url(base_url), open_timeout=10, **connect_kw) as ws:
         client = GatewayClient(ws)
         if token is not None:
