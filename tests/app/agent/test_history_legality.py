@@ -1,0 +1,192 @@
+"""Hypothesis: random runs, cut at any point and resumed, always leave a legal history.
+
+Each example plays a conversation of several turns. A turn's run makes a random number
+of tool-call groups before answering; some attempts are cut short (the worker task is
+cancelled right after the N-th commit it announced, i.e. at an arbitrary point of the
+run, like a crash) and the turn is then resumed by a new lease holder, as after a
+restart. The real turn handler, run loop, store and inbox run on the real database.
+
+Checked after every turn: every request the model received was a legal provider input,
+the stored history is legal, each user message is stored once, and each event got
+exactly one final reply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sqlalchemy import func, select
+
+from app.agent.provider import ProviderReply, ToolSpec
+from app.agent.tools import Risk, ToolContext
+from app.db.migrate import upgrade
+from app.db.models import inbox, outbox
+from app.events import InboundEvent
+from app.pipeline.turn import TurnHandler, WindowLimits
+from app.runtime import Runtime
+from app.sessions import lease as leases
+from app.sessions import queries
+from app.sessions.messages import ChatMessage, tool_call
+from app.sessions.window import is_legal_provider_input
+from tests.conftest import make_settings, webhook_settings
+
+_ids = itertools.count()
+
+
+@dataclass
+class PlannedProvider:
+    """Makes `plans[user text]` tool-call groups (of the given sizes), then answers."""
+
+    plans: dict[str, list[int]] = field(default_factory=dict)
+    requests: list[list[ChatMessage]] = field(default_factory=list)
+    name: str = "planned"
+
+    async def complete(
+        self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec], *, model: str | None = None
+    ) -> ProviderReply:
+        window = [m for m in messages if m.role != "system"]
+        self.requests.append(window)
+        await asyncio.sleep(0)  # a model call is a place where a run can be cut
+        last_user = max(i for i, m in enumerate(window) if m.role == "user")
+        text = window[last_user].content or ""
+        done = sum(1 for m in window[last_user:] if m.role == "assistant" and m.tool_calls)
+        plan = self.plans.get(text, [])
+        if done < len(plan):
+            return ProviderReply(
+                content=None,
+                tool_calls=tuple(
+                    tool_call(f"call_{next(_ids)}", "echo", {"n": k}) for k in range(plan[done])
+                ),
+            )
+        return ProviderReply(content=f"answer to {text}")
+
+    async def aclose(self) -> None:
+        return None
+
+
+class EchoTool:
+    spec = ToolSpec("echo", "Echoes.", {"type": "object", "properties": {"n": {"type": "integer"}}})
+    risk = Risk.SAFE
+
+    async def run(self, arguments: dict[str, Any], ctx: ToolContext) -> str:
+        await asyncio.sleep(0)
+        return json.dumps(arguments)
+
+
+class CuttingBus:
+    """A session bus that cancels the worker right after its N-th announced commit."""
+
+    def __init__(self) -> None:
+        self.cut_after: int | None = None
+        self.count = 0
+        self.victim: asyncio.Task[Any] | None = None
+
+    async def publish(self, key: str, event: dict[str, Any]) -> None:
+        self.count += 1
+        if self.cut_after is not None and self.count >= self.cut_after and self.victim is not None:
+            self.victim.cancel()
+
+    def subscribe(self, key: str, maxsize: int = 1000) -> Any:
+        raise NotImplementedError
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+
+turns = st.lists(
+    st.tuples(
+        st.lists(st.integers(1, 3), max_size=3),  # tool-call groups and their sizes
+        st.lists(st.integers(1, 12), max_size=2),  # attempts cut after N commits
+    ),
+    min_size=1,
+    max_size=4,
+)
+
+_migrated: set[str] = set()
+
+
+@settings(
+    max_examples=15,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(conversation=turns)
+async def test_cut_and_resumed_runs_leave_a_legal_history(
+    db_url: str, conversation: list[tuple[list[int], list[int]]]
+) -> None:
+    if db_url not in _migrated:
+        await upgrade(db_url)
+        _migrated.add(db_url)
+    provider = PlannedProvider()
+    runtime = Runtime(
+        make_settings(db_url, auto_migrate=False),
+        channel_settings={"webhook": webhook_settings()},
+        provider=provider,
+        tools=[EchoTool()],
+    )
+    runtime.inbox.on_accepted = None  # this test is the only worker: no dispatcher
+    bus = CuttingBus()
+    handler = TurnHandler(
+        runtime.engine,
+        runtime.store,
+        runtime.inbox,
+        runtime.runner,
+        limits=WindowLimits(max_messages=30, max_tokens=None),
+        max_attempts=10,
+        bus=bus,
+        channel_settings=runtime.channel_settings,
+    )
+    chat = uuid.uuid4().hex
+    owner = f"worker-{chat}"
+    try:
+        for index, (plan, cuts) in enumerate(conversation):
+            text = f"message {index}"
+            provider.plans[text] = plan
+            event = InboundEvent.from_text("webhook", chat, "u1", text)
+            await runtime.inbox.accept([event])
+            for cut in [*cuts, None]:
+                lease = await leases.acquire(runtime.engine, event.session_key, owner, 30)
+                assert lease is not None
+                rows = await runtime.inbox.next_rows(event.session_key, limit=1)
+                if not rows:
+                    break
+                bus.count, bus.cut_after = 0, cut
+                task = asyncio.create_task(handler.handle(lease, rows))
+                bus.victim = task
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            assert not await runtime.inbox.has_pending(event.session_key)
+
+            for request in provider.requests:
+                assert is_legal_provider_input(request), [(m.role, m.tool_call_id) for m in request]
+            session = await queries.current_session(runtime.engine, event.session_key)
+            assert session is not None
+            history = await runtime.store.all_messages(session["id"])
+            assert is_legal_provider_input(history), [(m.role, m.tool_call_id) for m in history]
+            users = [m.content for m in history if m.role == "user"]
+            assert users == [f"message {i}" for i in range(index + 1)]
+            async with runtime.engine.connect() as conn:
+                replies = (
+                    await conn.execute(
+                        select(func.count()).select_from(outbox).where(outbox.c.event_id == event.event_id)
+                    )
+                ).scalar_one()
+                status = (
+                    await conn.execute(select(inbox.c.status).where(inbox.c.event_id == event.event_id))
+                ).scalar_one()
+            assert (replies, status) == (1, "done")
+            assert history[-1].role == "assistant" and history[-1].content == f"answer to {text}"
+    finally:
+        await runtime.engine.dispose()
