@@ -25,11 +25,11 @@ import json
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import structlog
 
-from app.agent.provider import ChatProvider, DeltaCallback, ProviderReply
+from app.agent.provider import ChatProvider, DeltaCallback, ProviderReply, StreamingChatProvider
 from app.agent.tools import Risk, ToolContext, ToolRegistry
 from app.errors import LeaseLost, ProviderError
 from app.sessions.messages import ChatMessage
@@ -271,7 +271,8 @@ class AgentRunner:
     ) -> ProviderReply:
         specs = self.tools.specs(tool_ctx.policy)
         if self._streams and on_delta is not None:
-            return await self.provider.complete(messages, specs, model=model, on_delta=on_delta)
+            streaming = cast(StreamingChatProvider, self.provider)
+            return await streaming.complete(messages, specs, model=model, on_delta=on_delta)
         return await self.provider.complete(messages, specs, model=model)
 
     def _prepare(self, window: list[ChatMessage]) -> list[ChatMessage]:

@@ -59,13 +59,26 @@ class ChatProvider(Protocol):
         tools: Sequence[ToolSpec],
         *,
         model: str | None = None,
-        on_delta: DeltaCallback | None = None,
     ) -> ProviderReply:
         """One model call. `messages` is a legal provider input (system first).
 
-        Providers that stream call `on_delta` with each piece of text; others ignore it.
         Raises `ProviderError` once the provider gave up.
         """
         ...
 
     async def aclose(self) -> None: ...
+
+
+class StreamingChatProvider(ChatProvider, Protocol):
+    """A provider that can hand out the answer text while it is being produced."""
+
+    async def complete(
+        self,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpec],
+        *,
+        model: str | None = None,
+        on_delta: DeltaCallback | None = None,
+    ) -> ProviderReply:
+        """As `ChatProvider.complete`; `on_delta` receives each piece of text."""
+        ...
