@@ -1,0 +1,240 @@
+"""MCP tool sources against real MCP servers (tests/fakes/mcp_server.py) over stdio and
+streamable HTTP, started by the tests as subprocesses."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+import pytest
+
+from app.agent.mcp import McpServerConfig, McpToolSource, tool_name
+from app.agent.provider import ProviderReply, ToolSpec
+from app.agent.tools import Risk, ToolContext, ToolRegistry
+from app.sessions.messages import ChatMessage, tool_call
+from tests.conftest import ADMIN_TOKEN, ServeApp
+from tests.memory.support import say
+from tests.support.servers import ROOT, free_port
+
+STDIO = {"name": "fx", "command": [sys.executable, "-m", "tests.fakes.mcp_server", "stdio"], "cwd": str(ROOT)}
+
+
+@contextmanager
+def http_server(port: int) -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.fakes.mcp_server", "http", str(port)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("MCP test server did not start") from None
+                time.sleep(0.05)
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+async def _zero() -> int:
+    return 0
+
+
+def ctx() -> ToolContext:
+    return ToolContext(
+        session_id=1,
+        session_key="webhook:t",
+        channel="webhook",
+        chat_id="t",
+        sender_id="u",
+        thread_id=None,
+        message_count=_zero,
+    )
+
+
+async def call(registry: ToolRegistry, name: str, args: dict[str, Any]) -> str:
+    return await registry.execute(tool_call("call_1", name, args), ctx())
+
+
+def source(registry: ToolRegistry, *configs: dict[str, Any], timeout: float = 10) -> McpToolSource:
+    return McpToolSource(
+        [McpServerConfig.model_validate(c) for c in configs],
+        registry,
+        call_timeout=timeout,
+        connect_timeout=timeout,
+    )
+
+
+async def check_fake_tools(registry: ToolRegistry, prefix: str) -> None:
+    names = {s.name for s in registry.specs()}
+    expected = {f"{prefix}__{t}" for t in ("add", "echo", "write_note", "fail", "get_weather", "whoami")}
+    assert expected <= names
+    add = registry.get(f"{prefix}__add")
+    assert add is not None
+    assert add.spec.parameters["properties"]["a"]["type"] == "integer"
+    assert add.spec.parameters["required"] == ["a", "b"]
+    assert await call(registry, f"{prefix}__add", {"a": 2, "b": 3}) == "5"
+    assert await call(registry, f"{prefix}__get_weather", {"city": "Oslo"}) == "sunny in Oslo"
+    failed = json.loads(await call(registry, f"{prefix}__fail", {"reason": "boom"}))
+    assert "error" in failed and "fail" in failed["error"]
+    bad_args = json.loads(await call(registry, f"{prefix}__add", {"a": "x"}))
+    assert "error" in bad_args
+
+
+async def test_stdio_server_tools_are_listed_with_prefix_and_called() -> None:
+    registry = ToolRegistry()
+    mcp = source(registry, STDIO)
+    await mcp.start()
+    try:
+        await check_fake_tools(registry, "fx")
+        # Risk: read-only tools are safe; anything else waits for approval.
+        assert registry.get("fx__add").risk is Risk.SAFE  # type: ignore[union-attr]
+        assert registry.get("fx__get_weather").risk is Risk.SAFE  # type: ignore[union-attr]
+        assert registry.get("fx__write_note").risk is Risk.RISKY  # type: ignore[union-attr]
+        assert registry.get("fx__echo").risk is Risk.RISKY  # type: ignore[union-attr]
+    finally:
+        await mcp.stop()
+    assert mcp.servers[0].client is None
+
+
+async def test_trusted_server_and_tool_allow_list() -> None:
+    registry = ToolRegistry()
+    mcp = source(registry, {**STDIO, "name": "tr", "trusted": True, "tools": ["echo", "write_note"]})
+    await mcp.start()
+    try:
+        assert {s.name for s in registry.specs()} == {"tr__echo", "tr__write_note"}
+        assert registry.get("tr__write_note").risk is Risk.SAFE  # type: ignore[union-attr]
+        assert await call(registry, "tr__echo", {"text": "hi"}) == "echo: hi"
+    finally:
+        await mcp.stop()
+
+
+async def test_streamable_http_server_and_reconnect_after_it_died() -> None:
+    port = free_port()
+    registry = ToolRegistry()
+    mcp = source(registry, {"name": "web", "url": f"http://127.0.0.1:{port}/mcp"}, timeout=5)
+    with http_server(port):
+        await mcp.start()
+        try:
+            await check_fake_tools(registry, "web")
+            first_pid = await call(registry, "web__whoami", {})
+        except BaseException:
+            await mcp.stop()
+            raise
+    # The server is gone: a call is an error result the model can read, not an exception.
+    down = json.loads(await call(registry, "web__add", {"a": 1, "b": 1}))
+    assert "error" in down and "web" in down["error"]
+    with http_server(port):
+        deadline = time.monotonic() + 30
+        while True:
+            result = await call(registry, "web__whoami", {})
+            if result.isdigit():
+                break
+            assert time.monotonic() < deadline, result
+            await asyncio.sleep(0.2)
+        assert result != first_pid  # a new connection to the new process
+        assert await call(registry, "web__add", {"a": 20, "b": 22}) == "42"
+        await mcp.stop()
+
+
+async def test_dead_servers_at_start_are_survived() -> None:
+    registry = ToolRegistry()
+    mcp = source(
+        registry,
+        {"name": "nocmd", "command": ["/nonexistent/mcp-server"]},
+        {"name": "noport", "url": f"http://127.0.0.1:{free_port()}/mcp"},
+        {**STDIO, "name": "ok"},
+        timeout=10,
+    )
+    started = time.monotonic()
+    await mcp.start()
+    try:
+        assert time.monotonic() - started < 10
+        names = {s.name for s in registry.specs()}
+        assert "ok__add" in names
+        assert not any(n.startswith(("nocmd__", "noport__")) for n in names)
+        assert await call(registry, "ok__add", {"a": 1, "b": 2}) == "3"
+    finally:
+        await mcp.stop()
+
+
+def test_names_are_provider_legal_and_distinct() -> None:
+    taken: set[str] = set()
+    for server, tool in [("s", "get.weather"), ("s", "get_weather"), ("s", "x" * 80), ("s", "x" * 81)]:
+        name = tool_name(server, tool, taken=lambda n: n in taken)
+        assert len(name) <= 64 and all(c.isalnum() or c in "_-" for c in name)
+        assert name not in taken
+        taken.add(name)
+
+
+def test_config_needs_exactly_one_transport() -> None:
+    with pytest.raises(ValueError):
+        McpServerConfig.model_validate({"name": "x"})
+    with pytest.raises(ValueError):
+        McpServerConfig.model_validate({"name": "x", "command": ["a"], "url": "http://x"})
+    with pytest.raises(ValueError):
+        McpServerConfig.model_validate({"name": "bad name", "url": "http://x"})
+
+
+class McpCallingProvider:
+    """Asks for one MCP tool call per user message "call <tool> <json args>", then answers."""
+
+    name = "mcp-script"
+
+    async def complete(
+        self,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpec],
+        *,
+        model: str | None = None,
+        **_: Any,
+    ) -> ProviderReply:
+        last = messages[-1]
+        if last.role == "tool":
+            return ProviderReply(content=f"result: {last.content}")
+        text = last.content or ""
+        if text.startswith("call "):
+            _verb, name, args = text.split(" ", 2)
+            assert name in {t.name for t in tools}
+            return ProviderReply(content=None, tool_calls=(tool_call("c1", name, json.loads(args)),))
+        return ProviderReply(content="ok")
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def test_agent_calls_mcp_tools_through_the_registry_and_its_gate(serve: ServeApp) -> None:
+    servers = [STDIO, {"name": "gone", "url": f"http://127.0.0.1:{free_port()}/mcp"}]
+    async with (
+        serve(provider=McpCallingProvider(), mcp_servers=servers, mcp_connect_timeout_seconds=10) as srv,
+        httpx.AsyncClient(timeout=30) as client,
+    ):
+        assert (await client.get(f"{srv.url}/healthz")).status_code == 200  # the dead server is survived
+        body = await say(client, srv.url, "m", "u", 'call fx__add {"a": 40, "b": 2}')
+        assert body["replies"][0]["text"] == "result: 42"
+        hist = await client.get(
+            f"{srv.url}/admin/api/sessions/webhook%3Am/messages",
+            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+        )
+        tool_msgs = [m for m in hist.json()["messages"] if m["role"] == "tool"]
+        assert tool_msgs[-1]["content"] == "42"
+        # A risky MCP tool goes through the approval gate: a webhook session has no
+        # approver, so it is denied and the server never sees the call.
+        body = await say(client, srv.url, "m", "u", 'call fx__write_note {"text": "x"}')
+        assert "denied" in body["replies"][0]["text"]
+        assert "notes" not in body["replies"][0]["text"]
