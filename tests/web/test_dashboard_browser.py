@@ -68,6 +68,26 @@ async def test_dashboard_login_history_tool_group_and_reset(serve: ServeApp, pag
         await expect(page.locator("#session-status")).to_have_text("expired", timeout=10_000)
         await shot(page, "dashboard-session-reset")
 
+        # The next message opens generation 2; generation 1 can be read and reopened.
+        await _ask(srv.url, "c1", "after the reset")
+        await page.reload()
+        await expect(page.locator("#session-status")).to_have_text("active")
+        await expect(page.locator("#history .hmsg.user .text")).to_have_text(["after the reset"])
+        await page.select_option("#generation-select", "1")
+        await expect(page.locator("#history .toolgroup")).to_have_count(1)
+        await page.click("#action-reopen")
+        await expect(page.locator(".facts")).to_contain_text("generation 1 of 2")
+        await expect(page.locator("#session-status")).to_have_text("active")
+        await expect(page.locator("#history .hmsg.user .text")).to_have_text(["what time is it?"])
+
+        await page.click("#action-archive")
+        await expect(page.locator("#session-status")).to_have_text("archived")
+        await page.click('#nav a[data-route="sessions"]')
+        await page.select_option('select[name="status"]', "archived")
+        await page.click(".filters button[type=submit]")
+        await expect(page.locator("#sessions-table tbody tr")).to_have_count(1)
+        await expect(page.locator("#sessions-table tbody tr")).to_have_attribute("data-key", "webhook:c1")
+
         # Markup in messages is shown as text, never rendered.
         await page.goto(f"{srv.url}/admin#/session/{'webhook%3Ac2'}")
         await expect(page.locator("#history .hmsg.user .text")).to_have_text("hello <b>not bold</b>")
@@ -79,13 +99,33 @@ async def test_dashboard_login_history_tool_group_and_reset(serve: ServeApp, pag
         await shot(page, "dashboard-channels")
 
         await page.click('#nav a[data-route="runs"]')
-        await expect(page.locator("table.grid tbody tr")).to_have_count(2)
+        await expect(page.locator("table.grid tbody tr")).to_have_count(3)
         await page.locator("table.grid tbody tr", has_text="current_time").locator("a").first.click()
         await expect(page.locator(".session-head h1")).to_contain_text("Run #")
         await shot(page, "dashboard-run")
 
+        # Cron jobs come from another part's API (/admin/api/cron-jobs); without it the page says so.
+        async with httpx.AsyncClient(timeout=30) as client:
+            created = await client.post(
+                f"{srv.url}/admin/api/cron-jobs",
+                headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+                json={
+                    "name": "morning summary",
+                    "prompt": "summarize yesterday",
+                    "schedule": "0 9 * * *",
+                    "target": {"channel": "webhook", "chat_id": "c1"},
+                },
+            )
         await page.click('#nav a[data-route="cron"]')
-        await expect(page.locator("#cron-table, #cron-missing, .empty").first).to_be_visible()
+        if created.status_code == 404:
+            await expect(page.locator("#cron-missing")).to_be_visible()
+        else:
+            assert created.status_code == 201, created.text
+            job = page.locator("#cron-table tbody tr")
+            await expect(job).to_have_count(1)
+            await expect(job).to_contain_text("morning summary")
+            await expect(job).to_contain_text("0 9 * * *")
+            await expect(job.locator("a")).to_have_text("webhook:c1")
         await shot(page, "dashboard-cron")
 
         await page.click("#logout")

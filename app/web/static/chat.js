@@ -19,6 +19,7 @@ const pendingByEvent = new Map(); // event_id -> bubble
 const streaming = new Map(); // run_id -> bubble
 const toolCalls = new Map(); // tool_call_id -> {root, status, result}
 const approvalCards = new Map(); // approval_id -> card
+const afterReady = []; // notices to show once the next session is on screen
 
 // --- token: from the URL fragment (#token=…&session=…), the tab, or the form ----------
 
@@ -246,6 +247,7 @@ select.addEventListener("change", () => {
   resetView();
   notice(`Opening ${key}…`);
   client.attach(key);
+  fillSessions(); // shows the key just chosen (a new one included) as selected
 });
 
 // --- connection ------------------------------------------------------------------------
@@ -284,6 +286,7 @@ function onFrame(frame) {
       break;
     case "ready": {
       if (!frame.resumed) resetView();
+      for (const text of afterReady.splice(0)) notice(text, "notice error-text");
       fillSessions();
       history.replaceState(null, "", `${window.location.pathname}#session=${encodeURIComponent(frame.session_key)}`);
       if (!frame.resumed && !frame.messages.length) notice(`This is ${frame.session_key}. Say hello.`);
@@ -325,10 +328,13 @@ function onFrame(frame) {
       break;
     }
     case "error":
-      notice(`⚠ ${frame.detail || frame.code}`, "notice error-text");
       if (frame.code === "forbidden" && allowed.keys.length && client.sessionKey !== allowed.keys[0]) {
-        // A link to a key this token may not open: fall back to the token's own session.
+        // A link to a key this token may not open: fall back to the token's own session,
+        // and say why once it is shown (its `ready` clears the view).
+        afterReady.push(`⚠ ${frame.detail || frame.code}`);
         client.attach(allowed.keys[0]);
+      } else {
+        notice(`⚠ ${frame.detail || frame.code}`, "notice error-text");
       }
       break;
     default:

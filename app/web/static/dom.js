@@ -44,17 +44,19 @@ export function $(selector, root = document) {
   return root.querySelector(selector);
 }
 
-/** "3 min ago" with the exact time as a tooltip. */
+/** "3 min ago" / "in 2 h" with the exact time as a tooltip. */
 export function ago(iso) {
   if (!iso) return h("span", { class: "muted" }, "—");
   const t = new Date(iso);
-  const secs = Math.round((Date.now() - t.getTime()) / 1000);
-  let text;
-  if (secs < 5) text = "just now";
-  else if (secs < 60) text = `${secs} s ago`;
-  else if (secs < 3600) text = `${Math.floor(secs / 60)} min ago`;
-  else if (secs < 86400) text = `${Math.floor(secs / 3600)} h ago`;
-  else text = `${Math.floor(secs / 86400)} d ago`;
+  const delta = Math.round((Date.now() - t.getTime()) / 1000);
+  const secs = Math.abs(delta);
+  let span;
+  if (secs < 5) return h("time", { datetime: iso, title: t.toISOString() }, "just now");
+  if (secs < 60) span = `${secs} s`;
+  else if (secs < 3600) span = `${Math.floor(secs / 60)} min`;
+  else if (secs < 86400) span = `${Math.floor(secs / 3600)} h`;
+  else span = `${Math.floor(secs / 86400)} d`;
+  const text = delta >= 0 ? `${span} ago` : `in ${span}`;
   return h("time", { datetime: iso, title: t.toISOString() }, text);
 }
 
