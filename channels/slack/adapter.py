@@ -9,6 +9,7 @@ pointed at `SLACK_API_BASE_URL`, in the message's thread, split when long.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections import OrderedDict
 from typing import Any
 
@@ -35,6 +36,8 @@ from channels.slack.text import split_text
 
 log = structlog.get_logger(__name__)
 
+IDENTITY_RETRY_SECONDS = 30.0
+
 # Web API errors that mean our token is wrong; retrying cannot help.
 _AUTH_ERRORS = {
     "invalid_auth",
@@ -57,6 +60,7 @@ class SlackChannel:
         self.settings = settings
         self.context = context
         self.bot_user_id = settings.bot_user_id
+        self._identity_tried_at = -IDENTITY_RETRY_SECONDS
         self.client: AsyncWebClient | None = None
         self._session: aiohttp.ClientSession | None = None
         self._socket: Any = None  # Socket Mode client, when SLACK_MODE=socket
@@ -98,6 +102,10 @@ class SlackChannel:
         """Learn the bot's user id (to ignore our own messages and find mentions) via auth.test."""
         if self.bot_user_id is not None or self.client is None:
             return
+        now = time.monotonic()
+        if now - self._identity_tried_at < IDENTITY_RETRY_SECONDS:
+            return  # Slack was unreachable a moment ago; do not slow every event down
+        self._identity_tried_at = now
         try:
             resp = await self.client.auth_test()
         except (SlackClientError, aiohttp.ClientError, TimeoutError) as exc:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import time
 import warnings
 from collections import OrderedDict
 from datetime import timedelta
@@ -37,6 +38,7 @@ from app.errors import (
     ChannelNotConfigured,
     ChannelRateLimited,
     ChannelRejected,
+    ChannelRequestError,
     ChannelSendAuthError,
     ChannelUnavailable,
     DeliveryError,
@@ -49,6 +51,7 @@ from channels.telegram.text import split_text
 log = structlog.get_logger(__name__)
 
 SECRET_HEADER = "x-telegram-bot-api-secret-token"
+IDENTITY_RETRY_SECONDS = 30.0
 
 
 def build_bot(settings: TelegramSettings) -> Bot:
@@ -81,6 +84,7 @@ class TelegramChannel:
         self.context = context
         self.bot: Bot | None = build_bot(settings) if settings.bot_token else None
         self.identity = BotIdentity(settings.bot_id, settings.bot_username)
+        self._identity_tried_at = -IDENTITY_RETRY_SECONDS
         self.poll_error: str | None = None  # the last getUpdates failure, for operators and tests
         self._poller: asyncio.Task[None] | None = None
         # message_id → chunks already delivered, so a retry after a partial send does not
@@ -121,6 +125,10 @@ class TelegramChannel:
         """Learn the bot's id and @username (needed for mention gating) once, via getMe."""
         if self.bot is None or (self.identity.id is not None and self.identity.username):
             return
+        now = time.monotonic()
+        if now - self._identity_tried_at < IDENTITY_RETRY_SECONDS:
+            return  # Telegram was unreachable a moment ago; do not slow every update down
+        self._identity_tried_at = now
         try:
             me = await self.bot.get_me()
         except TelegramError as exc:
@@ -194,6 +202,8 @@ class TelegramChannel:
                         await self.context.accept([parsed.event])
                 except asyncio.CancelledError:
                     raise
+                except ChannelRequestError as exc:  # an update we cannot use: skip, do not loop on it
+                    log.warning("telegram_update_refused", update_id=update.update_id, detail=exc.detail)
                 except Exception:
                     # Not confirmed: the next getUpdates returns it again (dedup makes that safe).
                     log.exception("telegram_poll_accept_failed", update_id=update.update_id)
