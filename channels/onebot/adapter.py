@@ -85,6 +85,8 @@ class OneBotChannel:
         self._tasks: set[asyncio.Task[None]] = set()
         # Message ids our bots sent, so "a reply to the bot" counts as addressing it.
         self._sent: OrderedDict[tuple[str, str], None] = OrderedDict()
+        # Batches of an outbound message already delivered, so a retry sends only the rest.
+        self._delivered: OrderedDict[tuple[str, int], str | None] = OrderedDict()
 
     async def start(self) -> None:
         return None
@@ -281,12 +283,20 @@ class OneBotChannel:
         action = "send_group_msg" if kind == "group" else "send_private_msg"
         key = "group_id" if kind == "group" else "user_id"
         sent_id: str | None = None
-        for batch in _batches(segments, self.settings.max_text_chars):
+        for index, batch in enumerate(_batches(segments, self.settings.max_text_chars)):
+            done = (message.message_id, index)
+            if done in self._delivered:
+                sent_id = self._delivered[done]
+                continue
             data = await self._call(self_id, action, {key: _id_param(target), "message": batch})
+            sent_id = None
             if isinstance(data, dict) and data.get("message_id") is not None:
                 sent_id = str(data["message_id"])
                 if self_id is not None:
                     self._remember_sent(self_id, sent_id)
+            self._delivered[done] = sent_id
+            while len(self._delivered) > _SENT_IDS_KEPT:
+                self._delivered.popitem(last=False)
         return SendResult(platform_message_id=sent_id)
 
     def _remember_sent(self, self_id: str, message_id: str) -> None:

@@ -59,6 +59,11 @@ MESSAGE_EVENTS = {"C2C_MESSAGE_CREATE", "GROUP_AT_MESSAGE_CREATE"}
 _TOKEN_MARGIN_SECONDS = 50  # the platform issues a fresh token in the last 60 s of the old one
 _SAFE_TOKEN = re.compile(r"[A-Za-z0-9_\-]{1,128}")
 _KEPT = 10_000
+_DUPLICATE_MSG_SEQ = 40054005  # "消息被去重": this (msg_id, msg_seq) was delivered already
+
+
+class _AlreadyDelivered(ChannelRejected):
+    """The platform has this passive reply already (an earlier attempt got through)."""
 
 
 class QQSettings(ChannelSettings):
@@ -87,8 +92,13 @@ class QQChannel:
         self._token: str | None = None
         self._token_expires = 0.0
         self._token_lock = asyncio.Lock()
+        # msg_seq = a per-process base + a counter per msg_id: after a restart the numbers
+        # differ from the ones used before, so a new reply is never taken for a duplicate.
+        self._seq_base = int(time.time()) % 100_000_000
         self._next_seq: OrderedDict[str, int] = OrderedDict()  # msg_id -> last msg_seq used
         self._seq_of: OrderedDict[tuple[str, int], int] = OrderedDict()  # (outbound id, chunk) -> seq
+        # Chunks of an outbound message already delivered, so a retry sends only the rest.
+        self._delivered: OrderedDict[tuple[str, int], str | None] = OrderedDict()
 
     async def start(self) -> None:
         return None
@@ -213,9 +223,12 @@ class QQChannel:
         images = [p for p in message.parts if isinstance(p, ImagePart) and (p.url or p.data_base64)]
         msg_id = message.metadata.get("reply_msg_id")
         sent: str | None = None
-        index = 0
         items: list[dict[str, Any] | ImagePart] = [*bodies, *images]
-        for item in items:
+        for index, item in enumerate(items):
+            done = (message.message_id, index)
+            if done in self._delivered:
+                sent = self._delivered[done]
+                continue
             if isinstance(item, ImagePart):
                 # Rich media: upload first (the platform fetches the URL), then send its file_info.
                 upload: dict[str, Any] = {"file_type": 1, "srv_send_msg": False}
@@ -233,9 +246,15 @@ class QQChannel:
             if msg_id:
                 body["msg_id"] = str(msg_id)
                 body["msg_seq"] = self._seq(str(msg_id), message.message_id, index)
-            data = await self._api("POST", f"{base}/messages", body)
+            try:
+                data = await self._api("POST", f"{base}/messages", body)
+            except _AlreadyDelivered:
+                log.info("qq_reply_already_delivered", msg_id=msg_id, msg_seq=body.get("msg_seq"))
+                data = None
             sent = _str(data.get("id")) if isinstance(data, dict) else None
-            index += 1
+            self._delivered[done] = sent
+            while len(self._delivered) > _KEPT:
+                self._delivered.popitem(last=False)
         return SendResult(platform_message_id=sent)
 
     def _seq(self, msg_id: str, outbound_id: str, index: int) -> int:
@@ -243,7 +262,7 @@ class QQChannel:
         key = (outbound_id, index)
         if key in self._seq_of:
             return self._seq_of[key]
-        seq = self._next_seq.get(msg_id, 0) + 1
+        seq = self._next_seq.get(msg_id, self._seq_base) + 1
         self._next_seq[msg_id] = seq
         self._next_seq.move_to_end(msg_id)
         self._seq_of[key] = seq
@@ -324,6 +343,8 @@ def _checked(resp: httpx.Response) -> Any:
         raise ChannelRateLimited(_retry_after(resp), detail)
     if resp.status_code >= 500 or resp.status_code == 408:
         raise ChannelUnavailable(detail)
+    if code == _DUPLICATE_MSG_SEQ:
+        raise _AlreadyDelivered(detail)
     if resp.status_code >= 400:
         raise ChannelRejected(detail)
     return data

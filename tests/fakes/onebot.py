@@ -98,6 +98,7 @@ class FakeBridge:
     mode: str = "ok"
     role: str = "Universal"
     token_in_query: bool = False
+    fail_at: frozenset[int] = frozenset()  # 1-based action numbers answered as failed
     actions: list[Action] = field(default_factory=list)
     sent_ids: list[int] = field(default_factory=list)
 
@@ -159,11 +160,11 @@ class FakeBridge:
             async with self._changed:
                 self.actions.append(action)
                 self._changed.notify_all()
-            if self.mode == "ok":
+            if self.mode == "ok" and len(self.actions) not in self.fail_at:
                 message_id = next(self._ids)
                 self.sent_ids.append(message_id)
                 answer = {"status": "ok", "retcode": 0, "data": {"message_id": message_id}}
-            elif self.mode == "fail":
+            elif self.mode in ("ok", "fail"):
                 answer = {"status": "failed", "retcode": 200, "data": None, "wording": "send failed"}
             else:
                 continue

@@ -106,10 +106,21 @@ class QQPlatform:
     """Token endpoint and message API. `fail_first` answers 500 to that many message calls
     (-1: all of them)."""
 
-    def __init__(self, app_id: str, secret: str, *, fail_first: int = 0, expires_in: int = 7200) -> None:
+    def __init__(
+        self,
+        app_id: str,
+        secret: str,
+        *,
+        fail_first: int = 0,
+        expires_in: int = 7200,
+        fail_at: frozenset[int] = frozenset(),
+        lose_answer_at: frozenset[int] = frozenset(),
+    ) -> None:
         self.app_id = app_id
         self.secret = secret
         self.fail_first = fail_first
+        self.fail_at = fail_at  # message attempts answered 500 without accepting the message
+        self.lose_answer_at = lose_answer_at  # attempts whose message is accepted, answered 500
         self.expires_in = expires_in
         self.token_requests = 0
         self.message_attempts = 0
@@ -142,7 +153,11 @@ class QQPlatform:
         auth = request.headers.get("Authorization", "")
         if not auth.startswith("QQBot ") or auth.removeprefix("QQBot ") not in self.valid_tokens:
             return web.json_response({"code": 11244, "message": "token not exist or expire"}, status=401)
-        if self.fail_first < 0 or self.message_attempts <= self.fail_first:
+        if (
+            self.fail_first < 0
+            or self.message_attempts <= self.fail_first
+            or self.message_attempts in self.fail_at
+        ):
             return web.json_response({"code": 500000, "message": "internal error"}, status=500)
         body = await request.json()
         if "msg_id" in body:
@@ -153,6 +168,8 @@ class QQPlatform:
         async with self._changed:
             self.sent.append(SentMessage(request.path, auth, body))
             self._changed.notify_all()
+        if self.message_attempts in self.lose_answer_at:
+            return web.json_response({"code": 500000, "message": "gateway timeout"}, status=500)
         return web.json_response({"id": f"sent-{len(self.sent)}", "timestamp": int(time.time())})
 
     async def _upload(self, request: web.Request) -> web.Response:

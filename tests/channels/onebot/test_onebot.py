@@ -277,6 +277,18 @@ async def test_a_failing_bridge_is_retried_then_the_reply_is_recorded_as_failed(
         assert "retcode 200" in row.last_error
 
 
+async def test_a_retried_split_reply_sends_only_the_missing_part(serve: ServeApp) -> None:
+    settings = onebot_settings(max_text_chars=10)
+    async with (
+        serve(channel_settings={"onebot": settings}) as srv,
+        FakeBridge(ws_url(srv), BOT, TOKEN, fail_at=frozenset({2})) as bridge,
+    ):
+        await bridge.send_event(private_message(BOT, 42, "0123456789"))  # "You said: 0123456789"
+        await _outbox_done(srv.runtime, "sent")
+        texts = [a.params["message"][0]["data"]["text"] for a in bridge.actions]
+        assert texts == ["You said: ", "0123456789", "0123456789"]  # the 2nd failed once, 1st not resent
+
+
 async def test_a_silent_bridge_times_out_and_is_retried(serve: ServeApp) -> None:
     settings = onebot_settings(api_timeout_seconds=0.3)
     async with (

@@ -110,7 +110,9 @@ async def test_private_message_is_answered_passively_through_the_openapi(serve: 
             [sent] = await platform.wait_for(1)
             assert sent.path == "/v2/users/OPENID_A/messages"
             assert sent.authorization == "QQBot token-1"
-            assert sent.body == {"content": "You said: hello", "msg_type": 0, "msg_id": "MSG-1", "msg_seq": 1}
+            seq = sent.body.pop("msg_seq")
+            assert sent.body == {"content": "You said: hello", "msg_type": 0, "msg_id": "MSG-1"}
+            assert isinstance(seq, int) and seq > 0
             assert await _user_texts(client, srv, "qq:user%3AOPENID_A") == ["hello"]
             # A second message reuses the cached access token.
             await _post(client, srv, c2c_message("OPENID_A", "again", message_id="MSG-2"))
@@ -143,8 +145,29 @@ async def test_a_long_reply_is_split_with_growing_msg_seq(serve: ServeApp) -> No
             await _wait_for_outbox(srv.runtime, "sent")
             sent = platform.sent
             assert "".join(s.body["content"] for s in sent) == f"You said: {text}"
-            assert [s.body["msg_seq"] for s in sent] == list(range(1, len(sent) + 1))
+            first = sent[0].body["msg_seq"]
+            assert [s.body["msg_seq"] for s in sent] == list(range(first, first + len(sent)))
             assert {s.body["msg_id"] for s in sent} == {"MSG-9"}
+
+
+async def test_a_retried_split_reply_is_neither_lost_nor_shown_twice(serve: ServeApp) -> None:
+    """Chunk 2 fails outright, chunk 3 gets through but its answer is lost: the retries
+    send only what is missing, and the platform's duplicate refusal counts as delivered."""
+    async with QQPlatform(APP_ID, SECRET, fail_at=frozenset({2}), lose_answer_at=frozenset({4})) as platform:
+        settings = qq_settings(platform, max_text_chars=20)
+        async with serve(channel_settings={"qq": settings}) as srv, httpx.AsyncClient(timeout=30) as client:
+            text = "abcdefghij" * 4  # the reply "You said: …" is 3 chunks of at most 20
+            await _post(client, srv, c2c_message("OPENID_A", text, message_id="MSG-R"))
+            await _wait_for_outbox(srv.runtime, "sent")
+            contents = [s.body["content"] for s in platform.sent]
+            assert "".join(contents) == f"You said: {text}"
+            first = platform.sent[0].body["msg_seq"]
+            assert [s.body["msg_seq"] for s in platform.sent] == [first, first + 1, first + 2]
+            # attempts: 1 ok, 2 500, 3 ok (chunk 2), 4 accepted + 500 (chunk 3), 5 duplicate
+            assert platform.message_attempts == 5
+            async with srv.runtime.engine.connect() as conn:
+                attempts = (await conn.execute(select(outbox.c.attempts))).scalar_one()
+            assert attempts == 3
 
 
 async def test_images_arrive_as_parts_and_leave_as_uploaded_rich_media(serve: ServeApp) -> None:
@@ -187,12 +210,13 @@ async def test_images_arrive_as_parts_and_leave_as_uploaded_rich_media(serve: Se
                 "srv_send_msg": False,
             }
             text, media = platform.sent[1:]
-            assert text.body == {"content": "here", "msg_type": 0, "msg_id": "MSG-IMG", "msg_seq": 2}
+            first = platform.sent[0].body["msg_seq"]
+            assert text.body == {"content": "here", "msg_type": 0, "msg_id": "MSG-IMG", "msg_seq": first + 1}
             assert media.body == {
                 "msg_type": 7,
                 "media": {"file_info": "file-info-1"},
                 "msg_id": "MSG-IMG",
-                "msg_seq": 3,
+                "msg_seq": first + 2,
             }
 
 
