@@ -118,6 +118,7 @@ async def pending_approvals(engine: AsyncEngine, key: str) -> list[dict[str, Any
     return [
         {
             "approval_id": r["id"],
+            "tool": r["tool_name"],
             "tool_name": r["tool_name"],
             "arguments": r["arguments"],
             "tool_call_id": r["tool_call_id"],

@@ -69,18 +69,28 @@ class GatewayHub:
         return await self.runtime.accept(CHANNEL, self.runtime.channel_settings[CHANNEL], events)
 
     async def deliver_notice(self, message: OutboundMessage) -> None:
-        """A browser reply from the outbox. A run's answer already reached the clients as a
-        history message; anything else (command answers, failures) goes out as a notice."""
-        if not message.session_key:
+        """A browser reply from the outbox.
+
+        A reply linked to a run is history (the run's answer, a stop notice …): clients
+        get it as a `message`. Some paths write history without publishing it, so ask the
+        watchers to read what they miss from the database (`resync`, cheap: one indexed
+        read per connection). Replies outside a run (answers to /new, /reset, failures)
+        are not history: they go out as a `notice`.
+        """
+        key = message.session_key
+        if not key:
             return
+        run_id = None
         with contextlib.suppress(Exception):
-            if await history.outbox_run_id(self.engine, message.message_id) is not None:
-                return
+            run_id = await history.outbox_run_id(self.engine, message.message_id)
+        if run_id is not None:
+            await self.bus.publish(key, {"type": "resync", "session_key": key})
+            return
         await self.bus.publish(
-            message.session_key,
+            key,
             {
                 "type": "notice",
-                "session_key": message.session_key,
+                "session_key": key,
                 "text": message.text,
                 "in_reply_to_event": message.in_reply_to_event,
                 "message_id": message.message_id,
