@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import random
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from datetime import timedelta
 
 import httpx
@@ -15,8 +15,6 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.agent.tools import ToolContext
-from app.db.engine import create_engine
-from app.db.migrate import upgrade
 from app.db.models import memories, sessions, utcnow
 from app.errors import LeaseLost
 from app.memory.consolidation import ConsolidationLimits, Consolidator
@@ -28,18 +26,10 @@ from app.sessions.lease import SessionLease, check_fence
 from app.sessions.messages import ChatMessage, tool_call
 from app.sessions.store import Lifecycle, SessionState, SessionStore
 from app.sessions.window import is_legal_provider_input
-from tests.conftest import WEBHOOK_SECRET, ServeApp, make_settings
+from tests.conftest import WEBHOOK_SECRET, ServeApp
 from tests.memory.support import RecordingProvider, say
 from tests.memory.test_boundary import legal
 from tests.support.webhook import post_webhook
-
-
-@pytest.fixture
-async def engine(db_url: str) -> AsyncIterator[AsyncEngine]:
-    await upgrade(db_url)
-    eng = create_engine(make_settings(db_url))
-    yield eng
-    await eng.dispose()
 
 
 def random_turns(rng: random.Random, turns: int, tag: str) -> list[ChatMessage]:
@@ -175,7 +165,13 @@ async def test_consolidation_that_lost_its_lease_writes_nothing(engine: AsyncEng
 
 async def test_webhook_events_during_consolidation_lose_and_duplicate_nothing(serve: ServeApp) -> None:
     """Events keep arriving (a burst through the signed webhook) while every turn ends with
-    a consolidation pass (tiny threshold); afterwards the history is complete and legal."""
+    a consolidation pass (tiny threshold); afterwards the history is complete and legal.
+
+    Known core bug (not in memory code): on Python 3.11 `TurnHandler._wait_stop` uses
+    `asyncio.wait_for(signal.wait(), …)`, which can swallow the cancellation `_guard` sends
+    when an event for the key is accepted mid-run; the run then never finishes. This test
+    hangs on that (its first event stays `processing`) with consolidation disabled too.
+    """
     n = 30
     async with (
         serve(consolidation_threshold_messages=3, consolidation_keep_messages=2) as srv,
