@@ -195,6 +195,18 @@ async def test_two_bots_connected_at_once_each_answer_their_own_users(serve: Ser
         assert len(first.actions) == len(second.actions) == 1
 
 
+async def test_separate_event_and_api_sockets_of_one_bot(serve: ServeApp) -> None:
+    async with (
+        serve(channel_settings={"onebot": onebot_settings()}) as srv,
+        FakeBridge(ws_url(srv), BOT, TOKEN, role="API") as api,
+        FakeBridge(ws_url(srv), BOT, TOKEN, role="Event") as events,
+    ):
+        await events.send_event(private_message(BOT, 42, "split roles"))
+        [action] = await api.wait_for_actions(1)
+        assert action.params["message"] == [_text("You said: split roles")]
+        assert events.actions == []
+
+
 async def test_a_redelivered_event_is_processed_once(serve: ServeApp) -> None:
     async with (
         serve(channel_settings={"onebot": onebot_settings()}) as srv,
