@@ -32,10 +32,13 @@ def _to_response(resp: ChannelResponse) -> Response:
     return Response(body, status_code=resp.status, media_type=resp.content_type, headers=resp.headers)
 
 
-@router.api_route("/channels/{name}", methods=["GET", "POST", "PUT"], include_in_schema=False)
-@router.api_route("/channels/{name}/{subpath:path}", methods=["GET", "POST", "PUT"])
-async def channel_request(name: str, request: Request, subpath: str = "") -> Response:
+async def channel_root(name: str, request: Request) -> Response:
     """A platform webhook: verified and parsed by the channel's adapter."""
+    return await channel_request(name, request)
+
+
+async def channel_request(name: str, request: Request, subpath: str = "") -> Response:
+    """A platform webhook on a sub-path (e.g. `/channels/slack/events`)."""
     runtime = get_runtime(request)
     adapter = runtime.adapters.get(name)
     if adapter is None or not isinstance(adapter, HttpChannel):
@@ -54,6 +57,19 @@ async def channel_request(name: str, request: Request, subpath: str = "") -> Res
     except ChannelRequestError as exc:
         runtime.metrics.events_rejected.labels(name, exc.code).inc()
         raise
+
+
+# One route per method, so each gets its own OpenAPI operation id.
+for _method in ("GET", "POST", "PUT"):
+    router.add_api_route(
+        "/channels/{name}", channel_root, methods=[_method], name=f"channel_{_method.lower()}"
+    )
+    router.add_api_route(
+        "/channels/{name}/{subpath:path}",
+        channel_request,
+        methods=[_method],
+        name=f"channel_path_{_method.lower()}",
+    )
 
 
 class _StarletteChannelSocket:
