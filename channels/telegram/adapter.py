@@ -103,6 +103,7 @@ class TelegramChannel:
             # Not fatal for the service: the webhook still answers private chats, and the
             # identity is asked for again with the next update.
             log.error("telegram_get_me_failed", error=str(exc))
+            self._identity_tried_at = time.monotonic()
         else:
             me = self.bot.bot
             self.identity = BotIdentity(
@@ -163,8 +164,8 @@ class TelegramChannel:
         return ChannelResponse.json(body)
 
     async def _parse(self, data: Any) -> Parsed:
-        if self.identity.id is None or not self.identity.username:
-            await self._ensure_identity()  # getMe failed at start; try again
+        if (self.identity.id is None or not self.identity.username) and _from_group(data):
+            await self._ensure_identity()  # getMe failed at start; mention gating needs it
         return parse_update(data, self.bot, self.settings, self.identity)
 
     # --- inbound: long polling (development) ----------------------------------------
@@ -275,6 +276,12 @@ class TelegramChannel:
         self._sent_chunks.move_to_end(message_id)
         while len(self._sent_chunks) > 1000:
             self._sent_chunks.popitem(last=False)
+
+
+def _from_group(data: Any) -> bool:
+    message = data.get("message") if isinstance(data, dict) else None
+    chat = message.get("chat") if isinstance(message, dict) else None
+    return isinstance(chat, dict) and chat.get("type") in ("group", "supergroup")
 
 
 def _chat_id(value: str) -> int | str:

@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import httpx
+
 from app.db.models import inbox, outbox
-from tests.channels.slack.support import count, slack_settings, wait_inbox_done, wait_outbox_final
+from tests.channels.slack.support import (
+    count,
+    post_event,
+    slack_settings,
+    wait_inbox_done,
+    wait_outbox_final,
+)
 from tests.conftest import ServeApp
 from tests.fakes import slack as sl
 from tests.fakes.slack import FakeSlack
@@ -27,6 +35,11 @@ async def test_socket_mode_event_is_acknowledged_answered_and_redelivery_is_proc
             await wait_inbox_done(srv.runtime)
             assert await count(srv.runtime, inbox) == 1
             assert await count(srv.runtime, outbox) == 1
+            # Without SLACK_SIGNING_SECRET the HTTP endpoint is refused as not configured.
+            async with httpx.AsyncClient(timeout=30) as client:
+                resp = await post_event(client, srv.url, payload)
+                assert resp.status_code == 503
+                assert "SLACK_SIGNING_SECRET" in resp.json()["detail"]
             # A bot message over the socket is acknowledged and ignored.
             await fake.push_envelope(sl.event_callback(sl.dm("bot", bot_id="BX")), "env-2")
             await fake.wait_for_acks(3)

@@ -6,8 +6,17 @@ import asyncio
 import os
 import sys
 
+import httpx
+
 from app.db.models import inbox
-from tests.channels.telegram.support import SECRET, count, inbox_keys, tg_settings, wait_outbox_final
+from tests.channels.telegram.support import (
+    SECRET,
+    count,
+    inbox_keys,
+    post_update,
+    tg_settings,
+    wait_outbox_final,
+)
 from tests.conftest import ServeApp
 from tests.fakes import telegram as tg
 from tests.fakes.telegram import FakeTelegram
@@ -37,8 +46,13 @@ async def test_polling_hands_updates_to_the_same_pipeline_and_confirms_them(serv
 async def test_polling_conflict_is_reported_clearly(serve: ServeApp) -> None:
     async with FakeTelegram() as fake:
         fake.always["getUpdates"] = tg.CONFLICT
-        settings = tg_settings(fake, mode="polling", polling_retry_seconds=0.1)
+        settings = tg_settings(fake, mode="polling", polling_retry_seconds=0.1, webhook_secret=None)
         async with serve(channel_settings={"telegram": settings}) as srv:
+            # Without TELEGRAM_WEBHOOK_SECRET the webhook is refused as not configured.
+            async with httpx.AsyncClient(timeout=30) as client:
+                resp = await post_update(client, srv.url, tg.update(599, tg.message("x")), secret="any")
+                assert resp.status_code == 503
+                assert "TELEGRAM_WEBHOOK_SECRET" in resp.json()["detail"]
             await fake.wait_for("getUpdates", 2)
             adapter = srv.runtime.adapters["telegram"]
             assert adapter.poll_error is not None
