@@ -69,7 +69,10 @@ class MemoryFeatures:
         return cls(
             store=store,
             recall=MemoryRecall(
-                store, max_items=settings.memory_recall_max_items, max_chars=settings.memory_recall_max_chars
+                store,
+                max_items=settings.memory_recall_max_items,
+                max_chars=settings.memory_recall_max_chars,
+                user_in_shared_groups=settings.memory_user_recall_in_shared_groups,
             ),
             consolidator=consolidator,
             enabled=settings.memory_enabled,

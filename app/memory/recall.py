@@ -13,8 +13,11 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from sqlalchemy.ext.asyncio import AsyncConnection
+
 from app.agent.provider import ToolSpec
 from app.agent.tools import Risk, ToolContext, ToolError
+from app.events import escape_key_component
 from app.memory.identity import identity_of, resolve_owner
 from app.memory.store import GLOBAL_OWNER, Memory, MemoryStore, OwnerFilter, Scope, content_key, put_memory
 
@@ -24,21 +27,49 @@ RECALL_HEADER = (
 
 
 class MemoryRecall:
-    def __init__(self, store: MemoryStore, *, max_items: int = 12, max_chars: int = 4000) -> None:
+    def __init__(
+        self,
+        store: MemoryStore,
+        *,
+        max_items: int = 12,
+        max_chars: int = 4000,
+        user_in_shared_groups: bool = True,
+    ) -> None:
         self.store = store
         self.max_items = max_items
         self.max_chars = max_chars
+        self.user_in_shared_groups = user_in_shared_groups
 
-    async def user_owner(self, ctx: ToolContext) -> str:
-        async with self.store.engine.connect() as conn:
-            return await resolve_owner(conn, identity_of(ctx.channel, ctx.sender_id))
+    def user_scope_allowed(self, ctx: ToolContext) -> bool:
+        """Whether the sender's user memory may enter this session.
 
-    async def filters(self, ctx: ToolContext, scopes: Sequence[Scope] = tuple(Scope)) -> list[OwnerFilter]:
+        Always in a DM and in a `user_in_chat` group session (the sender is its only
+        member); in a group session shared by several members only when configured.
+        """
+        if getattr(ctx, "chat_type", "direct") != "group" or self.user_in_shared_groups:
+            return True
+        return ctx.session_key.endswith(":user:" + escape_key_component(ctx.sender_id))
+
+    async def filters(
+        self,
+        ctx: ToolContext,
+        scopes: Sequence[Scope] = tuple(Scope),
+        *,
+        conn: AsyncConnection | None = None,
+    ) -> list[OwnerFilter]:
         """The only owners this turn may read."""
         out: list[OwnerFilter] = []
         for scope in scopes:
             if scope is Scope.USER:
-                out.append(OwnerFilter(Scope.USER, await self.user_owner(ctx)))
+                if not self.user_scope_allowed(ctx):
+                    continue
+                identity = identity_of(ctx.channel, ctx.sender_id)
+                if conn is not None:
+                    owner = await resolve_owner(conn, identity)
+                else:
+                    async with self.store.engine.connect() as own:
+                        owner = await resolve_owner(own, identity)
+                out.append(OwnerFilter(Scope.USER, owner))
             elif scope is Scope.SESSION:
                 out.append(OwnerFilter(Scope.SESSION, ctx.session_key, ctx.session_id))
             else:
@@ -53,11 +84,12 @@ class MemoryRecall:
             Scope.USER: "About the person you are talking to:",
             Scope.SESSION: "Earlier in this conversation (summaries and notes):",
         }
-        for flt in await self.filters(ctx, (Scope.GLOBAL, Scope.USER, Scope.SESSION)):
-            found = await self.store.entries([flt], limit=self.max_items)
-            if found:
-                # Oldest first reads like a story; the list is newest-first to keep the newest.
-                sections.append((titles[flt.scope], list(reversed(found))))
+        async with self.store.engine.connect() as conn:  # one connection per run
+            for flt in await self.filters(ctx, (Scope.GLOBAL, Scope.USER, Scope.SESSION), conn=conn):
+                found = await self.store.entries([flt], limit=self.max_items, conn=conn)
+                if found:
+                    # Oldest first reads like a story; the query is newest-first to keep the newest.
+                    sections.append((titles[flt.scope], list(reversed(found))))
         if not sections:
             return None
         lines = [RECALL_HEADER]
@@ -110,7 +142,10 @@ class RememberTool:
         scope = Scope(scope_name)
         label = arguments.get("key")
         key = f"tool:{str(label).strip()[:120]}" if label else content_key(content)
-        [flt] = await self.recall.filters(ctx, (scope,))
+        allowed = await self.recall.filters(ctx, (scope,))
+        if not allowed:
+            raise ToolError("personal memory is off in this group chat; use scope 'session'")
+        [flt] = allowed
         async with self.recall.store.engine.begin() as conn:
             await put_memory(
                 conn,

@@ -136,7 +136,12 @@ class MemoryStore:
             await put_memory(conn, scope, owner, content, **kw)
 
     async def entries(
-        self, filters: Sequence[OwnerFilter], *, limit: int = 100, kind: str | None = None
+        self,
+        filters: Sequence[OwnerFilter],
+        *,
+        limit: int = 100,
+        kind: str | None = None,
+        conn: AsyncConnection | None = None,
     ) -> list[Memory]:
         """Entries of the given owners only, newest first."""
         if not filters:
@@ -147,8 +152,11 @@ class MemoryStore:
             .order_by(memories.c.updated_at.desc(), memories.c.id.desc())
             .limit(limit)
         )
-        async with self.engine.connect() as conn:
+        if conn is not None:
             rows = (await conn.execute(query)).mappings().all()
+        else:
+            async with self.engine.connect() as own:
+                rows = (await own.execute(query)).mappings().all()
         found = [_memory(r) for r in rows]
         return [m for m in found if kind is None or m.kind == kind]
 

@@ -175,3 +175,31 @@ async def test_memory_disabled_recalls_nothing_and_offers_no_tools(serve: ServeA
         assert "remember" not in srv.runtime.tools and "recall" not in srv.runtime.tools
         await say(client, srv.url, "c", "u", "I prefer tea.")
         assert "Long-term memory" not in (provider.since(0)[-1][0].content or "")
+
+
+async def test_shared_group_sessions_can_keep_personal_memory_out(serve: ServeApp) -> None:
+    provider = RecordingProvider()
+    async with (
+        serve(provider=provider, memory_user_recall_in_shared_groups=False) as srv,
+        httpx.AsyncClient(timeout=30) as client,
+    ):
+        await say(client, srv.url, "dm-alice", "alice", "remember: Alice's salary is 5000")
+        mark = len(provider.calls)
+        reply = await say(
+            client, srv.url, "room", "alice", "remember: I like the blue sofa", chat_type="group"
+        )
+        assert "personal memory is off" in reply["replies"][0]["text"]
+        for call in provider.since(mark):
+            assert "5000" not in request_text(call)
+        await say(
+            client, srv.url, "room", "alice", "remember for this chat: sofa vote on Monday", chat_type="group"
+        )
+        mark = len(provider.calls)
+        await say(client, srv.url, "room", "bob", "when is the vote?", chat_type="group")
+        system = provider.since(mark)[0][0].content or ""
+        assert "sofa vote on Monday" in system and "5000" not in system
+        # With the option on (the default), the sender's own memory is recalled in the room.
+        srv.runtime.memory.recall.user_in_shared_groups = True
+        mark = len(provider.calls)
+        await say(client, srv.url, "room", "alice", "hi", chat_type="group")
+        assert "5000" in (provider.since(mark)[0][0].content or "")
