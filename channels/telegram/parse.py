@@ -45,13 +45,13 @@ def parse_update(data: Any, bot: Bot | None, settings: TelegramSettings, me: Bot
         raise InvalidPayload("an update must be a JSON object with an integer update_id")
     try:
         update = Update.de_json(data, bot)
-    except (KeyError, TypeError, ValueError) as exc:
+        message = update.message
+        if message is None:
+            # Edits, channel posts, callbacks …: acknowledged so Telegram stops retrying.
+            return Parsed(update.update_id, ignored="not a new message")
+        return _parse_message(update.update_id, message, settings, me)
+    except Exception as exc:  # any shape PTB or we cannot read is the sender's error, not ours
         raise InvalidPayload(f"not a Telegram update: {exc!r}") from exc
-    message = update.message
-    if message is None:
-        # Edits, channel posts, callbacks …: acknowledged so Telegram stops retrying.
-        return Parsed(update.update_id, ignored="not a new message")
-    return _parse_message(update.update_id, message, settings, me)
 
 
 def _parse_message(update_id: int, message: Message, settings: TelegramSettings, me: BotIdentity) -> Parsed:

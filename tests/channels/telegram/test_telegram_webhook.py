@@ -62,7 +62,12 @@ async def test_forged_or_missing_secret_gets_401_and_stores_nothing(serve: Serve
             assert bad.status_code == 401
             assert await count(srv.runtime, inbox) == 0
             # With the secret, malformed input is a 400 with a reason, and still nothing stored.
-            for body in (b"{not json", b"[1]", b'{"update_id": "seven"}'):
+            for body in (
+                b"{not json",
+                b"[1]",
+                b'{"update_id": "seven"}',
+                b'{"update_id": 7, "message": "x"}',
+            ):
                 resp = await client.post(
                     f"{srv.url}/channels/telegram",
                     content=body,
