@@ -59,7 +59,7 @@ class SendFrame(_Frame):
 
 class ApprovalFrame(_Frame):
     type: Literal["approve", "deny"]
-    approval_id: int | str
+    approval_id: int
     client_message_id: ClientMessageId | None = None
 
 
