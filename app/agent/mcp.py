@@ -127,7 +127,8 @@ class McpServerConnection:
         self._task: asyncio.Task[None] | None = None
         self.connects = 0
 
-    def _target(self) -> Any:
+    def _target(self, stack: contextlib.AsyncExitStack) -> Any:
+        """What `mcp.Client` connects to; resources it does not own go on `stack`."""
         from mcp import StdioServerParameters
         from mcp.client.stdio import get_default_environment
 
@@ -137,9 +138,9 @@ class McpServerConnection:
             from mcp.client.streamable_http import streamable_http_client
             from mcp.shared._httpx_utils import create_mcp_http_client
 
-            return streamable_http_client(
-                self.config.url, http_client=create_mcp_http_client(headers=self.config.headers)
-            )
+            http = create_mcp_http_client(headers=self.config.headers)
+            stack.push_async_callback(http.aclose)  # a client we pass in is not closed by the SDK
+            return streamable_http_client(self.config.url, http_client=http)
         assert self.config.command is not None
         return StdioServerParameters(
             command=self.config.command[0],
@@ -169,8 +170,13 @@ class McpServerConnection:
         while not self._stopping:
             self._broken.clear()
             try:
-                async with Client(self._target(), read_timeout_seconds=self.call_timeout) as client:
-                    tools = await asyncio.wait_for(self._list_tools(client), self.connect_timeout)
+                async with (
+                    asyncio.timeout(self.connect_timeout) as deadline,  # handshake and listing
+                    contextlib.AsyncExitStack() as stack,
+                    Client(self._target(stack), read_timeout_seconds=self.call_timeout) as client,
+                ):
+                    tools = await self._list_tools(client)
+                    deadline.reschedule(None)
                     self.client = client
                     self.connects += 1
                     backoff = 0.5

@@ -127,7 +127,8 @@ async def test_trusted_server_and_tool_allow_list() -> None:
 async def test_streamable_http_server_and_reconnect_after_it_died() -> None:
     port = free_port()
     registry = ToolRegistry()
-    mcp = source(registry, {"name": "web", "url": f"http://127.0.0.1:{port}/mcp"}, timeout=5)
+    config = {"name": "web", "url": f"http://127.0.0.1:{port}/mcp", "headers": {"X-Chatgate-Test": "1"}}
+    mcp = source(registry, config, timeout=5)
     with http_server(port):
         await mcp.start()
         try:
@@ -171,6 +172,19 @@ async def test_dead_servers_at_start_are_survived() -> None:
         assert await call(registry, "ok__add", {"a": 1, "b": 2}) == "3"
     finally:
         await mcp.stop()
+
+
+async def test_a_server_that_never_answers_does_not_hold_up_start_or_stop() -> None:
+    registry = ToolRegistry()
+    hung = {"name": "hung", "command": [sys.executable, "-c", "import time; time.sleep(60)"]}
+    mcp = source(registry, hung, timeout=1.5)
+    started = time.monotonic()
+    await mcp.start()
+    assert time.monotonic() - started < 5
+    assert registry.specs() == []
+    started = time.monotonic()
+    await mcp.stop()
+    assert time.monotonic() - started < 8
 
 
 def test_names_are_provider_legal_and_distinct() -> None:
