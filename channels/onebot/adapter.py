@@ -87,6 +87,7 @@ class OneBotChannel:
         self._sent: OrderedDict[tuple[str, str], None] = OrderedDict()
         # Batches of an outbound message already delivered, so a retry sends only the rest.
         self._delivered: OrderedDict[tuple[str, int], str | None] = OrderedDict()
+        self._warned_unsigned = False
 
     async def start(self) -> None:
         return None
@@ -197,6 +198,9 @@ class OneBotChannel:
             )
         if self.settings.secret:
             _verify_signature(self.settings.secret, request.headers.get("x-signature"), request.body)
+        elif not self._warned_unsigned:
+            self._warned_unsigned = True
+            log.warning("onebot_http_post_unsigned", detail="ONEBOT_SECRET unset: reports not verified")
         header_self_id = request.headers.get("x-self-id", "").strip()
         if not header_self_id:
             raise InvalidPayload("missing X-Self-ID header")
