@@ -203,9 +203,13 @@ class GatewayConnection:
             try:
                 await self._handle(parse_client_frame(text))
             except BadFrame as exc:
+                self._rejected("bad_frame")
                 self._try_emit(error_frame("bad_frame", exc.detail))
             except _TooSlow:
                 return
+
+    def _rejected(self, reason: str) -> None:
+        self.hub.metrics.events_rejected.labels("browser", reason).inc()
 
     def _try_emit(self, frame: dict[str, Any]) -> None:
         with contextlib.suppress(_TooSlow):
@@ -244,6 +248,7 @@ class GatewayConnection:
             self.emit({"type": "sessions", "sessions": found})
         elif isinstance(frame, SendFrame):
             if len(frame.text) > self.hub.settings.gateway_max_text_chars:
+                self._rejected("text_too_long")
                 self.emit(
                     error_frame(
                         "text_too_long",
@@ -253,6 +258,7 @@ class GatewayConnection:
                 )
                 return
             if not frame.text.strip():
+                self._rejected("bad_frame")
                 self.emit(
                     error_frame("bad_frame", "text is empty", client_message_id=frame.client_message_id)
                 )
@@ -280,6 +286,7 @@ class GatewayConnection:
     async def _send_text(self, text: str, client_message_id: str | None) -> None:
         assert self.grant is not None
         if self.key is None:
+            self._rejected("not_attached")
             self.emit(
                 error_frame("not_attached", "attach to a session first", client_message_id=client_message_id)
             )

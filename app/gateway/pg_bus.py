@@ -50,9 +50,12 @@ def asyncpg_dsn(database_url: str) -> str:
 
 
 class PgSessionBus:
-    def __init__(self, database_url: str, *, reconnect_delay: float = 1.0) -> None:
+    def __init__(
+        self, database_url: str, *, reconnect_delay: float = 1.0, check_interval: float = 15.0
+    ) -> None:
         self._dsn = asyncpg_dsn(database_url)
         self._reconnect_delay = reconnect_delay
+        self._check_interval = check_interval
         self._local = LocalSessionBus()
         self._origin = uuid.uuid4().hex[:12]
         self._counter = itertools.count(1)
@@ -76,6 +79,7 @@ class PgSessionBus:
             log.warning("bus_listen_connect_failed", error=str(exc))
             self._schedule_reconnect()
         self._tasks.append(asyncio.create_task(self._publish_loop(), name="pg-bus-publisher"))
+        self._tasks.append(asyncio.create_task(self._check_loop(), name="pg-bus-check"))
 
     async def stop(self) -> None:
         self._stopping = True
@@ -199,6 +203,20 @@ class PgSessionBus:
                 return
             with contextlib.suppress(OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
                 await self._listen_conn.remove_listener(channel_for(key), self._on_notification)
+
+    async def _check_loop(self) -> None:
+        """A connection can die without telling (a partition): ask it something now and then."""
+        while True:
+            await asyncio.sleep(self._check_interval)
+            conn = self._listen_conn
+            if conn is None or (self._reconnecting is not None and not self._reconnecting.done()):
+                continue
+            try:
+                async with self._listen_lock:
+                    await asyncio.wait_for(conn.fetchval("SELECT 1"), 5.0)
+            except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                log.warning("bus_listener_unhealthy", error=str(exc) or type(exc).__name__)
+                self._schedule_reconnect()
 
     def _on_listener_lost(self, _conn: Any) -> None:
         if not self._stopping:

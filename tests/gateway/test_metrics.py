@@ -61,11 +61,14 @@ async def test_metrics_follow_the_gateway_and_the_pipeline(gateway_serve: Gatewa
             await c1.messages_until_answer()
             await c1.send({"type": "send", "text": "what time is it", "client_message_id": "m1"})
             assert (await c1.expect("accepted"))["duplicate"] is True
+            await c2.send({"type": "send"})  # refused before storage
+            assert (await c2.expect("error"))["code"] == "bad_frame"
         after = await wait_for_value(srv.url, "chatgate_ws_connections", 0)
         assert value(after, "chatgate_ws_closed_total", reason="client") == 2
         assert value(after, "chatgate_events_accepted_total", channel="browser") == 1
         assert value(after, "chatgate_events_deduplicated_total", channel="browser") == 1
         assert value(after, "chatgate_run_duration_seconds_count", outcome="ok") == 1
+        assert value(after, "chatgate_events_rejected_total", channel="browser", reason="bad_frame") == 1
         assert value(after, "chatgate_run_duration_seconds_sum", outcome="ok") > 0
 
         async with gateway_client(srv.url) as bad:
