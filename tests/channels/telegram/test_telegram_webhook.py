@@ -132,6 +132,7 @@ async def test_groups_answer_only_when_mentioned_or_replied_to(serve: ServeApp) 
             mentioned = tg.message(text, chat=group, entities=[tg.mention_entity(text)])
             resp = await post_update(client, srv.url, tg.update(42, mentioned))
             assert resp.json()["session_key"] == "telegram:-100777"
+            await fake.wait_for("sendMessage", 1)
             bot_msg = tg.message("earlier answer", chat=group, sender=tg.bot_user())
             reply = tg.message("and then?", chat=group, reply_to_message=bot_msg)
             await post_update(client, srv.url, tg.update(43, reply))
