@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request, Response, WebSocket
+from fastapi import APIRouter, Request, Response, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse
 
 from app.api.deps import get_runtime
@@ -82,7 +82,13 @@ class _StarletteChannelSocket:
         await self._ws.accept()
 
     async def receive_text(self) -> str:
-        return await self._ws.receive_text()
+        """The next frame as text; binary frames are decoded as UTF-8 (bridges send both)."""
+        message = await self._ws.receive()
+        if message["type"] == "websocket.disconnect":
+            raise WebSocketDisconnect(message.get("code", 1000), message.get("reason"))
+        if message.get("text") is not None:
+            return str(message["text"])
+        return bytes(message.get("bytes") or b"").decode("utf-8", errors="replace")
 
     async def send_text(self, data: str) -> None:
         await self._ws.send_text(data)
@@ -96,6 +102,8 @@ async def channel_websocket(websocket: WebSocket, name: str, subpath: str) -> No
     runtime = websocket.app.state.runtime
     adapter = runtime.adapters.get(name)
     if adapter is None or not isinstance(adapter, WebSocketChannel):
+        # Accept first so the client sees our close code, not a bare handshake refusal.
+        await websocket.accept()
         await websocket.close(code=4404, reason=f"no WebSocket channel {name!r}")
         return
     await adapter.handle_websocket(subpath, _StarletteChannelSocket(websocket))
