@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import structlog
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db.models import inbox, messages, sessions
@@ -28,7 +28,7 @@ from app.memory.identity import identity_of, resolve_owner
 from app.memory.store import Scope, put_memory
 from app.memory.summarize import Summarizer, extract_facts
 from app.sessions.lease import SessionLease, check_fence
-from app.sessions.messages import ChatMessage, estimate_tokens
+from app.sessions.messages import ChatMessage
 from app.sessions.store import SessionState, advance_consolidated, message_from_row
 
 log = structlog.get_logger(__name__)
@@ -98,6 +98,18 @@ class Consolidator:
         if pending <= self.limits.keep_messages:
             return None
         async with self.engine.connect() as conn:
+            if pending < self.limits.threshold_messages:
+                # Below the message threshold: estimate tokens in SQL (as estimate_tokens
+                # does, from the text), without loading the rows on every turn.
+                chars = (
+                    await conn.execute(
+                        select(func.coalesce(func.sum(func.length(messages.c.content)), 0)).where(
+                            messages.c.session_id == session_id, messages.c.seq > start
+                        )
+                    )
+                ).scalar_one()
+                if 4 * pending + int(chars) // 4 < self.limits.threshold_tokens:
+                    return None
             rows = (
                 (
                     await conn.execute(
@@ -111,11 +123,6 @@ class Consolidator:
                 .all()
             )
         history = [message_from_row(r) for r in rows]
-        if (
-            pending < self.limits.threshold_messages
-            and sum(estimate_tokens(m) for m in history) < self.limits.threshold_tokens
-        ):
-            return None
         keep = self.limits.keep_messages - (pending - len(history))  # rows beyond the batch stay too
         boundary = choose_boundary(history, keep=max(keep, 1))
         if boundary is None:

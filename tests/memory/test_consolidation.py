@@ -256,3 +256,18 @@ async def test_offline_path_uses_the_extractive_summary(serve: ServeApp) -> None
         text = await MemoryRecall(MemoryStore(runtime.engine)).context(ctx) or ""
         assert "User: My name is Ada." in text  # session summary (extractive, deterministic)
         assert "Their name is Ada." in text  # user fact
+
+
+async def test_token_threshold_triggers_before_the_message_threshold(engine: AsyncEngine) -> None:
+    store = SessionStore(engine, Lifecycle())
+    lease, session = await open_session(engine, store, "webhook:long")
+    limits = ConsolidationLimits(threshold_messages=100, threshold_tokens=1500, keep_messages=2)
+    consolidator = Consolidator(engine, ExtractiveSummarizer(), limits)
+    short = [ChatMessage(role=r, content="short") for r in ("user", "assistant") * 3]
+    await append(engine, store, lease, session.id, short)
+    assert await consolidator.consolidate(lease, session.id) is None  # 6 short messages: not due
+    long = [ChatMessage(role=r, content="word " * 400) for r in ("user", "assistant") * 2]
+    await append(engine, store, lease, session.id, long)
+    boundary = await consolidator.consolidate(lease, session.id)
+    lc, history = await db_state(engine, session.id)
+    assert boundary == lc == 8 and legal(history, lc)
