@@ -34,6 +34,17 @@ async def _ask(client: httpx.AsyncClient, url: str, chat_id: str, text: str) -> 
     return resp.json()
 
 
+async def _delivered(client: httpx.AsyncClient) -> None:
+    """Wait until the outbox sender delivered every reply (it runs after the turn commits)."""
+    deadline = time.monotonic() + 10
+    while True:
+        rows = (await client.get("/admin/api/outbox", headers=AUTH)).json()["messages"]
+        if rows and all(r["status"] == "sent" for r in rows):
+            return
+        assert time.monotonic() < deadline, rows
+        await asyncio.sleep(0.05)
+
+
 async def test_new_endpoints_refuse_without_or_with_a_wrong_token(serve: ServeApp) -> None:
     async with serve() as srv, httpx.AsyncClient(base_url=srv.url, timeout=30) as client:
         for path in NEW_ENDPOINTS:
@@ -57,6 +68,7 @@ async def test_overview_runs_channels_after_a_tool_call_turn(serve: ServeApp) ->
     async with serve() as srv, httpx.AsyncClient(base_url=srv.url, timeout=30) as client:
         await _ask(client, srv.url, "c1", "what time is it?")
         await _ask(client, srv.url, "c2", "hello")
+        await _delivered(client)
 
         ov = (await client.get("/admin/api/overview", params={"minutes": 15}, headers=AUTH)).json()
         assert ov["window_minutes"] == 15

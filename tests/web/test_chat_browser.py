@@ -177,6 +177,8 @@ async def test_chat_reconnects_and_resumes_from_last_seq(serve: ServeApp, page: 
         await page.fill("#text", "first")
         await page.keyboard.press("Enter")
         await expect(page.locator(".msg.assistant")).to_have_text(["You said: first"])
+        # Committed (seq 2), not just streamed: the delta shows the same text earlier.
+        await expect(page.locator('.msg.assistant[data-seq="2"]')).to_have_count(1)
 
         await gateway.drop()
         await expect(page.locator("#conn")).to_have_attribute("data-state", "reconnecting")
@@ -332,3 +334,11 @@ async def test_chat_token_refused_then_switch_sessions_and_scope(serve: ServeApp
         await expect(page.locator(".notice.error-text")).to_contain_text("may not")
         await expect(page.locator("#session-select")).to_have_value("web:alice")
         await expect(page.locator(".msg.user")).to_have_text(["in the main session"])
+
+
+async def test_chat_says_when_the_gateway_is_not_enabled(serve: ServeApp, page: Page) -> None:
+    async with serve(gateway_tokens=GATEWAY_TOKENS) as srv:  # CHANNELS without `browser`
+        await page.goto(f"{srv.url}/#token={TOKEN}")
+        await expect(page.locator(".notice.error-text")).to_contain_text("not enabled")
+        await expect(page.locator("#conn")).to_have_attribute("data-state", "reconnecting")
+        await expect(page.locator("#token-panel")).to_be_hidden()  # the token is not blamed

@@ -260,7 +260,10 @@ function setStatus({ state, code, inMs }) {
   } else if (state === "reconnecting") {
     conn.classList.add("warn");
     conn.textContent = inMs ? `reconnecting in ${Math.max(1, Math.round(inMs / 1000))} s…` : "reconnecting…";
-    if (code === 4503) conn.title = "The browser channel is not enabled on this server.";
+    if (code === 4503 && !conn.dataset.disabledNoticeShown) {
+      conn.dataset.disabledNoticeShown = "1";
+      notice("The browser gateway is not enabled on this server (CHANNELS must include browser).", "notice error-text");
+    }
   } else if (state === "offline") {
     conn.classList.add("bad");
     conn.textContent = "offline";
