@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from app.channel import ChannelContext, ChannelSettings, SendResult
@@ -28,8 +28,18 @@ class BrowserSettings(ChannelSettings):
     model_config = SettingsConfigDict(env_prefix="BROWSER_", env_file=".env", extra="ignore")
 
     allow_session_override: bool = Field(
-        True, description="The gateway attaches events to the session key the token allowed."
+        True, description="Always true: the gateway attaches events to the key the token allowed."
     )
+
+    @field_validator("allow_session_override")
+    @classmethod
+    def _always_override(cls, value: bool) -> bool:
+        if not value:
+            raise ValueError(
+                "the browser channel needs session overrides: its events go to the session key the "
+                "gateway checked against the token, not to a key built from chat ids"
+            )
+        return value
 
 
 class BrowserChannel:
