@@ -286,6 +286,16 @@ class TurnHandler:
         self, conn: AsyncConnection, session: SessionState, *, reason: str, by: str = "superseded"
     ) -> list[ChatMessage]:
         """Results for the newest group's unanswered calls; cancels their pending approvals."""
+        last = (
+            await conn.execute(
+                select(messages.c.role, messages.c.tool_calls)
+                .where(messages.c.session_id == session.id)
+                .order_by(messages.c.seq.desc())
+                .limit(1)
+            )
+        ).first()
+        if last is None or not (last.role == "tool" or (last.role == "assistant" and last.tool_calls)):
+            return []  # the common case: the last turn ended with an answer
         tail = await self._tail(conn, session.id)
         pending = open_calls(tail)
         if not pending:

@@ -1,0 +1,152 @@
+"""Gateway overhead per agent turn, with a model that answers instantly, on PostgreSQL.
+
+    .venv/bin/python -m bench.bench_turn_overhead [--turns 400] [--sessions 50] [--stream]
+
+A throw-away PostgreSQL database is created and dropped. The real runtime (inbox,
+dispatcher with fenced leases, turn handler, run loop, outbox, session bus) runs with
+the OpenAI provider pointed at the fake OpenAI server of the tests, which answers at
+once. Each turn is accepted into the inbox and timed until its reply is committed and
+the waiter woke up (what a `?wait=true` webhook or the CLI waits for), one turn at a
+time, round-robin over `--sessions` sessions.
+
+Two kinds of turn: a plain answer (one model call) and a turn with one tool call
+(model → current_time → model). For each it prints p50/p99 of
+
+- total: the whole turn, with the fake model's HTTP round trips included;
+- overhead: total minus the time spent inside the provider's `complete` (SDK, HTTP and
+  the fake server), i.e. what chatgate itself adds per turn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import platform
+import statistics
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import asyncpg
+
+from app.agent.openai_provider import OpenAIProvider
+from app.agent.provider import DeltaCallback, ProviderReply, ToolSpec
+from app.config import Settings
+from app.events import InboundEvent
+from app.logs import configure_logging
+from app.runtime import Runtime
+from app.sessions.messages import ChatMessage
+from channels.webhook import WebhookSettings
+from tests.fakes.openai_server import FakeOpenAI, ToolCall, calls, text
+from tests.support.db import postgres_database
+
+
+class TimedProvider:
+    """Delegates to the real provider and adds up the time spent inside it."""
+
+    def __init__(self, inner: OpenAIProvider) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.spent = 0.0
+
+    async def complete(
+        self,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpec],
+        *,
+        model: str | None = None,
+        on_delta: DeltaCallback | None = None,
+    ) -> ProviderReply:
+        started = time.perf_counter()
+        try:
+            return await self.inner.complete(messages, tools, model=model, on_delta=on_delta)
+        finally:
+            self.spent += time.perf_counter() - started
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+async def _turns(
+    runtime: Runtime, provider: TimedProvider, fake: FakeOpenAI, *, kind: str, turns: int, sessions: int
+) -> tuple[list[float], list[float]]:
+    totals, overheads = [], []
+    for i in range(turns):
+        if kind == "tool":
+            fake.enqueue(calls(ToolCall("current_time", {}, id=f"call_{kind}_{i}")), text("It is now."))
+        else:
+            fake.enqueue(text("Hello there, this is a short answer."))
+        event = InboundEvent.from_text("webhook", f"{kind}-{i % sessions}", "bench", f"turn {i}")
+        provider.spent = 0.0
+        started = time.perf_counter()
+        [accepted] = await runtime.inbox.accept([event])
+        result = await runtime.inbox.wait_for_replies(accepted.event_id, 30, poll=0.5)
+        total = time.perf_counter() - started
+        assert result.done and result.replies, result
+        totals.append(total * 1000)
+        overheads.append((total - provider.spent) * 1000)
+    return totals, overheads
+
+
+async def main(args: argparse.Namespace) -> None:
+    configure_logging("WARNING", "console")
+    async with FakeOpenAI() as fake, postgres_database() as url:
+        if not args.sync_commit:
+            # Shows how much of a turn is WAL fsync: commits no longer wait for the disk
+            # (not for production: a database crash may lose the newest commits).
+            admin = await asyncpg.connect(url.replace("postgresql+asyncpg://", "postgresql://"))
+            try:
+                await admin.execute(f'ALTER DATABASE "{url.rsplit("/", 1)[1]}" SET synchronous_commit = off')
+            finally:
+                await admin.close()
+        settings = Settings(
+            _env_file=None,  # type: ignore[call-arg]
+            database_url=url,
+            log_level="WARNING",
+            llm_provider="openai",
+            llm_base_url=fake.url,
+            llm_api_key="sk-bench",
+            llm_stream=args.stream,
+            lifecycle_sweep_seconds=3600,
+            inbox_poll_seconds=1.0,
+        )
+        provider = TimedProvider(OpenAIProvider.from_settings(settings))
+        channel = WebhookSettings(_env_file=None, secret="bench")  # type: ignore[call-arg]
+        runtime = Runtime(settings, channel_settings={"webhook": channel}, provider=provider)
+        async with runtime:
+            await _turns(runtime, provider, fake, kind="plain", turns=30, sessions=args.sessions)  # warm-up
+            results: dict[str, Any] = {}
+            for kind in ("plain", "tool"):
+                results[kind] = await _turns(
+                    runtime, provider, fake, kind=kind, turns=args.turns, sessions=args.sessions
+                )
+    print(
+        f"python {platform.python_version()}, PostgreSQL, stream={args.stream}, turns={args.turns}, "
+        f"synchronous_commit={'on' if args.sync_commit else 'off'}"
+    )
+    print(f"{'turn':<6} {'metric':<9} {'p50 ms':>8} {'p99 ms':>8} {'mean ms':>8}")
+    for kind, (totals, overheads) in results.items():
+        for name, values in (("total", totals), ("overhead", overheads)):
+            print(
+                f"{kind:<6} {name:<9} {_pct(values, 0.5):8.2f} {_pct(values, 0.99):8.2f} "
+                f"{statistics.fmean(values):8.2f}"
+            )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--turns", type=int, default=400)
+    parser.add_argument("--sessions", type=int, default=50)
+    parser.add_argument("--stream", action="store_true", help="stream answers (default: whole answers)")
+    parser.add_argument(
+        "--no-sync-commit",
+        dest="sync_commit",
+        action="store_false",
+        help="run with synchronous_commit=off to separate WAL fsync time from the rest",
+    )
+    asyncio.run(main(parser.parse_args()))
