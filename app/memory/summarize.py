@@ -81,6 +81,29 @@ def _fit(lines: list[str], max_chars: int) -> str:
     return "\n".join([*head, f"(… {j - i + 1} more lines)", *tail])[:max_chars]
 
 
+def _one_line(text: str | None, limit: int) -> str:
+    flat = " ".join((text or "").split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def render_transcript(messages: Sequence[ChatMessage], *, max_chars: int) -> str:
+    """The conversation as plain lines for a summarizing model (never as chat turns, so
+    the request has no tool-call structure that could be illegal)."""
+    lines: list[str] = []
+    for msg in messages:
+        if msg.role == "user":
+            lines.append("User: " + _one_line(msg.content, 1000))
+        elif msg.role == "assistant" and msg.tool_calls:
+            fns = [tc.get("function", {}) for tc in msg.tool_calls]
+            calls = ", ".join(f"{fn.get('name', '?')}({_one_line(fn.get('arguments'), 200)})" for fn in fns)
+            lines.append("Assistant called " + calls)
+        elif msg.role == "tool":
+            lines.append(f"Tool {msg.name or ''} returned: " + _one_line(msg.content, 300))
+        elif msg.role == "assistant":
+            lines.append("Assistant: " + _one_line(msg.content, 1000))
+    return _fit(lines, max_chars)
+
+
 SUMMARY_PROMPT = (
     "You write the long-term memory of a chat assistant. Summarize the conversation "
     "excerpt below in a few short sentences: what the user wanted, what was decided or "
@@ -95,7 +118,7 @@ class ProviderSummarizer:
         self.fallback = ExtractiveSummarizer()
 
     async def summarize(self, messages: Sequence[ChatMessage], *, max_chars: int) -> str:
-        transcript = await self.fallback.summarize(messages, max_chars=max(4 * max_chars, 8000))
+        transcript = render_transcript(messages, max_chars=max(6 * max_chars, 12_000))
         request = [
             ChatMessage(role="system", content=SUMMARY_PROMPT.format(max_chars=max_chars)),
             ChatMessage(role="user", content=transcript),
