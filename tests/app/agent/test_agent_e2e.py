@@ -185,3 +185,24 @@ async def test_cli_shows_run_traces(serve: ServeApp, db_url: str) -> None:
     assert trace["tool_calls"][0]["id"] == "call_info"
     assert trace["tool_calls"][0]["name"] == "session_info"
     assert trace["prompt_tokens"] == 22
+
+
+async def test_image_parts_reach_a_vision_model_as_content_arrays(serve: ServeApp) -> None:
+    from app.events import ImagePart, InboundEvent, TextPart
+
+    async with FakeOpenAI(default=text("A cat.")) as fake:
+        async with serve(**openai_settings(fake, llm_vision=True)) as srv:
+            event = InboundEvent(
+                channel="webhook",
+                chat_id="pics",
+                sender_id="u1",
+                parts=(TextPart(text="what is this?"), ImagePart(url="https://example.test/cat.png")),
+            )
+            [accepted] = await srv.runtime.inbox.accept([event])
+            done = await srv.runtime.inbox.wait_for_replies(accepted.event_id, 20)
+        assert [r.text for r in done.replies] == ["A cat."]
+        user = fake.requests[0].messages[1]
+        assert user["content"] == [
+            {"type": "text", "text": "what is this?"},
+            {"type": "image_url", "image_url": {"url": "https://example.test/cat.png"}},
+        ]
