@@ -199,6 +199,8 @@ async def test_chat_reconnects_and_resumes_from_last_seq(serve: ServeApp, page: 
         )
         await expect(page.locator(".msg.user.pending")).to_have_count(0)
         await shot(page, "chat-resumed")
+        await page.set_viewport_size({"width": 390, "height": 760})
+        await shot(page, "chat-narrow")
 
         attaches = [f for f in gateway.sent if f["type"] == "attach"]
         assert len(attaches) == 2

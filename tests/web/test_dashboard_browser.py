@@ -63,6 +63,9 @@ async def test_dashboard_login_history_tool_group_and_reset(serve: ServeApp, pag
         await expect(page.locator("#history > .hmsg.assistant .text")).to_contain_text("It is ")
         await expect(page.locator("#session-status")).to_have_text("active")
         await shot(page, "dashboard-session-history")
+        await page.set_viewport_size({"width": 390, "height": 760})
+        await shot(page, "dashboard-session-narrow")
+        await page.set_viewport_size({"width": 1280, "height": 860})
 
         await page.click("#action-reset")
         await expect(page.locator("#session-status")).to_have_text("expired", timeout=10_000)
