@@ -128,11 +128,13 @@ class WeChatCrypto:
             try:
                 message, receive_id = _open(key, data)
             except DecryptError as exc:
-                failure = exc
+                if not isinstance(failure, ReceiveIdMismatch):
+                    failure = exc
                 continue
-            if not hmac.compare_digest(receive_id.encode(), self.receive_id.encode()):
-                raise ReceiveIdMismatch(receive_id)
-            return message
+            if hmac.compare_digest(receive_id.encode(), self.receive_id.encode()):
+                return message
+            # A wrong key can, rarely, yield valid padding: try the other keys first.
+            failure = ReceiveIdMismatch(receive_id)
         raise failure
 
     def verify_and_decrypt(self, signature: str | None, timestamp: str, nonce: str, encrypt: str) -> str:
