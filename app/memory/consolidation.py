@@ -25,7 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db.models import inbox, messages, sessions
 from app.memory.identity import identity_of, resolve_owner
-from app.memory.store import Scope, put_memory
+from app.memory.store import Scope, content_key, put_memory
 from app.memory.summarize import Summarizer, extract_facts
 from app.sessions.lease import SessionLease, check_fence
 from app.sessions.messages import ChatMessage
@@ -128,8 +128,20 @@ class Consolidator:
         if boundary is None:
             return None
         folded = [m for m in history if m.seq is not None and m.seq <= boundary]
-        summary = await self.summarizer.summarize(folded, max_chars=self.limits.summary_max_chars)
-        facts = await self._facts(folded)
+        senders = await self._senders(folded)
+        facts = [
+            (senders[m.event_id], f"fact:{f.key}", f.content)
+            for m in folded
+            if m.role == "user" and m.event_id in senders
+            for f in extract_facts(m.content or "")
+        ]
+        speakers = set(senders.values())
+        summary = await self.summarizer.summarize(
+            folded, max_chars=self.limits.summary_max_chars, want_facts=len(speakers) == 1
+        )
+        if len(speakers) == 1:  # the model's facts can only be about the one sender
+            [speaker] = speakers
+            facts += [(speaker, content_key(f, "llm"), f) for f in summary.facts]
 
         async with self.engine.begin() as conn:
             await check_fence(conn, lease)
@@ -150,16 +162,16 @@ class Consolidator:
                     Scope.USER,
                     owner,
                     content,
-                    key=f"fact:{fact_key}",
+                    key=fact_key,
                     kind="fact",
                     source_session_id=session_id,
                 )
-            if summary.strip():
+            if summary.text.strip():
                 await put_memory(
                     conn,
                     Scope.SESSION,
                     key,
-                    summary,
+                    summary.text,
                     key=f"summary:{session_id}:{start + 1}-{boundary}",
                     kind="summary",
                     source_session_id=session_id,
@@ -170,26 +182,19 @@ class Consolidator:
         log.info("session_consolidated", session_id=session_id, upto=boundary, facts=len(facts))
         return boundary
 
-    async def _facts(self, folded: Sequence[ChatMessage]) -> list[tuple[str, str, str]]:
-        """(identity of the sender, fact key, fact text) for facts in the users' own words."""
+    async def _senders(self, folded: Sequence[ChatMessage]) -> dict[str, str]:
+        """Event id → identity of the sender, for the user messages in `folded`."""
         event_ids = {m.event_id for m in folded if m.role == "user" and m.event_id}
         if not event_ids:
-            return []
+            return {}
         async with self.engine.connect() as conn:
             rows = (
                 await conn.execute(
                     select(inbox.c.event_id, inbox.c.payload).where(inbox.c.event_id.in_(event_ids))
                 )
             ).all()
-        senders = {
+        return {
             event_id: identity_of(str(payload.get("channel", "")), str(payload.get("sender_id", "")))
             for event_id, payload in rows
             if isinstance(payload, dict) and payload.get("sender_id")
         }
-        out: list[tuple[str, str, str]] = []
-        for msg in folded:
-            identity = senders.get(msg.event_id or "")
-            if msg.role != "user" or identity is None:
-                continue
-            out += [(identity, f.key, f.content) for f in extract_facts(msg.content or "")]
-        return out

@@ -3,17 +3,20 @@
 `ExtractiveSummarizer` is deterministic and needs no model (the offline path): it keeps
 the first sentence of what each side said. `ProviderSummarizer` asks the configured
 model and falls back to the extractive summary when the model is unavailable. Facts
-("my name is …", "I prefer …") are always extracted deterministically from the user's
-own messages, so each fact is attributed to the sender who wrote it.
+("my name is …", "I prefer …") are always extracted deterministically from each user's
+own messages, so each fact is attributed to the sender who wrote it. The model is asked
+for facts too, but only for a stretch with a single human sender (`want_facts`): in a
+room, text from one member must not be able to plant facts in another member's memory.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import structlog
 
@@ -24,8 +27,16 @@ from app.sessions.messages import ChatMessage
 log = structlog.get_logger(__name__)
 
 
+@dataclass(frozen=True)
+class Summary:
+    text: str
+    facts: list[str] = field(default_factory=list)  # about the (single) sender, from the model
+
+
 class Summarizer(Protocol):
-    async def summarize(self, messages: Sequence[ChatMessage], *, max_chars: int) -> str: ...
+    async def summarize(
+        self, messages: Sequence[ChatMessage], *, max_chars: int, want_facts: bool = False
+    ) -> Summary: ...
 
 
 _SENTENCE_END = re.compile(r"(?<=[.!?。！？])\s+|\n+")
@@ -40,7 +51,12 @@ def first_sentence(text: str, limit: int) -> str:
 class ExtractiveSummarizer:
     """Deterministic: 'User: <first sentence>' / 'Assistant: <first sentence>' lines."""
 
-    async def summarize(self, messages: Sequence[ChatMessage], *, max_chars: int) -> str:
+    async def summarize(
+        self, messages: Sequence[ChatMessage], *, max_chars: int, want_facts: bool = False
+    ) -> Summary:
+        return Summary(self.text(messages, max_chars=max_chars))
+
+    def text(self, messages: Sequence[ChatMessage], *, max_chars: int) -> str:
         lines: list[str] = []
         tools: Counter[str] = Counter()
         for msg in messages:
@@ -109,6 +125,15 @@ SUMMARY_PROMPT = (
     "excerpt below in a few short sentences: what the user wanted, what was decided or "
     "answered, open questions. Plain text, no preamble, no more than {max_chars} characters."
 )
+FACTS_PROMPT = (
+    "You write the long-term memory of a chat assistant. Summarize the conversation "
+    "excerpt below in a few short sentences (what the user wanted, what was decided or "
+    "answered, open questions; at most {max_chars} characters), and list stable facts "
+    "the user stated about themselves that will still be true in later conversations "
+    "(name, preferences, circumstances; not requests, not facts about others), each as "
+    "one short sentence starting with 'They'. Answer with JSON only: "
+    '{{"summary": "...", "facts": ["They ...", "..."]}}'
+)
 
 
 class ProviderSummarizer:
@@ -117,21 +142,43 @@ class ProviderSummarizer:
         self.model = model
         self.fallback = ExtractiveSummarizer()
 
-    async def summarize(self, messages: Sequence[ChatMessage], *, max_chars: int) -> str:
+    async def summarize(
+        self, messages: Sequence[ChatMessage], *, max_chars: int, want_facts: bool = False
+    ) -> Summary:
         transcript = render_transcript(messages, max_chars=max(6 * max_chars, 12_000))
-        request = [
-            ChatMessage(role="system", content=SUMMARY_PROMPT.format(max_chars=max_chars)),
-            ChatMessage(role="user", content=transcript),
-        ]
+        prompt = (FACTS_PROMPT if want_facts else SUMMARY_PROMPT).format(max_chars=max_chars)
+        request = [ChatMessage(role="system", content=prompt), ChatMessage(role="user", content=transcript)]
         try:
             reply = await self.provider.complete(request, [], model=self.model)
         except ProviderError as exc:
             log.warning("summary_provider_failed", error=exc.detail)
             return await self.fallback.summarize(messages, max_chars=max_chars)
         text = (reply.content or "").strip()
+        if want_facts:
+            parsed = _parse_facts_reply(text)
+            if parsed is not None:
+                summary, facts = parsed
+                if summary:
+                    return Summary(summary[:max_chars], facts)
         if not text:
             return await self.fallback.summarize(messages, max_chars=max_chars)
-        return text[:max_chars]
+        return Summary(text[:max_chars])
+
+
+def _parse_facts_reply(text: str) -> tuple[str, list[str]] | None:
+    """`{"summary": "...", "facts": ["..."]}`, possibly in a code fence; None if not that."""
+    body = re.sub(r"^```(?:json)?\s*|\s*```$", "", text.strip())
+    try:
+        data: Any = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("summary"), str):
+        return None
+    raw = data.get("facts")
+    if not isinstance(raw, list):
+        raw = []
+    facts = [" ".join(f.split())[:300] for f in raw if isinstance(f, str) and f.strip()]
+    return data["summary"].strip(), facts[:10]
 
 
 # --- facts ----------------------------------------------------------------------------

@@ -37,8 +37,11 @@ class RecordingProvider:
         **_: Any,
     ) -> ProviderReply:
         self.calls.append(list(messages))
-        if (messages[0].content or "").startswith(SUMMARY_PROMPT[:40]):
+        if is_summary_request(messages):
             first = (messages[-1].content or "").splitlines()[0]
+            if "JSON" in (messages[0].content or ""):  # facts asked for: one sender only
+                body = {"summary": f"SUMMARY[{first}]", "facts": [f"They once said: {first}"]}
+                return ProviderReply(content=f"```json\n{json.dumps(body)}\n```")
             return ProviderReply(content=f"SUMMARY[{first}]")
         last = messages[-1]
         if last.role == "tool":

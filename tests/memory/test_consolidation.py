@@ -17,10 +17,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.agent.tools import ToolContext
 from app.db.models import memories, sessions, utcnow
 from app.errors import LeaseLost
+from app.events import InboundEvent
 from app.memory.consolidation import ConsolidationLimits, Consolidator
+from app.memory.identity import identity_of
 from app.memory.recall import MemoryRecall
-from app.memory.store import MemoryStore
-from app.memory.summarize import ExtractiveSummarizer
+from app.memory.store import MemoryStore, OwnerFilter, Scope
+from app.memory.summarize import ExtractiveSummarizer, Summary
+from app.pipeline.inbox import Inbox
 from app.sessions import lease as leases
 from app.sessions.lease import SessionLease, check_fence
 from app.sessions.messages import ChatMessage, tool_call
@@ -135,7 +138,9 @@ class GateSummarizer(ExtractiveSummarizer):
         self.started = asyncio.Event()
         self.release = asyncio.Event()
 
-    async def summarize(self, messages: Sequence[ChatMessage], *, max_chars: int) -> str:
+    async def summarize(
+        self, messages: Sequence[ChatMessage], *, max_chars: int, want_facts: bool = False
+    ) -> Summary:
         self.started.set()
         await self.release.wait()
         return await super().summarize(messages, max_chars=max_chars)
@@ -238,6 +243,9 @@ async def test_summary_is_recalled_into_the_next_run(serve: ServeApp) -> None:
         await say(client, srv.url, "sum", "u", "What were we planning?")
         system = provider.since(mark)[0][0].content or ""
         assert "SUMMARY[User: We are planning the harbour festival.]" in system
+        # One sender in the folded part: the model's facts about them became user memory.
+        about_user = system.split("About the person you are talking to:")[1]
+        assert "They once said: User: We are planning the harbour festival." in about_user
         # The consolidated messages themselves are no longer in the model input.
         window = provider.since(mark)[0][1:]
         assert all("harbour festival" not in (m.content or "") for m in window)
@@ -287,3 +295,66 @@ async def test_token_threshold_triggers_before_the_message_threshold(engine: Asy
     boundary = await consolidator.consolidate(lease, session.id)
     lc, history = await db_state(engine, session.id)
     assert boundary == lc == 8 and legal(history, lc)
+
+
+class FlagSummarizer(ExtractiveSummarizer):
+    """Records whether facts were asked for, and offers one model fact when they were."""
+
+    def __init__(self) -> None:
+        self.asked: list[bool] = []
+
+    async def summarize(
+        self, messages: Sequence[ChatMessage], *, max_chars: int, want_facts: bool = False
+    ) -> Summary:
+        self.asked.append(want_facts)
+        return Summary("summary", ["They are a model-made fact."] if want_facts else [])
+
+
+async def test_model_facts_only_for_a_single_sender_and_attributed_to_them(engine: AsyncEngine) -> None:
+    store = SessionStore(engine, Lifecycle())
+    inbox = Inbox(engine)
+    lease, session = await open_session(engine, store, "webhook:room")
+    events = [
+        InboundEvent.from_text("webhook", "room", sender, text, chat_type="group")
+        for sender, text in [
+            ("alice", "I like tea."),
+            ("bob", "I like chess."),
+            ("alice", "ok"),
+            ("bob", "ok"),
+        ]
+    ]
+    await inbox.accept(events)
+    history: list[ChatMessage] = []
+    for e in events:
+        history += [
+            ChatMessage(role="user", content=e.text, event_id=e.event_id),
+            ChatMessage(role="assistant", content="a"),
+        ]
+    await append(engine, store, lease, session.id, history)
+    summarizer = FlagSummarizer()
+    limits = ConsolidationLimits(threshold_messages=3, threshold_tokens=10**9, keep_messages=2)
+    assert await Consolidator(engine, summarizer, limits).consolidate(lease, session.id) == 6
+    assert summarizer.asked == [False]  # two speakers: no model facts
+    mem = MemoryStore(engine)
+    alice = await mem.entries([OwnerFilter(Scope.USER, identity_of("webhook", "alice"))])
+    bob = await mem.entries([OwnerFilter(Scope.USER, identity_of("webhook", "bob"))])
+    assert [m.content for m in alice] == ["They like tea."]  # deterministic facts, per sender
+    assert [m.content for m in bob] == ["They like chess."]
+
+    lease2, dm = await open_session(engine, store, "webhook:dm-alice")
+    solo = [InboundEvent.from_text("webhook", "dm-alice", "alice", t) for t in ("hello", "more", "end")]
+    await inbox.accept(solo)
+    msgs: list[ChatMessage] = []
+    for e in solo:
+        msgs += [
+            ChatMessage(role="user", content=e.text, event_id=e.event_id),
+            ChatMessage(role="assistant", content="a"),
+        ]
+    await append(engine, store, lease2, dm.id, msgs)
+    assert await Consolidator(engine, summarizer, limits).consolidate(lease2, dm.id) == 4
+    assert summarizer.asked == [False, True]
+    alice = await mem.entries([OwnerFilter(Scope.USER, identity_of("webhook", "alice"))])
+    assert sorted(m.content for m in alice) == ["They are a model-made fact.", "They like tea."]
+    assert [
+        m.content for m in await mem.entries([OwnerFilter(Scope.USER, identity_of("webhook", "bob"))])
+    ] == ["They like chess."]

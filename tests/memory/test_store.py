@@ -57,8 +57,8 @@ async def test_extractive_summary_is_deterministic_and_bounded() -> None:
     history.insert(2, ChatMessage(role="tool", content="{}", tool_call_id="c"))
     history.insert(3, ChatMessage(role="assistant", content="It is noon. Anything else?"))
     s = ExtractiveSummarizer()
-    one = await s.summarize(history, max_chars=400)
-    assert one == await s.summarize(history, max_chars=400)
+    one = (await s.summarize(history, max_chars=400)).text
+    assert one == (await s.summarize(history, max_chars=400)).text
     assert len(one) <= 400
     assert one.startswith("User: Question 0.\nAssistant: It is noon.")
     assert "more lines)" in one and "Tools used: current_time ×1" in one
