@@ -99,7 +99,7 @@ async def test_resume_while_the_session_is_busy_has_no_gaps_or_repeats(gateway_s
 
 
 async def test_slow_client_is_disconnected_and_slows_nobody(gateway_serve: GatewayServe) -> None:
-    async with gateway_serve(gateway_send_queue_size=64) as srv:
+    async with gateway_serve(gateway_send_queue_size=64, gateway_send_timeout_seconds=30) as srv:
         async with (
             gateway_client(srv.url, ALICE_TOKEN) as fast,
             gateway_client(srv.url, ALICE_TOKEN, max_queue=1) as slow,
@@ -117,7 +117,7 @@ async def test_slow_client_is_disconnected_and_slows_nobody(gateway_serve: Gatew
             for i in range(count):
                 event = {"type": "delta", "session_key": "web:alice", "i": i, "text": blob}
                 await srv.runtime.bus.publish("web:alice", event)
-                await asyncio.sleep(0.004)  # a fast stream, not one blocking burst
+                await asyncio.sleep(0.01)  # a fast stream, not one blocking burst
             # The fast client gets everything, in order.
             assert await fast_reader == list(range(count))
             # The session goes on for everyone else.
