@@ -57,6 +57,7 @@ async def test_approval_through_the_gateway(gateway_serve: GatewayServe, tmp_pat
                 got = await c.messages_until_answer()
                 assert [m["role"] for m in got][-2:] == ["tool", "assistant"]
                 assert got[-2]["tool_call_id"] == "call_w" and got[-1]["content"] == "Written."
+                assert got[-1]["run_id"] == request["run_id"]  # one run, resumed after the approval
             assert (tmp_path / "out.txt").read_text() == "hello"
 
 
