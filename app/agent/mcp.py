@@ -230,9 +230,7 @@ class McpServerConnection:
             if exc.code == -32000:  # connection closed
                 self._broken.set()
             raise ToolError(f"MCP server {self.name!r}: {exc}") from exc
-        except (OSError, asyncio.CancelledError) as exc:
-            if isinstance(exc, asyncio.CancelledError) and self.client is client:
-                raise  # our own run was cancelled (/stop, lease lost), not the connection
+        except OSError as exc:
             self._broken.set()
             raise ToolError(f"MCP server {self.name!r} connection failed: {exc!r}") from exc
         text, is_error = result_text(result)

@@ -121,7 +121,7 @@ async def put_memory(
             "content": stmt.excluded.content,
             "source_session_id": stmt.excluded.source_session_id,
             "updated_at": stmt.excluded.updated_at,
-            "metadata": stmt.excluded.metadata,
+            "metadata": stmt.excluded["metadata"],
         },
     )
     await conn.execute(stmt)

@@ -74,6 +74,11 @@ async def test_one_entry_per_key_and_owner_filters(engine: AsyncEngine) -> None:
     a = await store.entries([OwnerFilter(Scope.USER, "webhook:a")])
     assert sorted(m.content for m in a) == ["They like tea a lot.", "same   TEXT twice."]
     assert len(a) == 2
+    await store.put(Scope.USER, "webhook:a", "Tea, corrected.", key="fact:likes:tea", kind="correction")
+    [tea] = [
+        m for m in await store.entries([OwnerFilter(Scope.USER, "webhook:a")]) if m.key == "fact:likes:tea"
+    ]
+    assert (tea.content, tea.kind) == ("Tea, corrected.", "correction")  # metadata replaced too
     hits = await store.search([OwnerFilter(Scope.USER, "webhook:b")], "tea coffee")
     assert [m.content for m in hits] == ["They like coffee."]
     with pytest.raises(ValueError):
