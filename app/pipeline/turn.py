@@ -231,6 +231,15 @@ class TurnHandler:
         answer = not all(e.metadata.get("no_reply") for e in events)
         async with self._fenced(lease) as conn:
             await Inbox.mark(conn, [r.id for r in live], "processing", bump_attempts=True)
+            if any(r.attempts for r in live):
+                # A retry: the run an earlier attempt started died with its worker.
+                await conn.execute(
+                    update(runs)
+                    .where(runs.c.session_key == lease.key, runs.c.outcome == "running")
+                    .values(
+                        outcome="crashed", error="the worker stopped during the run", finished_at=utcnow()
+                    )
+                )
             session = await self.store.open_current(conn, lease.key, last.channel)
             # Close a tool-call group a crash or a pending approval left open *before* the
             # new user message, so the history stays one legal trajectory.
@@ -655,6 +664,10 @@ class TurnHandler:
                     .mappings()
                     .first()
                 )
+            if approval is not None and approval["status"] != "pending":
+                resumed = await self._decided_but_unfinished(conn, lease, event, approval)
+                if resumed is not None:
+                    return resumed
             if approval is None or approval["status"] != "pending":
                 if not timeout:
                     text = (
@@ -709,6 +722,34 @@ class TurnHandler:
                 .values(status=status, decided_by=by, decided_at=utcnow())
             )
         return approval, run, session, origin, verdict, by, status, reason
+
+    async def _decided_but_unfinished(
+        self, conn: AsyncConnection, lease: SessionLease, event: InboundEvent, approval: Any
+    ) -> Any:
+        """A decision that was stored, but whose run a crash cut before it finished.
+
+        Retrying the decision event (or any later one for this approval) continues the run
+        with the stored decision instead of answering "no pending approval".
+        """
+        if approval["status"] not in ("approved", "denied", "expired"):
+            return None
+        run = (await conn.execute(select(runs).where(runs.c.id == approval["run_id"]))).mappings().first()
+        if run is None or run["outcome"] != "awaiting_approval":
+            return None
+        waiting = (
+            await conn.execute(
+                select(approvals.c.id).where(approvals.c.run_id == run["id"], approvals.c.status == "pending")
+            )
+        ).first()
+        session = await self.store.open_current(conn, lease.key, event.channel)
+        if waiting is not None or session.id != approval["session_id"]:
+            return None
+        details = dict(run["details"] or {})
+        origin = await self._event_by_id(conn, details.get("origin_event_id")) or event
+        verdict = "allow" if approval["status"] == "approved" else "deny"
+        by = approval["decided_by"]
+        reason = "no decision before the timeout" if approval["status"] == "expired" else f"denied by {by}"
+        return approval, run, session, origin, verdict, by, approval["status"], reason
 
     async def _decision_command(self, lease: SessionLease, row: InboxRow, command: str) -> None:
         decided = await self._decide(lease, row, command)

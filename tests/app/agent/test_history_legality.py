@@ -20,6 +20,7 @@ import json
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -29,7 +30,7 @@ from sqlalchemy import func, select
 from app.agent.provider import ProviderReply, ToolSpec
 from app.agent.tools import Risk, ToolContext
 from app.db.migrate import upgrade
-from app.db.models import inbox, outbox
+from app.db.models import approvals, inbox, outbox, utcnow
 from app.events import InboundEvent
 from app.pipeline.turn import TurnHandler, WindowLimits
 from app.runtime import Runtime
@@ -47,6 +48,7 @@ class PlannedProvider:
     """Makes `plans[user text]` tool-call groups (of the given sizes), then answers."""
 
     plans: dict[str, list[int]] = field(default_factory=dict)
+    risky: set[str] = field(default_factory=set)  # texts whose first call needs approval
     requests: list[list[ChatMessage]] = field(default_factory=list)
     name: str = "planned"
 
@@ -61,11 +63,12 @@ class PlannedProvider:
         done = sum(1 for m in window[last_user:] if m.role == "assistant" and m.tool_calls)
         plan = self.plans.get(text, [])
         if done < len(plan):
+            names = ["echo"] * plan[done]
+            if text in self.risky and done == 0:
+                names[0] = "risky_echo"
             return ProviderReply(
                 content=None,
-                tool_calls=tuple(
-                    tool_call(f"call_{next(_ids)}", "echo", {"n": k}) for k in range(plan[done])
-                ),
+                tool_calls=tuple(tool_call(f"call_{next(_ids)}", n, {"n": k}) for k, n in enumerate(names)),
             )
         return ProviderReply(content=f"answer to {text}")
 
@@ -80,6 +83,11 @@ class EchoTool:
     async def run(self, arguments: dict[str, Any], ctx: ToolContext) -> str:
         await asyncio.sleep(0)
         return json.dumps(arguments)
+
+
+class RiskyEchoTool(EchoTool):
+    spec = ToolSpec("risky_echo", "Echoes, riskily.", {"type": "object", "properties": {}})
+    risk = Risk.RISKY
 
 
 class CuttingBus:
@@ -188,5 +196,135 @@ async def test_cut_and_resumed_runs_leave_a_legal_history(
                 ).scalar_one()
             assert (replies, status) == (1, "done")
             assert history[-1].role == "assistant" and history[-1].content == f"answer to {text}"
+    finally:
+        await runtime.engine.dispose()
+
+
+EXTRAS = (None, "stop", "steer", "approve", "deny", "supersede", "stop_waiting", "timeout")
+rich_turns = st.lists(
+    st.tuples(
+        st.lists(st.integers(1, 3), max_size=2),
+        st.lists(st.integers(1, 14), max_size=2),
+        st.sampled_from(EXTRAS),
+    ),
+    min_size=1,
+    max_size=4,
+)
+
+
+@settings(
+    max_examples=15,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(conversation=rich_turns)
+async def test_stop_steer_and_approvals_with_cuts_leave_a_legal_history(
+    db_url: str, conversation: list[tuple[list[int], list[int], str | None]]
+) -> None:
+    """/stop, steered messages and approvals (approve, deny, new message, /stop, timeout),
+    each attempt possibly cut: every request and the final history are legal."""
+    if db_url not in _migrated:
+        await upgrade(db_url)
+        _migrated.add(db_url)
+    provider = PlannedProvider()
+    channel = webhook_settings(busy_policy="steer", approve_own_requests_in_direct=True)
+    runtime = Runtime(
+        make_settings(db_url, auto_migrate=False),
+        channel_settings={"webhook": channel},
+        provider=provider,
+        tools=[EchoTool(), RiskyEchoTool()],
+    )
+    runtime.inbox.on_accepted = None
+    bus = CuttingBus()
+    handler = TurnHandler(
+        runtime.engine,
+        runtime.store,
+        runtime.inbox,
+        runtime.runner,
+        limits=WindowLimits(max_messages=40, max_tokens=None),
+        max_attempts=10,
+        bus=bus,
+        channel_settings=runtime.channel_settings,
+    )
+    chat = uuid.uuid4().hex
+    key = InboundEvent.from_text("webhook", chat, "u1", "").session_key
+    owner = f"worker-{chat}"
+    expected_users: list[str] = []
+
+    async def say(*texts: str) -> None:
+        await runtime.inbox.accept([InboundEvent.from_text("webhook", chat, "u1", t) for t in texts])
+        expected_users.extend(t for t in texts if not t.startswith("/"))
+
+    async def drain(cuts: list[int]) -> None:
+        pending_cuts = list(cuts)
+        for _ in range(40):
+            lease = await leases.acquire(runtime.engine, key, owner, 30)
+            assert lease is not None
+            rows = await runtime.inbox.next_rows(key, limit=1)
+            if not rows:
+                return
+            bus.count, bus.cut_after = 0, (pending_cuts.pop(0) if pending_cuts else None)
+            task = asyncio.create_task(handler.handle(lease, rows))
+            bus.victim = task
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        raise AssertionError("the inbox did not drain")
+
+    async def pending_approval() -> int | None:
+        async with runtime.engine.connect() as conn:
+            row = (
+                await conn.execute(
+                    select(approvals.c.id).where(
+                        approvals.c.session_key == key, approvals.c.status == "pending"
+                    )
+                )
+            ).first()
+        return None if row is None else int(row[0])
+
+    try:
+        for index, (plan, cuts, extra) in enumerate(conversation):
+            text = f"message {index}"
+            if extra in ("approve", "deny", "supersede", "stop_waiting", "timeout"):
+                plan = plan or [1]
+                provider.risky.add(text)
+            provider.plans[text] = plan
+            if extra == "stop":
+                await say(text, "/stop")
+            elif extra == "steer":
+                provider.plans[f"steer {index}"] = []
+                await say(text, f"steer {index}")
+            else:
+                await say(text)
+            await drain(cuts)
+            number = await pending_approval()
+            if number is not None:
+                if extra == "approve":
+                    await say(f"/approve {number}")
+                elif extra == "deny":
+                    await say(f"/deny {number}")
+                elif extra == "supersede":
+                    provider.plans[f"new {index}"] = []
+                    await say(f"new {index}")
+                elif extra == "stop_waiting":
+                    await say("/stop")
+                else:
+                    await handler.enqueue_expired_approvals(now=utcnow() + timedelta(days=1))
+                await drain(cuts)
+            assert await pending_approval() is None
+            assert not await runtime.inbox.has_pending(key)
+
+            for request in provider.requests:
+                assert is_legal_provider_input(request), [(m.role, m.tool_call_id) for m in request]
+            session = await queries.current_session(runtime.engine, key)
+            assert session is not None
+            history = await runtime.store.all_messages(session["id"])
+            assert is_legal_provider_input(history), [(m.role, m.tool_call_id) for m in history]
+            assert [m.content for m in history if m.role == "user"] == expected_users
+            assert history[-1].role == "assistant" and not history[-1].tool_calls
+            async with runtime.engine.connect() as conn:
+                statuses = {
+                    r[0] for r in await conn.execute(select(inbox.c.status).where(inbox.c.session_key == key))
+                }
+            assert statuses == {"done"}
     finally:
         await runtime.engine.dispose()
