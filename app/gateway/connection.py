@@ -96,10 +96,11 @@ class GatewayConnection:
         self._writer = asyncio.create_task(self._write_loop())
         self._reader = asyncio.create_task(self._read_loop())
         try:
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reader
+            # wait() rather than await: the reader being cancelled by close() is the normal
+            # end, while a cancellation of this task itself must still propagate.
+            await asyncio.wait({self._reader})
         finally:
-            for task in (self._ticker, self._pump, self._writer):
+            for task in (self._reader, self._ticker, self._pump, self._writer):
                 if task is not None:
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -122,12 +123,13 @@ class GatewayConnection:
         for task in (self._writer, self._pump, self._ticker):
             if task is not None and task is not current:
                 task.cancel()
-        reason = (detail or CLOSE_REASONS[code])[:120]
+        # A close reason may be at most 123 bytes.
+        reason = (detail or CLOSE_REASONS[code]).encode()[:123].decode(errors="ignore")
         try:
             await asyncio.wait_for(
                 self.ws.close(int(code), reason), self.hub.settings.gateway_send_timeout_seconds
             )
-        except (TimeoutError, Exception):
+        except Exception:
             log.info("gateway_close_not_sent", code=int(code))
         if self._reader is not None and self._reader is not current:
             self._reader.cancel()
