@@ -6,11 +6,15 @@ from __future__ import annotations
 import asyncio
 import itertools
 import random
+import uuid
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import timedelta
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -31,7 +35,7 @@ from app.sessions.store import Lifecycle, SessionState, SessionStore
 from app.sessions.window import is_legal_provider_input, trim_to_legal_window
 from tests.conftest import WEBHOOK_SECRET, ServeApp
 from tests.memory.support import RecordingProvider, say
-from tests.memory.test_boundary import legal
+from tests.memory.test_boundary import histories, legal
 from tests.support.webhook import post_webhook
 
 
@@ -358,3 +362,22 @@ async def test_model_facts_only_for_a_single_sender_and_attributed_to_them(engin
     assert [
         m.content for m in await mem.entries([OwnerFilter(Scope.USER, identity_of("webhook", "bob"))])
     ] == ["They like chess."]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(history=histories(), keeps=st.lists(st.integers(1, 6), min_size=1, max_size=4))
+async def test_hypothesis_histories_consolidate_legally_in_the_database(
+    engine: AsyncEngine, history: list[ChatMessage], keeps: list[int]
+) -> None:
+    """The real consolidator on random histories (crashes, repairs, steered input), stored
+    in SQLite and PostgreSQL, passes after pass: always a legal boundary, nothing rewritten."""
+    store = SessionStore(engine, Lifecycle())
+    lease, session = await open_session(engine, store, f"webhook:h-{uuid.uuid4().hex}")
+    await append(engine, store, lease, session.id, [replace(m, seq=None) for m in history])
+    for keep in keeps:
+        await Consolidator(engine, ExtractiveSummarizer(), tiny(keep)).consolidate(lease, session.id)
+        lc, stored = await db_state(engine, session.id)
+        assert [(m.role, m.tool_call_id) for m in stored] == [(m.role, m.tool_call_id) for m in history]
+        event("consolidated" if lc else "nothing due")
+        if lc:
+            assert legal(stored, lc)
