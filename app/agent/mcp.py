@@ -199,8 +199,9 @@ class McpServerConnection:
             backoff = min(backoff * 2, 30.0)
 
     async def _sleep(self, seconds: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._broken.wait(), seconds)
+        with contextlib.suppress(TimeoutError):  # not wait_for: on 3.11 it can swallow a cancel
+            async with asyncio.timeout(seconds):
+                await self._broken.wait()
 
     async def _list_tools(self, client: Any) -> list[Any]:
         tools: list[Any] = []
