@@ -37,6 +37,7 @@ log = structlog.get_logger(__name__)
 MAX_PAYLOAD_BYTES = 7900  # PostgreSQL's limit is 8000 with the default block size
 CHUNK_CHARS = 3000  # JSON-escaping a chunk at most doubles it: still under the limit
 PARTIAL_TTL_SECONDS = 60.0
+MAX_PENDING_NOTIFICATIONS = 20_000
 
 
 def channel_for(key: str) -> str:
@@ -68,6 +69,7 @@ class PgSessionBus:
         self._tasks: list[asyncio.Task[None]] = []
         self._reconnecting: asyncio.Task[None] | None = None
         self._stopping = False
+        self._dropped = 0
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -103,6 +105,13 @@ class PgSessionBus:
     async def publish(self, key: str, event: dict[str, Any]) -> None:
         """Deliver locally now; NOTIFY the other replicas in the background, in order."""
         self._local.deliver_local(key, event)
+        if self._outgoing.qsize() >= MAX_PENDING_NOTIFICATIONS:
+            # PostgreSQL is not keeping up (or is away): drop rather than grow without
+            # bound; other replicas' clients fill history holes from the database.
+            self._dropped += 1
+            if self._dropped % 1000 == 1:
+                log.warning("bus_notify_backlog_full", dropped=self._dropped)
+            return
         channel = channel_for(key)
         for payload in self._envelopes(key, event):
             self._outgoing.put_nowait((channel, payload))
