@@ -24,7 +24,7 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db.models import inbox, messages, sessions
-from app.memory.identity import identity_of, resolve_owner
+from app.memory.identity import identity_of, is_person, resolve_owner
 from app.memory.store import Scope, content_key, put_memory
 from app.memory.summarize import Summarizer, extract_facts
 from app.sessions.lease import SessionLease, check_fence
@@ -196,5 +196,7 @@ class Consolidator:
         return {
             event_id: identity_of(str(payload.get("channel", "")), str(payload.get("sender_id", "")))
             for event_id, payload in rows
-            if isinstance(payload, dict) and payload.get("sender_id")
+            if isinstance(payload, dict)
+            and payload.get("sender_id")
+            and is_person(str(payload.get("channel", "")))
         }

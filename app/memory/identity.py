@@ -18,12 +18,20 @@ from app.db.upsert import insert_ignore
 from app.events import escape_key_component
 
 PERSON_PREFIX = "person:"
+# Channels whose events are not written by a person (a cron fire's "sender" is the
+# scheduler, shared by every job): they have no user memory, so nothing stored during a
+# scheduled run can surface in another person's scheduled run.
+NO_PERSON_CHANNELS = frozenset({"cron"})
 _PERSON_ID = re.compile(r"^[A-Za-z0-9_.@-]{1,200}$")
 
 
 def identity_of(channel: str, sender_id: str) -> str:
     """The channel identity of a sender (an owner of user memory until linked)."""
     return f"{escape_key_component(channel)}:{escape_key_component(sender_id)}"
+
+
+def is_person(channel: str) -> bool:
+    return channel not in NO_PERSON_CHANNELS
 
 
 def person_owner(person_id: str) -> str:

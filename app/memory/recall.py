@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from app.agent.provider import ToolSpec
 from app.agent.tools import Risk, ToolContext, ToolError
 from app.events import escape_key_component
-from app.memory.identity import identity_of, resolve_owner
+from app.memory.identity import identity_of, is_person, resolve_owner
 from app.memory.store import GLOBAL_OWNER, Memory, MemoryStore, OwnerFilter, Scope, content_key, put_memory
 
 RECALL_HEADER = (
@@ -44,8 +44,11 @@ class MemoryRecall:
         """Whether the sender's user memory may enter this session.
 
         Always in a DM and in a `user_in_chat` group session (the sender is its only
-        member); in a group session shared by several members only when configured.
+        member); in a group session shared by several members only when configured; never
+        in runs no person started (scheduled jobs).
         """
+        if not is_person(ctx.channel):
+            return False
         if getattr(ctx, "chat_type", "direct") != "group" or self.user_in_shared_groups:
             return True
         return ctx.session_key.endswith(":user:" + escape_key_component(ctx.sender_id))
@@ -144,7 +147,7 @@ class RememberTool:
         key = f"tool:{str(label).strip()[:120]}" if label else content_key(content)
         allowed = await self.recall.filters(ctx, (scope,))
         if not allowed:
-            raise ToolError("personal memory is off in this group chat; use scope 'session'")
+            raise ToolError("personal memory is off in this conversation; use scope 'session'")
         [flt] = allowed
         async with self.recall.store.engine.begin() as conn:
             await put_memory(

@@ -185,3 +185,15 @@ async def test_operator_cli_links_identities_and_manages_global_facts(
     async with engine.connect() as conn:
         left = (await conn.execute(select(memories.c.id).where(memories.c.scope == "global"))).all()
     assert left == []
+
+
+async def test_scheduled_runs_have_no_user_memory(engine: AsyncEngine) -> None:
+    """A cron fire's sender is the scheduler, the same for every job: it must not become
+    a shared personal memory across everyone's reminders."""
+    recall = MemoryRecall(MemoryStore(engine))
+    fire = ctx("cron", "webhook:alice-dm", 1, channel="cron")
+    assert [f.scope for f in await recall.filters(fire)] == [Scope.SESSION, Scope.GLOBAL]
+    with pytest.raises(ToolError):
+        await RememberTool(recall).run({"content": "They like tea."}, fire)
+    await RememberTool(recall).run({"content": "Reminder sent.", "scope": "session"}, fire)
+    assert "Reminder sent." in (await recall.context(fire) or "")
