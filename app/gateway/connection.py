@@ -366,31 +366,34 @@ class GatewayConnection:
         self._pump = asyncio.create_task(self._pump_loop(queue))
 
     async def _ready_frame(self, key: str, frame: AttachFrame) -> dict[str, Any]:
+        """Read the key's current generation: what the client missed, or recent history."""
         settings = self.hub.settings
         engine = self.hub.engine
         current = await history.current_session(engine, key)
-        truncated = False
         messages: list[dict[str, Any]] = []
-        if current is None:
-            self.session_id, self.last_seq = None, 0
-        else:
-            resume = frame.last_seq is not None and frame.session_id in (None, current.id)
-            if resume and frame.last_seq is not None and frame.last_seq <= current.last_seq:
+        truncated = False
+        self.session_id, self.last_seq = None, 0
+        if current is not None:
+            self.session_id = current.id
+            since = frame.last_seq
+            resumable = (
+                since is not None and frame.session_id in (None, current.id) and since <= current.last_seq
+            )
+            if resumable and since is not None:
                 messages = await history.messages_between(
-                    engine, key, current.id, after_seq=frame.last_seq, limit=settings.gateway_resume_limit + 1
+                    engine, key, current.id, after_seq=since, limit=settings.gateway_resume_limit + 1
                 )
                 if len(messages) > settings.gateway_resume_limit:
-                    resume, truncated = False, True
-            else:
-                truncated = frame.last_seq is not None and frame.last_seq > 0
-                resume = False
-            if not resume:
+                    resumable = False
+                else:
+                    self.last_seq = messages[-1]["seq"] if messages else since
+            if not resumable:
+                # Not a continuation of what the client has: it must replace its view.
+                truncated = bool(since)
                 messages = await history.recent_messages(
                     engine, key, current.id, limit=settings.gateway_history_limit
                 )
-            self.session_id = current.id
-            self.last_seq = messages[-1]["seq"] if messages else (frame.last_seq if resume else 0) or 0
-        approvals = await history.pending_approvals(engine, key)
+                self.last_seq = messages[-1]["seq"] if messages else 0
         return {
             "type": "ready",
             "session_key": key,
@@ -400,7 +403,7 @@ class GatewayConnection:
             "messages": messages,
             "last_seq": self.last_seq,
             "truncated": truncated,
-            "pending_approvals": approvals,
+            "pending_approvals": await history.pending_approvals(engine, key),
         }
 
     async def _detach(self) -> None:
