@@ -131,3 +131,31 @@ async def test_slow_client_is_disconnected_and_slows_nobody(gateway_serve: Gatew
             await slow.ws.send("{}")
         except ConnectionClosed:
             pass
+
+
+async def test_switching_keys_and_resuming_too_far_back(gateway_serve: GatewayServe) -> None:
+    async with gateway_serve(gateway_resume_limit=3, gateway_history_limit=2) as srv:
+        async with (
+            gateway_client(srv.url, ALICE_TOKEN) as talker,
+            gateway_client(srv.url, ALICE_TOKEN) as tab,
+        ):
+            await talker.attach("web:alice:work")
+            await tab.attach("web:alice:work")
+            await talker.send({"type": "send", "text": "one", "client_message_id": "1"})
+            first = await tab.messages_until_answer()
+            await talker.messages_until_answer()
+            # The tab switches to another key: it no longer gets the first key's messages.
+            ready = await tab.attach("web:alice:home")
+            assert ready["session_key"] == "web:alice:home" and ready["messages"] == []
+            await talker.send({"type": "send", "text": "two", "client_message_id": "2"})
+            await talker.messages_until_answer()
+            await talker.send({"type": "send", "text": "three", "client_message_id": "3"})
+            await talker.messages_until_answer()
+            await tab.send({"type": "ping"})
+            await tab.expect("pong")
+            assert not [f for f in tab.frames if f["type"] == "message" and f["content"] in ("two", "three")]
+            # Back on the first key with its old position: 4 messages were missed, more than
+            # the resume limit, so the tab gets recent history marked as not continuous.
+            ready = await tab.attach("web:alice:work", session_id=first[-1]["session_id"], last_seq=2)
+            assert ready["truncated"] is True
+            assert [m["seq"] for m in ready["messages"]] == [5, 6] and ready["last_seq"] == 6

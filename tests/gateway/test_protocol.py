@@ -205,3 +205,32 @@ async def test_gateway_needs_the_browser_channel(serve) -> None:  # type: ignore
     async with serve() as srv:  # webhook only
         async with gateway_client(srv.url) as c:
             assert await c.closed_with() == 4503
+
+
+async def test_a_fresh_token_on_an_open_connection(gateway_serve: GatewayServe) -> None:
+    async with gateway_serve() as srv, httpx.AsyncClient(base_url=srv.url) as http:
+        auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+        async def issue(**body: object) -> str:
+            resp = await http.post(
+                "/admin/api/gateway-tokens", json={"subject": "alice", **body}, headers=auth
+            )
+            assert resp.status_code == 201, resp.text
+            return str(resp.json()["token"])
+
+        async with gateway_client(srv.url, await issue(session_keys=["web:alice"], ttl_seconds=60)) as c:
+            await c.attach("web:alice")
+            # Renewing keeps the attachment.
+            renewed = await issue(session_keys=["web:alice"], ttl_seconds=600)
+            await c.send({"type": "auth", "token": renewed})
+            await c.expect("authenticated")
+            await c.send({"type": "send", "text": "still attached", "client_message_id": "1"})
+            assert (await c.expect("accepted"))["session_key"] == "web:alice"
+            # A bad token later is an error, not a disconnect.
+            await c.send({"type": "auth", "token": "nope"})
+            assert (await c.expect("error"))["code"] == "unauthorized"
+            # A token for other keys detaches the connection from this one.
+            await c.send({"type": "auth", "token": await issue(session_keys=["web:alice:other"])})
+            await c.expect("authenticated")
+            await c.send({"type": "send", "text": "where am I?", "client_message_id": "2"})
+            assert (await c.expect("error"))["code"] == "not_attached"
