@@ -198,6 +198,7 @@ async def test_photo_and_document_become_parts(serve: ServeApp) -> None:
             httpx.AsyncClient(timeout=30) as client,
         ):
             await post_update(client, srv.url, tg.update(80, tg.message(None, photo=photo, caption="look")))
+            await fake.wait_for("sendMessage", 1)
             await post_update(client, srv.url, tg.update(81, tg.message(None, document=doc)))
             await fake.wait_for("sendMessage", 2)
             await wait_inbox_done(srv.runtime)
