@@ -49,7 +49,7 @@ class MemoryRecall:
         """
         if not is_person(ctx.channel):
             return False
-        if getattr(ctx, "chat_type", "direct") != "group" or self.user_in_shared_groups:
+        if ctx.chat_type != "group" or self.user_in_shared_groups:
             return True
         return ctx.session_key.endswith(":user:" + escape_key_component(ctx.sender_id))
 
