@@ -244,3 +244,28 @@ async def test_subscribe_is_acknowledged_and_menu_click_is_a_message(
             click = wechat.plaintext(wechat.event("openid-7", "CLICK", now, event_key="/new"))
             assert (await _post(client, srv.url, click)).status_code == 200
         assert await _count(srv.runtime, inbox) == 1
+
+
+async def test_plaintext_allowed_explicitly_and_the_previous_key_after_a_rotation(
+    serve: ServeApp, api: FakeWeChatMpApi, wechat: WeChatMpCallbacks
+) -> None:
+    new_key = base64.b64encode(bytes(range(128, 160))).decode().rstrip("=")
+    settings = mp_settings(
+        api, encoding_aes_key=new_key, previous_encoding_aes_key=AES_KEY, allow_plaintext=True
+    )
+    rotated = WeChatMpCallbacks(TOKEN, APP_ID, new_key)
+    callbacks = [
+        wechat.encrypted(wechat.text("openid-8", "old key", 81)),  # accepted while the new key rolls out
+        rotated.encrypted(rotated.text("openid-8", "new key", 82)),
+        wechat.plaintext(wechat.text("openid-8", "plain", 83)),  # allowed explicitly
+    ]
+    async with serve(channel_settings={"wechat-mp": settings}) as srv, httpx.AsyncClient() as client:
+        for count, callback in enumerate(callbacks, start=1):
+            assert (await _post(client, srv.url, callback)).status_code == 200
+            await api.wait_for_sent(count)
+        assert await _count(srv.runtime, inbox) == 3
+    assert [c.body["text"]["content"] for c in api.sent] == [
+        "You said: old key",
+        "You said: new key",
+        "You said: plain",
+    ]
