@@ -32,6 +32,7 @@ class Call:
     method: str
     params: dict[str, Any]
     headers: dict[str, str]
+    ok: bool = True  # False when the fake answered with an error
 
 
 @dataclass
@@ -52,10 +53,11 @@ class FakeSlack:
     token: str = BOT_TOKEN
     bot_user_id: str = BOT_USER_ID
     calls: list[Call] = field(default_factory=list)
-    script: dict[str, list[Failure]] = field(default_factory=dict)
+    # method -> answers of its next calls, in order: a failure, or None for a normal answer
+    script: dict[str, list[Failure | None]] = field(default_factory=dict)
     always: dict[str, Failure] = field(default_factory=dict)
     # conversation id -> failures of chat.postMessage to it, answered in order
-    by_channel: dict[str, list[Failure]] = field(default_factory=dict)
+    by_channel: dict[str, list[Failure | None]] = field(default_factory=dict)
     url: str = ""
     # Socket Mode: envelope ids the app acknowledged, in order
     acks: list[str] = field(default_factory=list)
@@ -67,14 +69,15 @@ class FakeSlack:
         self._sockets: list[web.WebSocketResponse] = []
         self._port = 0
 
-    def fail(self, method: str, *failures: Failure) -> None:
+    def fail(self, method: str, *failures: Failure | None) -> None:
         self.script.setdefault(method, []).extend(failures)
 
     def calls_of(self, method: str) -> list[Call]:
         return [c for c in self.calls if c.method == method]
 
     def posted(self) -> list[dict[str, Any]]:
-        return [c.params for c in self.calls_of("chat.postMessage")]
+        """Messages Slack accepted (failed attempts excluded)."""
+        return [c.params for c in self.calls_of("chat.postMessage") if c.ok]
 
     async def wait_for(self, method: str, count: int, timeout: float = 15) -> list[Call]:
         async with self._changed:
@@ -136,17 +139,20 @@ class FakeSlack:
         else:
             params = dict(await request.post())
         headers = {k.lower(): v for k, v in request.headers.items()}
-        async with self._changed:
-            self.calls.append(Call(method, params, headers))
-            self._changed.notify_all()
         if method == "apps.connections.open":
-            if headers.get("authorization") != f"Bearer {APP_TOKEN}":
-                return web.json_response({"ok": False, "error": "invalid_auth"})
+            expected = f"Bearer {APP_TOKEN}"
+        else:
+            expected = f"Bearer {self.token}"
+        async with self._changed:
+            if headers.get("authorization") != expected:
+                failure: Failure | None = Failure(200, "invalid_auth")
+            else:
+                scripted = self.script.get(method) or self.by_channel.get(str(params.get("channel")))
+                failure = scripted.pop(0) if scripted else self.always.get(method)
+            self.calls.append(Call(method, params, headers, ok=failure is None))
+            self._changed.notify_all()
+        if method == "apps.connections.open" and failure is None:
             return web.json_response({"ok": True, "url": f"ws://127.0.0.1:{self._port}/link/?ticket=t1"})
-        if headers.get("authorization") != f"Bearer {self.token}":
-            return web.json_response({"ok": False, "error": "invalid_auth"})
-        scripted = self.script.get(method) or self.by_channel.get(str(params.get("channel")))
-        failure = scripted.pop(0) if scripted else self.always.get(method)
         if failure is not None:
             extra = {"Retry-After": str(failure.retry_after)} if failure.retry_after is not None else {}
             return web.json_response(

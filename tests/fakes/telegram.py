@@ -26,6 +26,7 @@ TOKEN = "777000111:TEST-token_abc"
 class Call:
     method: str
     params: dict[str, Any]
+    ok: bool = True  # False when the fake answered with an error
 
 
 @dataclass
@@ -53,8 +54,8 @@ class FakeTelegram:
     bot_id: int = BOT_ID
     username: str = BOT_USERNAME
     calls: list[Call] = field(default_factory=list)
-    # method -> failures answered (in order) before the method works again
-    script: dict[str, list[Failure]] = field(default_factory=dict)
+    # method -> answers of its next calls, in order: a failure, or None for a normal answer
+    script: dict[str, list[Failure | None]] = field(default_factory=dict)
     # method -> failure answered every time
     always: dict[str, Failure] = field(default_factory=dict)
     updates: list[dict[str, Any]] = field(default_factory=list)
@@ -68,14 +69,15 @@ class FakeTelegram:
 
     # --- test API -------------------------------------------------------------------
 
-    def fail(self, method: str, *failures: Failure) -> None:
+    def fail(self, method: str, *failures: Failure | None) -> None:
         self.script.setdefault(method, []).extend(failures)
 
     def calls_of(self, method: str) -> list[Call]:
         return [c for c in self.calls if c.method == method]
 
     def sent_texts(self) -> list[str]:
-        return [c.params["text"] for c in self.calls_of("sendMessage")]
+        """Texts Telegram accepted (failed attempts excluded)."""
+        return [c.params["text"] for c in self.calls_of("sendMessage") if c.ok]
 
     async def wait_for(self, method: str, count: int, timeout: float = 15) -> list[Call]:
         async with self._changed:
@@ -99,10 +101,10 @@ class FakeTelegram:
             )
         params = await _params(request)
         async with self._changed:
-            self.calls.append(Call(method, params))
+            scripted = self.script.get(method)
+            failure = scripted.pop(0) if scripted else self.always.get(method)
+            self.calls.append(Call(method, params, ok=failure is None))
             self._changed.notify_all()
-        scripted = self.script.get(method)
-        failure = scripted.pop(0) if scripted else self.always.get(method)
         if failure is not None:
             return web.json_response(failure.body(), status=failure.status)
         handler = getattr(self, f"_m_{method}", None)

@@ -52,9 +52,10 @@ async def test_rate_limit_is_retried_after_retry_after_and_refusals_are_not_retr
     assert [c.params["channel"] for c in fake.calls_of("chat.postMessage")].count("D01") == 2
 
 
-async def test_long_reply_is_split_in_the_thread(serve: ServeApp) -> None:
+async def test_long_reply_is_split_in_the_thread_and_a_retry_does_not_repeat_parts(serve: ServeApp) -> None:
     words = " ".join(f"w{i}" for i in range(100))  # ~390 characters
     async with FakeSlack() as fake:
+        fake.fail("chat.postMessage", None, sl.SERVER_ERROR)  # part 1 posted, part 2 fails once
         async with (
             serve(channel_settings={"slack": slack_settings(fake, max_message_chars=150)}) as srv,
             httpx.AsyncClient(timeout=30) as client,
@@ -65,6 +66,8 @@ async def test_long_reply_is_split_in_the_thread(serve: ServeApp) -> None:
             assert await inbox_keys(srv.runtime) == [f"slack:C0GENERAL:{event['ts']}"]
     posted = fake.posted()
     assert row["status"] == "sent"
+    assert row["attempts"] == 2
+    assert len(fake.calls_of("chat.postMessage")) == 4
     assert len(posted) == 3
     assert all(len(p["text"]) <= 150 for p in posted)
     assert "".join(p["text"] for p in posted) == f"You said: {words}"

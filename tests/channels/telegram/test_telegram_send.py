@@ -57,9 +57,10 @@ async def test_blocked_bot_is_not_retried(serve: ServeApp) -> None:
     assert "blocked" in row["last_error"]
 
 
-async def test_long_reply_is_split_into_telegram_sized_messages(serve: ServeApp) -> None:
+async def test_long_reply_is_split_and_a_retry_does_not_repeat_delivered_parts(serve: ServeApp) -> None:
     words = " ".join(f"word{i}" for i in range(1200))  # ~8,900 characters
     async with FakeTelegram() as fake:
+        fake.fail("sendMessage", None, tg.SERVER_ERROR)  # the first part goes out, the second fails once
         async with (
             serve(channel_settings={"telegram": tg_settings(fake)}) as srv,
             httpx.AsyncClient(timeout=30) as client,
@@ -68,6 +69,8 @@ async def test_long_reply_is_split_into_telegram_sized_messages(serve: ServeApp)
             [row] = await wait_outbox_final(srv.runtime)
     texts = fake.sent_texts()
     assert row["status"] == "sent"
+    assert row["attempts"] == 2
+    assert len(fake.calls_of("sendMessage")) == 4  # part 1, part 2 (500), then parts 2 and 3
     assert len(texts) == 3
     assert all(len(t) <= 4096 for t in texts)
     assert "".join(texts) == f"You said: {words}"
