@@ -45,6 +45,7 @@ class Failure:
 TOO_MANY_REQUESTS = Failure(429, "Too Many Requests: retry after 1", retry_after=1)
 SERVER_ERROR = Failure(500, "Internal Server Error")
 BLOCKED = Failure(403, "Forbidden: bot was blocked by the user")
+UNAUTHORIZED = Failure(401, "Unauthorized")
 CONFLICT = Failure(409, "Conflict: terminated by other getUpdates request")
 
 

@@ -43,18 +43,23 @@ async def test_flood_control_retry_after_is_honoured(serve: ServeApp) -> None:
     assert len(fake.calls_of("sendMessage")) == 2
 
 
-async def test_blocked_bot_is_not_retried(serve: ServeApp) -> None:
+async def test_blocked_bot_and_revoked_token_are_not_retried(serve: ServeApp) -> None:
     async with FakeTelegram() as fake:
-        fake.always["sendMessage"] = tg.BLOCKED
+        fake.fail("sendMessage", tg.BLOCKED, tg.UNAUTHORIZED)
         async with (
             serve(channel_settings={"telegram": tg_settings(fake)}) as srv,
             httpx.AsyncClient(timeout=30) as client,
         ):
             await post_update(client, srv.url, tg.update(32, tg.message("hi")))
-            [row] = await wait_outbox_final(srv.runtime)
-    assert row["status"] == "failed"
-    assert row["attempts"] == 1
-    assert "blocked" in row["last_error"]
+            await wait_outbox_final(srv.runtime, 1)
+            other = tg.message("hi", chat=tg.private_chat(5151), sender=tg.user(5151))
+            await post_update(client, srv.url, tg.update(33, other))
+            blocked, unauthorized = await wait_outbox_final(srv.runtime, 2)
+    assert (blocked["status"], blocked["attempts"]) == ("failed", 1)
+    assert "blocked" in blocked["last_error"]
+    assert (unauthorized["status"], unauthorized["attempts"]) == ("failed", 1)
+    assert "refused the bot token" in unauthorized["last_error"]
+    assert len(fake.calls_of("sendMessage")) == 2
 
 
 async def test_long_reply_is_split_and_a_retry_does_not_repeat_delivered_parts(serve: ServeApp) -> None:
