@@ -5,9 +5,11 @@
 A throw-away PostgreSQL database is created and dropped. The real runtime (inbox,
 dispatcher with fenced leases, turn handler, run loop, outbox, session bus) runs with
 the OpenAI provider pointed at the fake OpenAI server of the tests, which answers at
-once. Each turn is accepted into the inbox and timed until its reply is committed and
-the waiter woke up (what a `?wait=true` webhook or the CLI waits for), one turn at a
-time, round-robin over `--sessions` sessions.
+once from its own process (so it does not compete for this process's event loop). Each
+turn is accepted into the inbox and timed until its reply is committed and the waiter
+woke up (what a `?wait=true` webhook or the CLI waits for), one turn at a time,
+round-robin over `--sessions` sessions. It also prints the CPU time this process spent
+per turn.
 
 Two kinds of turn: a plain answer (one model call) and a turn with one tool call
 (model → current_time → model). For each it prints p50/p99 of
@@ -21,9 +23,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import multiprocessing
 import platform
 import statistics
 import time
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,7 +41,7 @@ from app.logs import configure_logging
 from app.runtime import Runtime
 from app.sessions.messages import ChatMessage
 from channels.webhook import WebhookSettings
-from tests.fakes.openai_server import FakeOpenAI, ToolCall, calls, text
+from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall, calls, text
 from tests.support.db import postgres_database
 
 
@@ -72,16 +76,39 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
+def _answer(body: dict[str, Any]) -> Reply:
+    """Instant answers: "tool …" turns call current_time first, everything else is text."""
+    last = body["messages"][-1]
+    if last["role"] == "user" and str(last["content"]).startswith("tool"):
+        return calls(ToolCall("current_time", {}, id=f"call_{uuid.uuid4().hex[:8]}"))
+    if last["role"] == "tool":
+        return text("It is now.")
+    return text("Hello there, this is a short answer.")
+
+
+def _serve_fake(port_out: Any) -> None:
+    async def run() -> None:
+        async with FakeOpenAI(default=_answer) as fake:
+            fake.requests = _Forgetful()
+            port_out.put(fake.url)
+            await asyncio.Event().wait()
+
+    asyncio.run(run())
+
+
+class _Forgetful(list):  # type: ignore[type-arg]
+    """The fake keeps no request log here: a long run would only grow memory."""
+
+    def append(self, item: Any) -> None:
+        return None
+
+
 async def _turns(
-    runtime: Runtime, provider: TimedProvider, fake: FakeOpenAI, *, kind: str, turns: int, sessions: int
+    runtime: Runtime, provider: TimedProvider, *, kind: str, turns: int, sessions: int
 ) -> tuple[list[float], list[float]]:
     totals, overheads = [], []
     for i in range(turns):
-        if kind == "tool":
-            fake.enqueue(calls(ToolCall("current_time", {}, id=f"call_{kind}_{i}")), text("It is now."))
-        else:
-            fake.enqueue(text("Hello there, this is a short answer."))
-        event = InboundEvent.from_text("webhook", f"{kind}-{i % sessions}", "bench", f"turn {i}")
+        event = InboundEvent.from_text("webhook", f"{kind}-{i % sessions}", "bench", f"{kind} turn {i}")
         provider.spent = 0.0
         started = time.perf_counter()
         [accepted] = await runtime.inbox.accept([event])
@@ -95,7 +122,30 @@ async def _turns(
 
 async def main(args: argparse.Namespace) -> None:
     configure_logging("WARNING", "console")
-    async with FakeOpenAI() as fake, postgres_database() as url:
+    queue: multiprocessing.Queue[str] = multiprocessing.Queue()
+    server = multiprocessing.Process(target=_serve_fake, args=(queue,), daemon=True)
+    server.start()
+    try:
+        fake_url = await asyncio.to_thread(queue.get, True, 30)
+        results = await _measure(args, fake_url)
+    finally:
+        server.terminate()
+        server.join(5)
+    print(
+        f"python {platform.python_version()}, PostgreSQL, stream={args.stream}, turns={args.turns}, "
+        f"synchronous_commit={'on' if args.sync_commit else 'off'}"
+    )
+    print(f"{'turn':<6} {'metric':<9} {'p50 ms':>8} {'p99 ms':>8} {'mean ms':>8}")
+    for kind, (totals, overheads) in results.items():
+        for name, values in (("total", totals), ("overhead", overheads)):
+            print(
+                f"{kind:<6} {name:<9} {_pct(values, 0.5):8.2f} {_pct(values, 0.99):8.2f} "
+                f"{statistics.fmean(values):8.2f}"
+            )
+
+
+async def _measure(args: argparse.Namespace, fake_url: str) -> dict[str, Any]:
+    async with postgres_database() as url:
         if not args.sync_commit:
             # Shows how much of a turn is WAL fsync: commits no longer wait for the disk
             # (not for production: a database crash may lose the newest commits).
@@ -109,7 +159,7 @@ async def main(args: argparse.Namespace) -> None:
             database_url=url,
             log_level="WARNING",
             llm_provider="openai",
-            llm_base_url=fake.url,
+            llm_base_url=fake_url,
             llm_api_key="sk-bench",
             llm_stream=args.stream,
             lifecycle_sweep_seconds=3600,
@@ -119,23 +169,16 @@ async def main(args: argparse.Namespace) -> None:
         channel = WebhookSettings(_env_file=None, secret="bench")  # type: ignore[call-arg]
         runtime = Runtime(settings, channel_settings={"webhook": channel}, provider=provider)
         async with runtime:
-            await _turns(runtime, provider, fake, kind="plain", turns=30, sessions=args.sessions)  # warm-up
+            await _turns(runtime, provider, kind="plain", turns=30, sessions=args.sessions)  # warm-up
+            cpu = time.process_time()
             results: dict[str, Any] = {}
             for kind in ("plain", "tool"):
                 results[kind] = await _turns(
-                    runtime, provider, fake, kind=kind, turns=args.turns, sessions=args.sessions
+                    runtime, provider, kind=kind, turns=args.turns, sessions=args.sessions
                 )
-    print(
-        f"python {platform.python_version()}, PostgreSQL, stream={args.stream}, turns={args.turns}, "
-        f"synchronous_commit={'on' if args.sync_commit else 'off'}"
-    )
-    print(f"{'turn':<6} {'metric':<9} {'p50 ms':>8} {'p99 ms':>8} {'mean ms':>8}")
-    for kind, (totals, overheads) in results.items():
-        for name, values in (("total", totals), ("overhead", overheads)):
-            print(
-                f"{kind:<6} {name:<9} {_pct(values, 0.5):8.2f} {_pct(values, 0.99):8.2f} "
-                f"{statistics.fmean(values):8.2f}"
-            )
+            cpu_ms = (time.process_time() - cpu) * 1000 / (2 * args.turns)
+    print(f"CPU time of this process per turn (gateway + SDK): {cpu_ms:.1f} ms")
+    return results
 
 
 if __name__ == "__main__":
