@@ -184,6 +184,9 @@ class OpenAIProvider:
         self.vision = vision
         self.fallback = fallback
         self._sleep = sleep
+        # Some servers (older vLLM, llama.cpp) refuse `stream_options`; then usage is
+        # simply not reported for streamed answers.
+        self._stream_usage = True
         # Ollama, vLLM and llama.cpp accept any key; the SDK refuses an empty one.
         self.client = openai.AsyncOpenAI(
             base_url=base_url, api_key=api_key or "not-needed", timeout=timeout, max_retries=0
@@ -263,6 +266,10 @@ class OpenAIProvider:
                 return await self._whole(request)
             except openai.APIStatusError as exc:
                 status = exc.status_code
+                if status == 400 and self.stream and self._stream_usage and not emitted:
+                    log.info("provider_without_stream_options", error=_short(exc.message))
+                    self._stream_usage = False
+                    continue
                 retryable = status in _RETRYABLE_STATUS or status >= 500
                 wait = retry_after_seconds(exc.response.headers)
                 detail = f"HTTP {status} from the model API: {_short(exc.message)}"
@@ -310,9 +317,8 @@ class OpenAIProvider:
 
     async def _streamed(self, request: dict[str, Any], on_delta: DeltaCallback) -> ProviderReply:
         acc = _StreamAccumulator()
-        stream = await self.client.chat.completions.create(
-            **request, stream=True, stream_options={"include_usage": True}
-        )
+        extra: dict[str, Any] = {"stream_options": {"include_usage": True}} if self._stream_usage else {}
+        stream = await self.client.chat.completions.create(**request, stream=True, **extra)
         async with stream:
             async for chunk in stream:
                 text = acc.add(chunk)

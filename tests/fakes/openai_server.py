@@ -83,7 +83,13 @@ class Recorded:
 
 
 class FakeOpenAI:
-    def __init__(self, default: Reply | Responder | None = None, chunk_size: int = 4) -> None:
+    def __init__(
+        self,
+        default: Reply | Responder | None = None,
+        chunk_size: int = 4,
+        reject_stream_options: bool = False,
+    ) -> None:
+        self.reject_stream_options = reject_stream_options  # like servers that predate the field
         self.script: list[Reply] = []
         self.default = default if default is not None else Reply(content="ok")
         self.chunk_size = chunk_size
@@ -114,6 +120,8 @@ class FakeOpenAI:
                 Recorded(request.path, {k.lower(): v for k, v in request.headers.items()}, body, time.time())
             )
             self._changed.notify_all()
+        if self.reject_stream_options and "stream_options" in body:
+            return web.json_response({"error": {"message": "unknown field stream_options"}}, status=400)
         if self.script:
             reply = self.script.pop(0)
         elif callable(self.default):

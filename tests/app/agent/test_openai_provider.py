@@ -123,7 +123,7 @@ async def test_gives_up_with_provider_error_after_the_last_try() -> None:
 
 async def test_a_4xx_is_not_retried() -> None:
     async with FakeOpenAI(default=error(400)) as fake:
-        p = provider(fake, max_retries=3)
+        p = provider(fake, max_retries=3, stream=False)
         try:
             with pytest.raises(ProviderError) as info:
                 await p.complete(USER, [])
@@ -213,3 +213,16 @@ def test_tool_messages_keep_their_ids() -> None:
     )
     assert assistant["tool_calls"][0]["id"] == "call_Z9-x"
     assert result == {"role": "tool", "content": "{}", "tool_call_id": "call_Z9-x"}
+
+
+async def test_servers_without_stream_options_still_stream() -> None:
+    async with FakeOpenAI(reject_stream_options=True) as fake:
+        fake.enqueue(text("streamed anyway"), text("and again"))
+        p = provider(fake, max_retries=0)
+        try:
+            first = await p.complete(USER, [])
+            second = await p.complete(USER, [])
+        finally:
+            await p.aclose()
+    assert (first.content, second.content) == ("streamed anyway", "and again")
+    assert ["stream_options" in r.body for r in fake.requests] == [True, False, False]
