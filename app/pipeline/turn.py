@@ -540,10 +540,14 @@ class TurnHandler:
         """Completes when a `/stop` for the key is pending (woken locally, polled across replicas)."""
         signal = self._input_signals.setdefault(turn.lease.key, asyncio.Event())
         while True:
+            # Not `asyncio.wait_for`: on Python 3.11 it can swallow the cancellation the
+            # run loop sends when the model call finished at the moment the signal fired,
+            # and this watcher would then never end.
+            woken = asyncio.ensure_future(signal.wait())
             try:
-                await asyncio.wait_for(signal.wait(), self.stop_poll)
-            except TimeoutError:
-                pass
+                await asyncio.wait({woken}, timeout=self.stop_poll)
+            finally:
+                woken.cancel()
             signal.clear()
             stop = self._stop_in(await self._pending_after(turn))
             if stop is not None:

@@ -177,3 +177,17 @@ async def test_stop_from_another_replica_is_found_by_polling(serve: ServeApp) ->
 async def test_stop_with_nothing_running(serve: ServeApp) -> None:
     async with serve() as srv:
         assert only_text(await send(srv, "/stop", wait=True)) == "Nothing is running."
+
+
+async def test_a_burst_on_one_session_finishes_while_events_wake_the_running_turn(serve: ServeApp) -> None:
+    """Every accepted event wakes the running turn's /stop watcher; that must never hang a run
+    (regression: `asyncio.wait_for` could swallow the watcher's cancellation on 3.11)."""
+    for policy in (BusyPolicy.QUEUE, BusyPolicy.STEER):
+        channel = {"webhook": webhook_settings(busy_policy=policy)}
+        async with serve(channel_settings=channel, stop_poll_seconds=0.05) as srv:  # offline provider
+            texts = [f"what time is it? #{i}" if i % 2 else f"hello {i}" for i in range(24)]
+            posted = await asyncio.gather(*(send(srv, t) for t in texts))
+            for body in posted:
+                done = await srv.runtime.inbox.wait_for_replies(body["event_id"], 30)
+                assert done.done, (policy, body)
+            await history_is_legal(srv)
