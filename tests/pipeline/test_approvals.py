@@ -214,3 +214,19 @@ async def test_stop_or_a_new_message_closes_a_waiting_run(serve: ServeApp, tmp_p
     assert outcomes == ["stopped", "superseded", "ok"]
     assert not (tmp_path / "out.txt").exists()
     assert next(m.content for m in history if m.role == "assistant" and not m.tool_calls) == "Stopped."
+
+
+async def test_new_conversation_cancels_a_pending_approval(serve: ServeApp, tmp_path: Path) -> None:
+    async with FakeOpenAI(default=text("Fresh start.")) as fake:
+        fake.enqueue(calls(write_call()))
+        channel = {"webhook": webhook_settings(approvers=["boss"])}
+        async with serve(channel_settings=channel, **settings_for(fake, tmp_path)) as srv:
+            number = approval_id(only_text(await ask(srv, "write it")))
+            assert only_text(await ask(srv, "/new")) == "Started a new conversation."
+            late = only_text(await ask(srv, f"/approve {number}", sender="boss"))
+            assert only_text(await ask(srv, "hello again")) == "Fresh start."
+            [cancelled] = await rows(srv, approvals)
+            await history_is_legal(srv)
+    assert "no pending approval" in late
+    assert (cancelled["status"], cancelled["decided_by"]) == ("cancelled", "/new")
+    assert not (tmp_path / "out.txt").exists()
