@@ -33,6 +33,9 @@ class Settings(BaseSettings):
     )
     db_pool_size: int = Field(10, description="Connections per process (PostgreSQL).")
     auto_migrate: bool = Field(True, description="Run migrations to head at start-up.")
+    db_connect_retry_seconds: float = Field(
+        30.0, description="How long start-up waits for the database to accept connections."
+    )
 
     # --- HTTP ------------------------------------------------------------------------
     host: str = Field("127.0.0.1", description="Address `chatgate serve` binds to.")
@@ -106,6 +109,9 @@ class Settings(BaseSettings):
     collect_debounce_seconds: float = Field(0.5, description="Wait of the `collect` busy policy.")
     outbox_poll_seconds: float = 0.5
     outbox_max_attempts: int = 8
+    outbox_claim_seconds: float = Field(
+        30.0, description="A delivery claimed by a replica that died is retried after this."
+    )
     outbox_backoff_base_seconds: float = 1.0
     outbox_backoff_max_seconds: float = 300.0
 

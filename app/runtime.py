@@ -30,7 +30,7 @@ from app.bus import SessionBus
 from app.channel import AcceptResult, ChannelAdapter, ChannelContext, ChannelSettings, WaitResult
 from app.config import Settings
 from app.db.engine import create_engine
-from app.db.migrate import upgrade
+from app.db.migrate import upgrade, wait_for_database
 from app.db.models import inbox as inbox_table
 from app.db.models import outbox as outbox_table
 from app.events import ChatType, InboundEvent
@@ -138,6 +138,7 @@ class Runtime:
             max_attempts=settings.outbox_max_attempts,
             backoff_base=settings.outbox_backoff_base_seconds,
             backoff_max=settings.outbox_backoff_max_seconds,
+            claim_seconds=settings.outbox_claim_seconds,
             on_result=lambda ch, res: self.metrics.deliveries.labels(ch, res).inc(),
         )
         self.handler = TurnHandler(
@@ -168,6 +169,7 @@ class Runtime:
             busy_policies={name: cs.busy_policy for name, cs in self.channel_settings.items()},
             collect_debounce=settings.collect_debounce_seconds,
             approval_sweep=settings.approval_sweep_seconds,
+            on_takeover=self.metrics.lease_takeovers.inc,
         )
         self.inbox.on_accepted = self.dispatcher.notify
         self._sweeper: asyncio.Task[None] | None = None
@@ -176,6 +178,7 @@ class Runtime:
     # --- lifecycle ------------------------------------------------------------------
 
     async def start(self) -> None:
+        await wait_for_database(self.engine, self.settings.db_connect_retry_seconds)
         if self.settings.auto_migrate:
             await upgrade(self.settings.database_url)
         from channels import load_spec

@@ -76,7 +76,9 @@ async def run(events: int, sessions: int, servers: int, concurrency: int) -> Non
                         }
                         started = time.perf_counter()
                         target = procs[i % len(procs)].url
-                        async with http.post(f"{target}/channels/webhook", data=body, headers=headers) as resp:
+                        async with http.post(
+                            f"{target}/channels/webhook", data=body, headers=headers
+                        ) as resp:
                             assert resp.status == 202, await resp.text()
                             await resp.read()
                         latencies.append((time.perf_counter() - started) * 1000)

@@ -5,13 +5,36 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import structlog
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from sqlalchemy import text
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import migrations
+
+log = structlog.get_logger(__name__)
+
+
+async def wait_for_database(engine: AsyncEngine, timeout: float) -> None:
+    """Retry connecting for up to `timeout` seconds (a database container starting up)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    delay = 0.5
+    while True:
+        try:
+            async with engine.connect() as conn:
+                await conn.execute(text("SELECT 1"))
+            return
+        except (OSError, SQLAlchemyError) as exc:
+            if loop.time() + delay > deadline:
+                raise
+            log.warning("database_not_reachable_yet", error=str(exc)[:200], retry_in=delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
 
 
 def alembic_config(database_url: str) -> Config:

@@ -47,6 +47,7 @@ class Dispatcher:
         self.lease_ttl = lease_ttl
         self.poll_interval = poll_interval
         self.busy_policies = dict(busy_policies or {})
+        self.on_takeover = on_takeover
         self.collect_debounce = collect_debounce
         self.approval_sweep = approval_sweep
         self._runs = asyncio.Semaphore(max_concurrent_runs)
@@ -124,6 +125,9 @@ class Dispatcher:
         lease = await leases.acquire(self.engine, key, self.owner, self.lease_ttl)
         if lease is None:
             return
+        if lease.took_over and self.on_takeover is not None:
+            log.info("lease_taken_over_from_expired_owner", session_key=key, fence=lease.fence)
+            self.on_takeover()
         worker = asyncio.current_task()
         assert worker is not None
         renewer = asyncio.create_task(self._renew(lease, worker))
@@ -154,6 +158,7 @@ class Dispatcher:
             with contextlib.suppress(asyncio.CancelledError):
                 await renewer
             structlog.contextvars.unbind_contextvars("session_key", "channel", "event_id")
+            self.handler.store.release(key)  # cached state is only valid under this lease
         await leases.release(self.engine, lease)
 
     async def _next_batch(self, key: str) -> list[InboxRow]:

@@ -27,8 +27,6 @@ from app.events import OutboundMessage
 
 log = structlog.get_logger(__name__)
 
-CLAIM_SECONDS = 120
-
 
 class OutboxSender:
     def __init__(
@@ -41,6 +39,7 @@ class OutboxSender:
         backoff_base: float,
         backoff_max: float,
         batch_size: int = 100,
+        claim_seconds: float = 30.0,
         on_result: Callable[[str, str], None] | None = None,
     ) -> None:
         self.engine = engine
@@ -50,6 +49,7 @@ class OutboxSender:
         self.backoff_base = backoff_base
         self.backoff_max = backoff_max
         self.batch_size = batch_size
+        self.claim_seconds = claim_seconds
         self.on_result = on_result or (lambda channel, status: None)
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -130,7 +130,7 @@ class OutboxSender:
                         .where(outbox.c.id.in_(ids))
                         .values(
                             status="sending",
-                            claimed_until=now + timedelta(seconds=CLAIM_SECONDS),
+                            claimed_until=now + timedelta(seconds=self.claim_seconds),
                             attempts=outbox.c.attempts + 1,
                         )
                         .returning(outbox)

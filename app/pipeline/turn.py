@@ -90,7 +90,8 @@ def reply_for(event: InboundEvent, text: str) -> OutboundMessage:
         chat_id=target.get("chat_id", event.chat_id),
         thread_id=target.get("thread_id", event.thread_id),
         parts=(TextPart(text=text),),
-        reply_to=event.external_id,
+        # Quoting only makes sense in the chat the event came from.
+        reply_to=None if target else event.external_id,
         session_key=event.session_key,
         in_reply_to_event=event.event_id,
         metadata={k: v for k, v in event.metadata.items() if k.startswith("reply_")},
@@ -240,7 +241,7 @@ class TurnHandler:
                         outcome="crashed", error="the worker stopped during the run", finished_at=utcnow()
                     )
                 )
-            session = await self.store.open_current(conn, lease.key, last.channel)
+            session = await self.store.open_current(conn, lease.key, last.channel, fence=lease.fence)
             # Close a tool-call group a crash or a pending approval left open *before* the
             # new user message, so the history stays one legal trajectory.
             repairs = await self._close_open_group(conn, session, reason="a new message arrived first")
@@ -710,7 +711,7 @@ class TurnHandler:
                 )
                 log.warning("approval_refused", approval_id=approval_id, sender=event.sender_id)
                 return None
-            session = await self.store.open_current(conn, lease.key, event.channel)
+            session = await self.store.open_current(conn, lease.key, event.channel, fence=lease.fence)
             open_ids = [c["id"] for c in open_calls(await self._tail(conn, session.id))]
             if session.id != approval["session_id"] or approval["tool_call_id"] not in open_ids:
                 await conn.execute(
@@ -745,7 +746,7 @@ class TurnHandler:
                 select(approvals.c.id).where(approvals.c.run_id == run["id"], approvals.c.status == "pending")
             )
         ).first()
-        session = await self.store.open_current(conn, lease.key, event.channel)
+        session = await self.store.open_current(conn, lease.key, event.channel, fence=lease.fence)
         if waiting is not None or session.id != approval["session_id"]:
             return None
         details = dict(run["details"] or {})
@@ -868,7 +869,7 @@ class TurnHandler:
         event = row.event
         async with self._fenced(lease) as conn:
             await Inbox.mark(conn, [row.id], "processing", bump_attempts=True)
-            session = await self.store.open_current(conn, lease.key, event.channel)
+            session = await self.store.open_current(conn, lease.key, event.channel, fence=lease.fence)
             waiting = (
                 await conn.execute(
                     select(approvals.c.run_id).where(

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import or_, update
+from sqlalchemy import or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.db.models import session_keys, utcnow
@@ -24,6 +24,7 @@ class SessionLease:
     key: str
     owner: str
     fence: int
+    took_over: bool = False  # taken from another owner whose lease had expired
 
 
 async def ensure_key(conn: AsyncConnection, key: str) -> None:
@@ -37,6 +38,9 @@ async def acquire(
     now = now or utcnow()
     async with engine.begin() as conn:
         await ensure_key(conn, key)
+        previous = (
+            await conn.execute(select(session_keys.c.lease_owner).where(session_keys.c.key == key))
+        ).scalar()
         row = (
             await conn.execute(
                 update(session_keys)
@@ -56,7 +60,9 @@ async def acquire(
                 .returning(session_keys.c.lease_fence)
             )
         ).first()
-    return SessionLease(key, owner, row[0]) if row else None
+    if row is None:
+        return None
+    return SessionLease(key, owner, row[0], took_over=previous is not None and previous != owner)
 
 
 async def renew(engine: AsyncEngine, lease: SessionLease, ttl: float) -> bool:

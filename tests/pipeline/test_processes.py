@@ -150,6 +150,7 @@ async def test_sigkill_mid_run_loses_nothing(db_url: str, kill_after_done: int) 
             LEASE_TTL_SECONDS=2,
             WEBHOOK_CALLBACK_URL=receiver.url,
             OUTBOX_BACKOFF_BASE_SECONDS=0.2,
+            OUTBOX_CLAIM_SECONDS=2,  # a delivery the killed process had claimed is retried soon
         )
         server = ServerProcess(env).start()
         engine = create_async_engine(db_url)
