@@ -157,6 +157,7 @@ class Runtime:
             tools_deny=settings.tools_deny,
             approval_timeout=settings.approval_timeout_seconds,
             stop_poll=settings.stop_poll_seconds,
+            on_run_finished=self._observe_run,
         )
         self.dispatcher = Dispatcher(
             self.engine,
@@ -236,6 +237,11 @@ class Runtime:
                 raise
             except Exception:
                 log.exception("sweep_failed")
+
+    def _observe_run(self, outcome: str, seconds: float, provider: str) -> None:
+        self.metrics.run_duration.labels(outcome).observe(seconds)
+        if outcome == "provider_error":
+            self.metrics.provider_errors.labels(provider).inc()
 
     async def refresh_backlog_gauges(self) -> None:
         async with self.engine.connect() as conn:

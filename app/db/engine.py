@@ -33,3 +33,8 @@ def create_engine(settings: Settings) -> AsyncEngine:
         max_overflow=settings.db_pool_size,
         pool_pre_ping=True,
     )
+
+
+def autocommit_reader(engine: AsyncEngine) -> AsyncEngine:
+    """The same pool for single reads, without the BEGIN/ROLLBACK round trips around them."""
+    return engine.execution_options(isolation_level="AUTOCOMMIT")

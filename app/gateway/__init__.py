@@ -12,7 +12,7 @@ from app.metrics import Metrics
 def build_session_bus(settings: Settings, engine: AsyncEngine, metrics: Metrics) -> SessionBus:
     """PostgreSQL LISTEN/NOTIFY across replicas; in-process on SQLite (one process)."""
     from app.gateway.pg_bus import PgSessionBus
-    from app.gateway.run_metrics import RunMetricsBus
 
-    inner: SessionBus = LocalSessionBus() if settings.is_sqlite else PgSessionBus(settings.database_url)
-    return RunMetricsBus(inner, engine, metrics)
+    # Run durations and provider errors are observed by the turn handler itself
+    # (Runtime._observe_run), not by re-reading run rows from the bus.
+    return LocalSessionBus() if settings.is_sqlite else PgSessionBus(settings.database_url)

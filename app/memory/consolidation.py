@@ -23,6 +23,7 @@ import structlog
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.db.engine import autocommit_reader
 from app.db.models import inbox, messages, sessions
 from app.memory.identity import identity_of, is_person, resolve_owner
 from app.memory.store import Scope, content_key, put_memory
@@ -79,7 +80,7 @@ class Consolidator:
         await self.consolidate(lease, session.id)
 
     async def _fresh(self, session_id: int) -> tuple[str, int, int]:
-        async with self.engine.connect() as conn:
+        async with autocommit_reader(self.engine).connect() as conn:
             row = (
                 await conn.execute(
                     select(sessions.c.key, sessions.c.last_consolidated, sessions.c.next_seq).where(

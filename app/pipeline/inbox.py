@@ -12,6 +12,7 @@ from sqlalchemy import and_, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.channel import AcceptResult, Reply, WaitResult
+from app.db.engine import autocommit_reader
 from app.db.models import inbox, outbox, session_keys, utcnow
 from app.db.upsert import insert_ignore
 from app.events import InboundEvent
@@ -32,6 +33,7 @@ class InboxRow:
 class Inbox:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
+        self.reader = autocommit_reader(engine)
         self._waiters: dict[str, asyncio.Event] = {}
         self.on_accepted: Callable[[str], None] | None = None
 
@@ -83,7 +85,7 @@ class Inbox:
     # --- for the key's lease holder ----------------------------------------------
 
     async def next_rows(self, key: str, limit: int) -> list[InboxRow]:
-        async with self.engine.connect() as conn:
+        async with self.reader.connect() as conn:
             rows = (
                 (
                     await conn.execute(
@@ -109,7 +111,7 @@ class Inbox:
         ]
 
     async def has_pending(self, key: str) -> bool:
-        async with self.engine.connect() as conn:
+        async with self.reader.connect() as conn:
             row = (
                 await conn.execute(
                     select(inbox.c.id)
@@ -141,7 +143,7 @@ class Inbox:
     async def claimable_keys(self, limit: int = 500) -> list[str]:
         """Keys with unfinished events whose lease is free or expired."""
         now = utcnow()
-        async with self.engine.connect() as conn:
+        async with self.reader.connect() as conn:
             rows = await conn.execute(
                 select(inbox.c.session_key)
                 .distinct()
@@ -187,7 +189,7 @@ class Inbox:
             self._waiters.pop(event_id, None)
 
     async def _replies_if_done(self, event_id: str) -> WaitResult | None:
-        async with self.engine.connect() as conn:
+        async with self.reader.connect() as conn:
             row = (
                 await conn.execute(select(inbox.c.status, inbox.c.run_id).where(inbox.c.event_id == event_id))
             ).first()

@@ -164,8 +164,10 @@ class TurnHandler:
         tools_deny: Sequence[str] = (),
         approval_timeout: float = 300.0,
         stop_poll: float = 1.0,
+        on_run_finished: Callable[[str, float, str], None] | None = None,
     ) -> None:
         self.engine = engine
+        self.on_run_finished = on_run_finished
         self.store = store
         self.inbox = inbox
         self.runner = runner
@@ -485,6 +487,8 @@ class TurnHandler:
             values["finished_at"] = now
             values["duration_ms"] = round((now - stored.started_at).total_seconds() * 1000)
         await conn.execute(update(runs).where(runs.c.id == turn.run_id).values(**values))
+        if finished and self.on_run_finished is not None:
+            self.on_run_finished(record.outcome, values["duration_ms"] / 1000, record.provider)
 
     # --- mid-run input: steer and /stop ---------------------------------------------
 

@@ -17,6 +17,7 @@ from sqlalchemy import and_, func, select, update
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from app.db.engine import autocommit_reader
 from app.db.models import messages, session_keys, sessions, utcnow
 from app.sessions.cache import SessionCache
 from app.sessions.lease import ensure_key
@@ -97,6 +98,7 @@ class SessionStore:
         cache_size: int = 1024,
     ) -> None:
         self.engine = engine
+        self.reader = autocommit_reader(engine)
         self.cache: SessionCache[SessionState] = SessionCache(cache_size)
         self.default_lifecycle = default_lifecycle
         self.channel_lifecycles = dict(channel_lifecycles or {})
@@ -283,7 +285,7 @@ class SessionStore:
         max_tokens: int | None = None,
     ) -> list[ChatMessage]:
         """The model's view: reads only the newest `max_messages` after `last_consolidated`."""
-        async with self.engine.connect() as conn:
+        async with self.reader.connect() as conn:
             last_consolidated = (
                 await conn.execute(select(sessions.c.last_consolidated).where(sessions.c.id == session.id))
             ).scalar_one()
@@ -300,7 +302,7 @@ class SessionStore:
 
     async def tail(self, session_id: int, limit: int) -> list[ChatMessage]:
         """The newest `limit` messages regardless of consolidation (for resume checks)."""
-        async with self.engine.connect() as conn:
+        async with self.reader.connect() as conn:
             rows = (
                 (
                     await conn.execute(
@@ -326,7 +328,7 @@ class SessionStore:
         return row is not None
 
     async def all_messages(self, session_id: int) -> list[ChatMessage]:
-        async with self.engine.connect() as conn:
+        async with self.reader.connect() as conn:
             rows = (
                 (
                     await conn.execute(
