@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from app.db.engine import autocommit_reader
 from app.db.models import messages, session_keys, sessions, utcnow
 from app.sessions.cache import SessionCache
-from app.sessions.lease import ensure_key
+from app.sessions.lease import SessionLease, check_fence, ensure_key
 from app.sessions.messages import ChatMessage
 from app.sessions.window import trim_to_legal_window
 
@@ -384,8 +384,8 @@ class SessionStore:
                 counts["archived"] += archived.rowcount
         return counts
 
-    async def set_status(self, session_id: int, status: SessionStatus) -> None:
-        """Admin action (archive, reopen). Never deletes anything."""
+    async def set_status(self, session_id: int, status: SessionStatus, *, lease: SessionLease) -> None:
+        """Admin action (archive) under the key's lease, like every write. Deletes nothing."""
         self.cache.invalidate_where(lambda state: state.id == session_id)
         now = utcnow()
         values: dict[str, Any] = {"status": status.value, "updated_at": now}
@@ -394,12 +394,14 @@ class SessionStore:
         if status is SessionStatus.ACTIVE:
             values["last_active_at"] = now
         async with self.engine.begin() as conn:
+            await check_fence(conn, lease)
             await conn.execute(update(sessions).where(sessions.c.id == session_id).values(**values))
 
-    async def reopen(self, key: str, session_id: int) -> None:
-        """Make an earlier generation the key's current one again (admin)."""
+    async def reopen(self, key: str, session_id: int, *, lease: SessionLease) -> None:
+        """Make an earlier generation the key's current one again (admin, under the lease)."""
         self.cache.invalidate(key)
         async with self.engine.begin() as conn:
+            await check_fence(conn, lease)
             now = utcnow()
             current = await self._current(conn, key)
             if current is not None and current.id != session_id and current.status in OPEN_STATUSES:

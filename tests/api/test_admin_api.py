@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from urllib.parse import quote
 
 import httpx
@@ -108,3 +109,38 @@ async def test_readyz_fails_when_the_schema_is_not_migrated(serve: ServeApp) -> 
         resp = await client.get(f"{srv.url}/readyz")
     assert resp.status_code == 503
     assert resp.json()["status"] == "unavailable"
+
+
+async def test_archive_and_reopen_take_the_key_lease(serve: ServeApp) -> None:
+    from app.sessions import lease as leases
+
+    async with serve() as srv, httpx.AsyncClient(timeout=30) as client:
+        for text in ("one", "/new", "two"):
+            await post_webhook(
+                client, srv.url, WEBHOOK_SECRET, {"chat_id": "c", "sender_id": "u", "text": text}, wait=True
+            )
+        # A worker (here: another owner) holds the key: the admin write must not race it.
+        held = None
+        for _ in range(100):  # the real worker releases the key just after its reply
+            held = await leases.acquire(srv.runtime.engine, "webhook:c", "busy-worker", ttl=30)
+            if held is not None:
+                break
+            await asyncio.sleep(0.05)
+        assert held is not None
+        busy = await client.post(f"{srv.url}/admin/api/sessions/webhook%3Ac/archive", headers=AUTH)
+        assert busy.status_code == 409
+        current = (await client.get(f"{srv.url}/admin/api/sessions/webhook%3Ac", headers=AUTH)).json()
+        assert current["status"] == "active" and current["generation"] == 2
+        await leases.release(srv.runtime.engine, held)
+
+        archived = await client.post(f"{srv.url}/admin/api/sessions/webhook%3Ac/archive", headers=AUTH)
+        assert archived.status_code == 200
+        current = (await client.get(f"{srv.url}/admin/api/sessions/webhook%3Ac", headers=AUTH)).json()
+        assert current["status"] == "archived"
+        reopened = await client.post(
+            f"{srv.url}/admin/api/sessions/webhook%3Ac/reopen", params={"generation": 1}, headers=AUTH
+        )
+        assert reopened.status_code == 200
+        current = (await client.get(f"{srv.url}/admin/api/sessions/webhook%3Ac", headers=AUTH)).json()
+        assert current["generation"] == 1 and current["status"] == "active"
+        assert current["lease"]["owner"] is None  # the admin released the key again

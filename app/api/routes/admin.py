@@ -5,6 +5,9 @@ Session keys go into paths percent-encoded (`telegram%3A42`).
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query
@@ -12,7 +15,9 @@ from fastapi import APIRouter, Depends, HTTPException, Query
 from app.api.deps import get_runtime, require_admin
 from app.events import InboundEvent, TextPart
 from app.runtime import Runtime
+from app.sessions import lease as leases
 from app.sessions import queries
+from app.sessions.lease import SessionLease
 from app.sessions.store import SessionStatus
 
 router = APIRouter(prefix="/admin/api", tags=["admin"], dependencies=[Depends(require_admin)])
@@ -43,6 +48,18 @@ async def list_sessions(
         offset=offset,
     )
     return {"sessions": items}
+
+
+@asynccontextmanager
+async def _key_lease(runtime: Runtime, key: str) -> AsyncIterator[SessionLease]:
+    """Admin writes take the key's lease like a worker, so they never race a running turn."""
+    lease = await leases.acquire(runtime.engine, key, f"admin:{uuid.uuid4().hex[:8]}", ttl=30)
+    if lease is None:
+        raise HTTPException(409, "the session is being worked on right now; try again shortly")
+    try:
+        yield lease
+    finally:
+        await leases.release(runtime.engine, lease)
 
 
 async def _current(runtime: Runtime, key: str, generation: int | None = None) -> dict[str, Any]:
@@ -95,7 +112,8 @@ async def reset_session(key: str, runtime: Runtime = Depends(get_runtime)) -> di
 async def archive_session(key: str, runtime: Runtime = Depends(get_runtime)) -> dict[str, Any]:
     """Archive the current generation (kept and readable, hidden from default lists)."""
     session = await _current(runtime, key)
-    await runtime.store.set_status(session["id"], SessionStatus.ARCHIVED)
+    async with _key_lease(runtime, key) as lease:
+        await runtime.store.set_status(session["id"], SessionStatus.ARCHIVED, lease=lease)
     return {"key": key, "generation": session["generation"], "status": "archived"}
 
 
@@ -105,7 +123,8 @@ async def reopen_session(
 ) -> dict[str, Any]:
     """Make an earlier generation the key's current, active one again."""
     session = await _current(runtime, key, generation)
-    await runtime.store.reopen(key, session["id"])
+    async with _key_lease(runtime, key) as lease:
+        await runtime.store.reopen(key, session["id"], lease=lease)
     return {"key": key, "generation": generation, "status": "active"}
 
 
