@@ -128,7 +128,7 @@ class Runtime:
             max_iterations=settings.agent_max_iterations,
             max_tool_result_chars=settings.tool_result_max_chars,
         )
-        self.bus: SessionBus = build_session_bus(settings, self.engine, self.metrics)
+        self.bus: SessionBus = build_session_bus(settings)
         self.adapters: dict[str, ChannelAdapter] = {}
         self.http = httpx.AsyncClient(timeout=httpx.Timeout(15.0))
         self.sender = OutboxSender(

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from app.bus import LocalSessionBus, SessionBus
 from app.config import Settings
-from app.metrics import Metrics
 
 
-def build_session_bus(settings: Settings, engine: AsyncEngine, metrics: Metrics) -> SessionBus:
+def build_session_bus(settings: Settings) -> SessionBus:
     """PostgreSQL LISTEN/NOTIFY across replicas; in-process on SQLite (one process)."""
     from app.gateway.pg_bus import PgSessionBus
 

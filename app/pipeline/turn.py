@@ -50,7 +50,7 @@ from app.events import BusyPolicy, ChatType, InboundEvent, OutboundMessage, Text
 from app.pipeline.inbox import Inbox, InboxRow
 from app.sessions.lease import SessionLease, check_fence
 from app.sessions.messages import ChatMessage
-from app.sessions.store import SessionState, SessionStore, message_from_row
+from app.sessions.store import SessionState, SessionStore
 
 log = structlog.get_logger(__name__)
 
@@ -308,7 +308,7 @@ class TurnHandler:
         ).first()
         if last is None or not (last.role == "tool" or (last.role == "assistant" and last.tool_calls)):
             return []  # the common case: the last turn ended with an answer
-        tail = await self._tail(conn, session.id)
+        tail = await self.store.tail(session.id, 64, conn=conn)
         pending = open_calls(tail)
         if not pending:
             return []
@@ -349,21 +349,6 @@ class TurnHandler:
             )
             for call in pending
         ]
-
-    async def _tail(self, conn: AsyncConnection, session_id: int, limit: int = 64) -> list[ChatMessage]:
-        rows = (
-            (
-                await conn.execute(
-                    select(messages)
-                    .where(messages.c.session_id == session_id)
-                    .order_by(messages.c.seq.desc())
-                    .limit(limit)
-                )
-            )
-            .mappings()
-            .all()
-        )
-        return [message_from_row(r) for r in reversed(rows)]
 
     # --- the hooks the run loop calls -----------------------------------------------
 
@@ -716,7 +701,7 @@ class TurnHandler:
                 log.warning("approval_refused", approval_id=approval_id, sender=event.sender_id)
                 return None
             session = await self.store.open_current(conn, lease.key, event.channel, fence=lease.fence)
-            open_ids = [c["id"] for c in open_calls(await self._tail(conn, session.id))]
+            open_ids = [c["id"] for c in open_calls(await self.store.tail(session.id, 64, conn=conn))]
             if session.id != approval["session_id"] or approval["tool_call_id"] not in open_ids:
                 await conn.execute(
                     update(approvals)

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import and_, or_, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.db.models import session_keys, utcnow
@@ -34,35 +35,40 @@ async def ensure_key(conn: AsyncConnection, key: str) -> None:
 async def acquire(
     engine: AsyncEngine, key: str, owner: str, ttl: float, *, now: datetime | None = None
 ) -> SessionLease | None:
-    """Take the key's lease if it is free, expired or already ours; None if held."""
+    """Take the key's lease if it is free, expired or already ours; None if held.
+
+    The common case (the key exists and is free) is one statement; creating the key's
+    row and taking an expired lease over (`took_over`) are the slower paths.
+    """
     now = now or utcnow()
+    free = or_(session_keys.c.lease_owner.is_(None), session_keys.c.lease_owner == owner)
+    expired = and_(session_keys.c.lease_owner != owner, session_keys.c.lease_expires_at < now)
     async with engine.begin() as conn:
-        await ensure_key(conn, key)
-        previous = (
-            await conn.execute(select(session_keys.c.lease_owner).where(session_keys.c.key == key))
-        ).scalar()
-        row = (
-            await conn.execute(
-                update(session_keys)
-                .where(
-                    session_keys.c.key == key,
-                    or_(
-                        session_keys.c.lease_owner.is_(None),
-                        session_keys.c.lease_expires_at < now,
-                        session_keys.c.lease_owner == owner,
-                    ),
-                )
-                .values(
-                    lease_owner=owner,
-                    lease_fence=session_keys.c.lease_fence + 1,
-                    lease_expires_at=now + timedelta(seconds=ttl),
-                )
-                .returning(session_keys.c.lease_fence)
+        fence = await _take(conn, key, owner, ttl, now, free)
+        if fence is None:
+            await ensure_key(conn, key)
+            fence = await _take(conn, key, owner, ttl, now, free)
+        if fence is not None:
+            return SessionLease(key, owner, fence)
+        fence = await _take(conn, key, owner, ttl, now, expired)
+    return SessionLease(key, owner, fence, took_over=True) if fence is not None else None
+
+
+async def _take(
+    conn: AsyncConnection, key: str, owner: str, ttl: float, now: datetime, condition: Any
+) -> int | None:
+    return (
+        await conn.execute(
+            update(session_keys)
+            .where(session_keys.c.key == key, condition)
+            .values(
+                lease_owner=owner,
+                lease_fence=session_keys.c.lease_fence + 1,
+                lease_expires_at=now + timedelta(seconds=ttl),
             )
-        ).first()
-    if row is None:
-        return None
-    return SessionLease(key, owner, row[0], took_over=previous is not None and previous != owner)
+            .returning(session_keys.c.lease_fence)
+        )
+    ).scalar()
 
 
 async def renew(engine: AsyncEngine, lease: SessionLease, ttl: float) -> bool:

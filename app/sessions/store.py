@@ -300,21 +300,24 @@ class SessionStore:
         history = [message_from_row(r) for r in reversed(rows)]
         return trim_to_legal_window(history, max_messages=max_messages, max_tokens=max_tokens)
 
-    async def tail(self, session_id: int, limit: int) -> list[ChatMessage]:
-        """The newest `limit` messages regardless of consolidation (for resume checks)."""
-        async with self.reader.connect() as conn:
-            rows = (
-                (
-                    await conn.execute(
-                        select(messages)
-                        .where(messages.c.session_id == session_id)
-                        .order_by(messages.c.seq.desc())
-                        .limit(limit)
-                    )
-                )
-                .mappings()
-                .all()
-            )
+    async def tail(
+        self, session_id: int, limit: int, *, conn: AsyncConnection | None = None
+    ) -> list[ChatMessage]:
+        """The newest `limit` messages regardless of consolidation (for resume checks).
+
+        With `conn`, read inside the caller's transaction (it is about to append).
+        """
+        query = (
+            select(messages)
+            .where(messages.c.session_id == session_id)
+            .order_by(messages.c.seq.desc())
+            .limit(limit)
+        )
+        if conn is not None:
+            rows = (await conn.execute(query)).mappings().all()
+        else:
+            async with self.reader.connect() as own:
+                rows = (await own.execute(query)).mappings().all()
         return [message_from_row(r) for r in reversed(rows)]
 
     async def has_event(self, conn: AsyncConnection, session_id: int, event_id: str) -> bool:
