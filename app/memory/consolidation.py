@@ -18,9 +18,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
-from sqlalchemy import func, select
+from sqlalchemy import bindparam, func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db.engine import autocommit_reader
@@ -68,6 +69,23 @@ class ConsolidationLimits:
     max_batch: int = 2000  # messages folded in one pass at most
 
 
+def _fresh_query() -> Any:
+    s, m = sessions.alias("s"), messages
+    chars = (
+        select(func.coalesce(func.sum(func.length(m.c.content)), 0))
+        .where(
+            m.c.session_id == s.c.id,
+            m.c.seq > s.c.last_consolidated,
+            m.c.seq <= s.c.last_consolidated + bindparam("window"),
+        )
+        .scalar_subquery()
+    )
+    return select(s.c.key, s.c.last_consolidated, s.c.next_seq, chars).where(s.c.id == bindparam("sid"))
+
+
+_FRESH = _fresh_query()  # built once: it runs after every turn
+
+
 class Consolidator:
     """`TurnHandler` after-turn hook: `await consolidator(lease, session)`."""
 
@@ -79,38 +97,32 @@ class Consolidator:
     async def __call__(self, lease: SessionLease, session: SessionState) -> None:
         await self.consolidate(lease, session.id)
 
-    async def _fresh(self, session_id: int) -> tuple[str, int, int]:
+    async def _fresh(self, session_id: int) -> tuple[str, int, int, int]:
+        """Key, `last_consolidated`, `next_seq` and the text length of the unconsolidated part.
+
+        One statement per turn. The length is summed over at most `threshold_messages`
+        rows: beyond that the message count alone decides.
+        """
         async with autocommit_reader(self.engine).connect() as conn:
             row = (
-                await conn.execute(
-                    select(sessions.c.key, sessions.c.last_consolidated, sessions.c.next_seq).where(
-                        sessions.c.id == session_id
-                    )
-                )
+                await conn.execute(_FRESH, {"sid": session_id, "window": self.limits.threshold_messages})
             ).one()
-        return row[0], row[1], row[2]
+        return row[0], row[1], row[2], int(row[3])
 
     async def consolidate(self, lease: SessionLease, session_id: int) -> int | None:
         """Fold what is due; returns the new `last_consolidated`, or None if nothing moved."""
-        key, start, next_seq = await self._fresh(session_id)
+        key, start, next_seq, chars = await self._fresh(session_id)
         if key != lease.key:
             raise ValueError(f"session {session_id} is not under the lease of {lease.key!r}")
         pending = next_seq - 1 - start
         if pending <= self.limits.keep_messages:
             return None
+        # Below the message threshold: estimate tokens (as estimate_tokens does, from the
+        # text) without loading the rows on every turn.
+        estimate = 4 * pending + chars // 4
+        if pending < self.limits.threshold_messages and estimate < self.limits.threshold_tokens:
+            return None
         async with self.engine.connect() as conn:
-            if pending < self.limits.threshold_messages:
-                # Below the message threshold: estimate tokens in SQL (as estimate_tokens
-                # does, from the text), without loading the rows on every turn.
-                chars = (
-                    await conn.execute(
-                        select(func.coalesce(func.sum(func.length(messages.c.content)), 0)).where(
-                            messages.c.session_id == session_id, messages.c.seq > start
-                        )
-                    )
-                ).scalar_one()
-                if 4 * pending + int(chars) // 4 < self.limits.threshold_tokens:
-                    return None
             rows = (
                 (
                     await conn.execute(

@@ -25,6 +25,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.elements import ColumnElement
 
+from app.db.engine import autocommit_reader
 from app.db.models import memories, utcnow
 
 GLOBAL_OWNER = ""
@@ -130,6 +131,7 @@ async def put_memory(
 class MemoryStore:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
+        self.reader = autocommit_reader(engine)
 
     async def put(self, scope: Scope, owner: str, content: str, **kw: Any) -> None:
         async with self.engine.begin() as conn:
@@ -159,6 +161,12 @@ class MemoryStore:
                 rows = (await own.execute(query)).mappings().all()
         found = [_memory(r) for r in rows]
         return [m for m in found if kind is None or m.kind == kind]
+
+    async def run_recall(self, query: Any, params: dict[str, Any]) -> list[Memory]:
+        """Run a prepared recall query (`app.memory.recall`) on an autocommit connection."""
+        async with self.reader.connect() as conn:
+            rows = (await conn.execute(query, params)).mappings().all()
+        return [_memory(r) for r in rows]
 
     async def search(
         self, filters: Sequence[OwnerFilter], query: str, *, limit: int = 10, scan: int = 500

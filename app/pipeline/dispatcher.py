@@ -109,10 +109,10 @@ class Dispatcher:
         try:
             while True:
                 self._again.discard(key)
-                await self._drain_once(key)
+                more = await self._drain_once(key)
                 # An event accepted while we released the lease found it still held and
-                # relied on us: look once more after releasing.
-                if self._stopping or not (key in self._again or await self.inbox.has_pending(key)):
+                # relied on us: the release told whether any is left.
+                if self._stopping or not (more or key in self._again):
                     break
         except asyncio.CancelledError:
             raise
@@ -121,10 +121,19 @@ class Dispatcher:
         finally:
             self._workers.pop(key, None)
 
-    async def _drain_once(self, key: str) -> None:
+    async def _drain_once(self, key: str) -> bool:
+        """Hold the key's lease while it has events; returns whether some are left.
+
+        The run slot is taken before the lease: a key waiting for a slot holds no lease
+        (nothing to renew, and another replica with a free slot may take the key).
+        """
+        async with self._runs:
+            return await self._drain_leased(key)
+
+    async def _drain_leased(self, key: str) -> bool:
         lease = await leases.acquire(self.engine, key, self.owner, self.lease_ttl)
         if lease is None:
-            return
+            return False  # its holder looks for new events when it releases the key
         if lease.took_over and self.on_takeover is not None:
             log.info("lease_taken_over_from_expired_owner", session_key=key, fence=lease.fence)
             self.on_takeover()
@@ -136,48 +145,53 @@ class Dispatcher:
             if lease.fence > 1:
                 log.debug("lease_acquired", fence=lease.fence)
             while not self._stopping:
-                batch = await self._next_batch(key)
+                self._again.discard(key)
+                batch, more = await self._next_batch(key)
                 if not batch:
                     break
-                async with self._runs:
-                    structlog.contextvars.bind_contextvars(
-                        channel=batch[-1].channel, event_id=batch[-1].event_id
-                    )
-                    try:
-                        await self.handler.handle(lease, batch)
-                    except LeaseLost:
-                        raise
-                    except Exception:
-                        log.exception("turn_failed")
-                        await asyncio.sleep(0.2)  # the rows stay unfinished: retried, then failed
+                structlog.contextvars.bind_contextvars(channel=batch[-1].channel, event_id=batch[-1].event_id)
+                try:
+                    await self.handler.handle(lease, batch)
+                except LeaseLost:
+                    raise
+                except Exception:
+                    log.exception("turn_failed")
+                    await asyncio.sleep(0.2)  # the rows stay unfinished: retried, then failed
+                    more = True
+                # Events accepted here meanwhile are in `_again`; events accepted by other
+                # replicas are found by the release.
+                if not (more or key in self._again):
+                    break
         except LeaseLost:
             log.warning("lease_lost", fence=lease.fence)
-            return
+            return False
         finally:
             renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await renewer
             structlog.contextvars.unbind_contextvars("session_key", "channel", "event_id")
             self.handler.store.release(key)  # cached state is only valid under this lease
-        await leases.release(self.engine, lease)
+        return await leases.release(self.engine, lease)
 
-    async def _next_batch(self, key: str) -> list[InboxRow]:
-        rows = await self.inbox.next_rows(key, limit=1)
+    async def _next_batch(self, key: str) -> tuple[list[InboxRow], bool]:
+        """The next turn's rows, and whether more rows were waiting behind them."""
+        rows = await self.inbox.next_rows(key, limit=2)
         if not rows:
-            return []
+            return [], False
         policy = self.busy_policies.get(rows[0].channel, BusyPolicy.QUEUE)
-        if policy is not BusyPolicy.COLLECT:
-            return rows
-        if is_command(rows[0].event):
-            return rows
+        if policy is not BusyPolicy.COLLECT or is_command(rows[0].event):
+            return rows[:1], len(rows) > 1
         await asyncio.sleep(self.collect_debounce)
-        rows = await self.inbox.next_rows(key, limit=100)
+        rows = await self.inbox.next_rows(key, limit=101)
         # Never merge across channels (a reply goes back to one place), and never merge
         # a command (/stop, /approve …) into a message turn: it is handled on its own.
         batch = list(
-            itertools.takewhile(lambda r: r.channel == rows[0].channel and not is_command(r.event), rows)
+            itertools.takewhile(
+                lambda r: r.channel == rows[0].channel and not is_command(r.event), rows[:100]
+            )
         )
-        return batch or rows[:1]
+        batch = batch or rows[:1]
+        return batch, len(rows) > len(batch)
 
     async def _renew(self, lease: leases.SessionLease, worker: asyncio.Task[None]) -> None:
         while True:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -35,6 +36,9 @@ class Inbox:
         self.engine = engine
         self.reader = autocommit_reader(engine)
         self._waiters: dict[str, asyncio.Event] = {}
+        # Events accepted here and not yet handled here: a waiter need not ask the
+        # database before the first wake-up (bounded; other replicas' work is polled).
+        self._unhandled: OrderedDict[str, None] = OrderedDict()
         self.on_accepted: Callable[[str], None] | None = None
 
     async def accept(self, events: Sequence[InboundEvent]) -> list[AcceptResult]:
@@ -44,9 +48,12 @@ class Inbox:
         async with self.engine.begin() as conn:
             for event in events:
                 results.append(await self._insert(conn, event, now))
-        if self.on_accepted is not None:
-            for res in results:
-                if not res.duplicate:
+        for res in results:
+            if not res.duplicate:
+                self._unhandled[res.event_id] = None
+                if len(self._unhandled) > 10_000:
+                    self._unhandled.popitem(last=False)
+                if self.on_accepted is not None:
                     self.on_accepted(res.session_key)
         return results
 
@@ -163,6 +170,7 @@ class Inbox:
 
     def wake(self, event_ids: Sequence[str]) -> None:
         for event_id in event_ids:
+            self._unhandled.pop(event_id, None)
             waiter = self._waiters.get(event_id)
             if waiter is not None:
                 waiter.set()
@@ -172,11 +180,13 @@ class Inbox:
         waiter = self._waiters.setdefault(event_id, asyncio.Event())
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
+        ask = event_id not in self._unhandled
         try:
             while True:
-                result = await self._replies_if_done(event_id)
+                result = await self._replies_if_done(event_id) if ask else None
                 if result is not None:
                     return result
+                ask = True
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     return WaitResult(done=False)

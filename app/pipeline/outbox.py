@@ -120,14 +120,12 @@ class OutboxSender:
         async with self.engine.begin() as conn:
             if conn.dialect.name == "postgresql":
                 candidates = candidates.with_for_update(skip_locked=True)
-            ids = [r[0] for r in await conn.execute(candidates)]
-            if not ids:
-                return []
+            # One statement: pick the due rows and claim them.
             rows = (
                 (
                     await conn.execute(
                         update(outbox)
-                        .where(outbox.c.id.in_(ids))
+                        .where(outbox.c.id.in_(candidates.scalar_subquery()))
                         .values(
                             status="sending",
                             claimed_until=now + timedelta(seconds=self.claim_seconds),

@@ -22,7 +22,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import structlog
@@ -139,6 +139,8 @@ class _Turn:
     # A run resumed by /approve already has replies (the question): its new inbox rows are
     # not linked by run id, so waiting clients get only the replies to their own event.
     link_rows: bool = True
+    # The run row's event ids, details and start as stored (None: read them when saving).
+    run_row: tuple[list[str], dict[str, Any], datetime] | None = None
 
     @property
     def handled_ids(self) -> set[int]:
@@ -247,23 +249,34 @@ class TurnHandler:
             # Close a tool-call group a crash or a pending approval left open *before* the
             # new user message, so the history stays one legal trajectory.
             repairs = await self._close_open_group(conn, session, reason="a new message arrived first")
+            # Only a retry (attempts > 0: an earlier transaction marked the row) can have
+            # appended the event's message already.
             new_user = [
-                _user_message(e)
-                for e in events
-                if not await self.store.has_event(conn, session.id, e.event_id)
+                _user_message(r.event)
+                for r in live
+                if r.attempts == 0 or not await self.store.has_event(conn, session.id, r.event_id)
             ]
             added = [*repairs, *new_user]
             seqs = await self.store.append(conn, session.id, added)
-            run_id = None
+            run_id: int | None = None
+            run_row: tuple[list[str], dict[str, Any], datetime] | None = None
             if answer:
-                run_id = await self._insert_run(conn, session, lease.key, events)
+                run_id, run_row = await self._insert_run(conn, session, lease.key, events)
             else:
                 await Inbox.mark(conn, [r.id for r in live], "done")
         await self._publish(lease.key, session.id, added, seqs)
         if run_id is None:
             self.inbox.wake([e.event_id for e in events])
             return
-        turn = _Turn(lease=lease, session=session, rows=list(live), run_id=run_id, origin=last, reply_to=last)
+        turn = _Turn(
+            lease=lease,
+            session=session,
+            rows=list(live),
+            run_id=run_id,
+            origin=last,
+            reply_to=last,
+            run_row=run_row,
+        )
         record = RunRecord(provider=self.runner.provider.name, model=self.models.get(last.channel))
         record = await self.runner.resume(
             self._hooks(turn), self._tool_context(turn), record, calls=(), decisions={}, model=record.model
@@ -273,26 +286,28 @@ class TurnHandler:
 
     async def _insert_run(
         self, conn: AsyncConnection, session: SessionState, key: str, events: Sequence[InboundEvent]
-    ) -> int:
-        return int(
-            (
-                await conn.execute(
-                    runs.insert()
-                    .values(
-                        session_id=session.id,
-                        session_key=key,
-                        event_ids=[e.event_id for e in events],
-                        provider=self.runner.provider.name,
-                        model=self.models.get(events[-1].channel),
-                        tool_calls=[],
-                        started_at=utcnow(),
-                        outcome="running",
-                        details={"origin_event_id": events[-1].event_id, "requester": events[-1].sender_id},
-                    )
-                    .returning(runs.c.id)
+    ) -> tuple[int, tuple[list[str], dict[str, Any], datetime]]:
+        event_ids = [e.event_id for e in events]
+        details = {"origin_event_id": events[-1].event_id, "requester": events[-1].sender_id}
+        started_at = utcnow()
+        run_id = (
+            await conn.execute(
+                runs.insert()
+                .values(
+                    session_id=session.id,
+                    session_key=key,
+                    event_ids=event_ids,
+                    provider=self.runner.provider.name,
+                    model=self.models.get(events[-1].channel),
+                    tool_calls=[],
+                    started_at=started_at,
+                    outcome="running",
+                    details=details,
                 )
-            ).scalar_one()
-        )
+                .returning(runs.c.id)
+            )
+        ).scalar_one()
+        return int(run_id), (event_ids, details, started_at)
 
     async def _close_open_group(
         self, conn: AsyncConnection, session: SessionState, *, reason: str, by: str = "superseded"
@@ -449,13 +464,18 @@ class TurnHandler:
     async def _save_run(
         self, conn: AsyncConnection, turn: _Turn, record: RunRecord, *, finished: bool
     ) -> None:
-        stored = (
-            await conn.execute(
-                select(runs.c.event_ids, runs.c.details, runs.c.started_at).where(runs.c.id == turn.run_id)
-            )
-        ).one()
-        event_ids = list(stored.event_ids or [])
-        event_ids += [r.event_id for r in turn.rows if r.event_id not in event_ids]
+        if turn.run_row is None:
+            stored = (
+                await conn.execute(
+                    select(runs.c.event_ids, runs.c.details, runs.c.started_at).where(
+                        runs.c.id == turn.run_id
+                    )
+                )
+            ).one()
+            turn.run_row = (list(stored.event_ids or []), dict(stored.details or {}), stored.started_at)
+        stored_ids, stored_details, started_at = turn.run_row
+        event_ids = [*stored_ids, *(r.event_id for r in turn.rows if r.event_id not in stored_ids)]
+        details = {**stored_details, **record.trace_details()}
         values: dict[str, Any] = dict(
             model=record.model,
             tool_calls=record.tool_calls,
@@ -464,14 +484,15 @@ class TurnHandler:
             completion_tokens=record.completion_tokens,
             outcome=record.outcome,
             error=record.error,
-            details={**(stored.details or {}), **record.trace_details()},
+            details=details,
             event_ids=event_ids,
         )
         if finished:
             now = utcnow()
             values["finished_at"] = now
-            values["duration_ms"] = round((now - stored.started_at).total_seconds() * 1000)
+            values["duration_ms"] = round((now - started_at).total_seconds() * 1000)
         await conn.execute(update(runs).where(runs.c.id == turn.run_id).values(**values))
+        turn.run_row = (event_ids, details, started_at)
         if finished and self.on_run_finished is not None:
             self.on_run_finished(record.outcome, values["duration_ms"] / 1000, record.provider)
 
@@ -519,7 +540,7 @@ class TurnHandler:
             new_user = [
                 _user_message(r.event)
                 for r in rows
-                if not await self.store.has_event(conn, session.id, r.event_id)
+                if r.attempts == 0 or not await self.store.has_event(conn, session.id, r.event_id)
             ]
             seqs = await self.store.append(conn, session.id, new_user, run_id=turn.run_id)
         turn.rows.extend(rows)

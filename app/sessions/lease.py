@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, or_, update
+from sqlalchemy import and_, bindparam, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from app.db.models import session_keys, utcnow
+from app.db.models import inbox, session_keys, utcnow
 from app.db.upsert import insert_ignore
 from app.errors import LeaseLost
 
@@ -26,6 +26,38 @@ class SessionLease:
     owner: str
     fence: int
     took_over: bool = False  # taken from another owner whose lease had expired
+
+
+# The statements are built once (bound parameters only): they run several times per turn.
+_K = session_keys.c
+_MINE = and_(_K.key == bindparam("k"), _K.lease_owner == bindparam("o"), _K.lease_fence == bindparam("f"))
+
+
+def _take_statement(condition: Any) -> Any:
+    return (
+        update(session_keys)
+        .where(_K.key == bindparam("k"), condition)
+        .values(lease_owner=bindparam("o"), lease_fence=_K.lease_fence + 1, lease_expires_at=bindparam("exp"))
+        .returning(_K.lease_fence)
+    )
+
+
+_TAKE_FREE = _take_statement(or_(_K.lease_owner.is_(None), _K.lease_owner == bindparam("o")))
+_TAKE_EXPIRED = _take_statement(
+    and_(_K.lease_owner != bindparam("o"), _K.lease_expires_at < bindparam("now"))
+)
+_RENEW = update(session_keys).where(_MINE).values(lease_expires_at=bindparam("exp"))
+_UNFINISHED = (
+    select(inbox.c.id)
+    .where(inbox.c.session_key == bindparam("k"), inbox.c.status.in_(("pending", "processing")))
+    .limit(1)
+    .exists()
+)
+_RELEASE = (
+    update(session_keys).where(_MINE).values(lease_owner=None, lease_expires_at=None).returning(_UNFINISHED)
+)
+_ASK_UNFINISHED = select(_UNFINISHED)
+_CHECK = update(session_keys).where(_MINE).values(lease_fence=_K.lease_fence)
 
 
 async def ensure_key(conn: AsyncConnection, key: str) -> None:
@@ -41,73 +73,44 @@ async def acquire(
     row and taking an expired lease over (`took_over`) are the slower paths.
     """
     now = now or utcnow()
-    free = or_(session_keys.c.lease_owner.is_(None), session_keys.c.lease_owner == owner)
-    expired = and_(session_keys.c.lease_owner != owner, session_keys.c.lease_expires_at < now)
+    params = {"k": key, "o": owner, "exp": now + timedelta(seconds=ttl), "now": now}
     async with engine.begin() as conn:
-        fence = await _take(conn, key, owner, ttl, now, free)
+        fence = (await conn.execute(_TAKE_FREE, params)).scalar()
         if fence is None:
             await ensure_key(conn, key)
-            fence = await _take(conn, key, owner, ttl, now, free)
+            fence = (await conn.execute(_TAKE_FREE, params)).scalar()
         if fence is not None:
             return SessionLease(key, owner, fence)
-        fence = await _take(conn, key, owner, ttl, now, expired)
+        fence = (await conn.execute(_TAKE_EXPIRED, params)).scalar()
     return SessionLease(key, owner, fence, took_over=True) if fence is not None else None
 
 
-async def _take(
-    conn: AsyncConnection, key: str, owner: str, ttl: float, now: datetime, condition: Any
-) -> int | None:
-    return (
-        await conn.execute(
-            update(session_keys)
-            .where(session_keys.c.key == key, condition)
-            .values(
-                lease_owner=owner,
-                lease_fence=session_keys.c.lease_fence + 1,
-                lease_expires_at=now + timedelta(seconds=ttl),
-            )
-            .returning(session_keys.c.lease_fence)
-        )
-    ).scalar()
+def _mine(lease: SessionLease) -> dict[str, Any]:
+    return {"k": lease.key, "o": lease.owner, "f": lease.fence}
 
 
 async def renew(engine: AsyncEngine, lease: SessionLease, ttl: float) -> bool:
     async with engine.begin() as conn:
-        result = await conn.execute(
-            update(session_keys)
-            .where(
-                session_keys.c.key == lease.key,
-                session_keys.c.lease_owner == lease.owner,
-                session_keys.c.lease_fence == lease.fence,
-            )
-            .values(lease_expires_at=utcnow() + timedelta(seconds=ttl))
-        )
+        result = await conn.execute(_RENEW, {**_mine(lease), "exp": utcnow() + timedelta(seconds=ttl)})
     return result.rowcount == 1
 
 
-async def release(engine: AsyncEngine, lease: SessionLease) -> None:
+async def release(engine: AsyncEngine, lease: SessionLease) -> bool:
+    """Give the lease up; returns whether the key still has unfinished inbox events.
+
+    The check is part of the releasing statement: an event accepted by another replica
+    while we held the lease (its worker found the key taken and left it to us) is seen
+    here, or its worker's next attempt finds the lease free.
+    """
     async with engine.begin() as conn:
-        await conn.execute(
-            update(session_keys)
-            .where(
-                session_keys.c.key == lease.key,
-                session_keys.c.lease_owner == lease.owner,
-                session_keys.c.lease_fence == lease.fence,
-            )
-            .values(lease_owner=None, lease_expires_at=None)
-        )
+        row = (await conn.execute(_RELEASE, _mine(lease))).first()
+        if row is None:  # no longer ours: ask separately
+            row = (await conn.execute(_ASK_UNFINISHED, {"k": lease.key})).first()
+    return bool(row is not None and row[0])
 
 
 async def check_fence(conn: AsyncConnection, lease: SessionLease) -> None:
     """Raise `LeaseLost` unless `lease` is still the key's current lease (same tx as the write)."""
-    result = await conn.execute(
-        update(session_keys)
-        .where(
-            session_keys.c.key == lease.key,
-            session_keys.c.lease_owner == lease.owner,
-            session_keys.c.lease_fence == lease.fence,
-        )
-        .values(lease_fence=session_keys.c.lease_fence)
-    )
+    result = await conn.execute(_CHECK, _mine(lease))
     if result.rowcount != 1:
         raise LeaseLost(lease.key, lease.fence)

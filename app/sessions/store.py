@@ -285,10 +285,11 @@ class SessionStore:
         max_tokens: int | None = None,
     ) -> list[ChatMessage]:
         """The model's view: reads only the newest `max_messages` after `last_consolidated`."""
+        # `last_consolidated` is read in the same statement: consolidation moves it.
+        last_consolidated = (
+            select(sessions.c.last_consolidated).where(sessions.c.id == session.id).scalar_subquery()
+        )
         async with self.reader.connect() as conn:
-            last_consolidated = (
-                await conn.execute(select(sessions.c.last_consolidated).where(sessions.c.id == session.id))
-            ).scalar_one()
             query = (
                 select(messages)
                 .where(messages.c.session_id == session.id, messages.c.seq > last_consolidated)
