@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import and_, bindparam, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.channel import AcceptResult, Reply, WaitResult
@@ -19,6 +19,17 @@ from app.db.upsert import insert_ignore
 from app.events import InboundEvent
 
 ACTIVE_STATUSES = ("pending", "processing")
+
+
+_NEXT_ROWS = (  # built once: the dispatcher runs it before every turn
+    select(inbox)
+    .where(inbox.c.session_key == bindparam("k"), inbox.c.status.in_(ACTIVE_STATUSES))
+    .order_by(inbox.c.id)
+    .limit(bindparam("limit"))
+)
+# The other columns to set come with the parameters.
+_MARK = update(inbox).where(inbox.c.id.in_(bindparam("ids", expanding=True)))
+_MARK_BUMP = _MARK.values(attempts=inbox.c.attempts + 1)
 
 
 @dataclass(frozen=True)
@@ -93,18 +104,7 @@ class Inbox:
 
     async def next_rows(self, key: str, limit: int) -> list[InboxRow]:
         async with self.reader.connect() as conn:
-            rows = (
-                (
-                    await conn.execute(
-                        select(inbox)
-                        .where(inbox.c.session_key == key, inbox.c.status.in_(ACTIVE_STATUSES))
-                        .order_by(inbox.c.id)
-                        .limit(limit)
-                    )
-                )
-                .mappings()
-                .all()
-            )
+            rows = (await conn.execute(_NEXT_ROWS, {"k": key, "limit": limit})).mappings().all()
         return [
             InboxRow(
                 id=r["id"],
@@ -138,14 +138,12 @@ class Inbox:
         error: str | None = None,
         bump_attempts: bool = False,
     ) -> None:
-        values: dict[str, Any] = {"status": status, "updated_at": utcnow()}
+        values: dict[str, Any] = {"status": status, "updated_at": utcnow(), "ids": list(row_ids)}
         if run_id is not None:
             values["run_id"] = run_id
         if error is not None:
             values["error"] = error
-        if bump_attempts:
-            values["attempts"] = inbox.c.attempts + 1
-        await conn.execute(update(inbox).where(inbox.c.id.in_(list(row_ids))).values(**values))
+        await conn.execute(_MARK_BUMP if bump_attempts else _MARK, values)
 
     async def claimable_keys(self, limit: int = 500) -> list[str]:
         """Keys with unfinished events whose lease is free or expired."""

@@ -26,7 +26,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import structlog
-from sqlalchemy import func, select, update
+from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.agent.loop import (
@@ -108,7 +108,8 @@ async def insert_outbox(
 ) -> None:
     now = utcnow()
     await conn.execute(
-        outbox.insert().values(
+        _INSERT_OUTBOX,
+        dict(
             message_id=message.message_id,
             session_key=message.session_key or "",
             session_id=session_id,
@@ -121,8 +122,14 @@ async def insert_outbox(
             attempts=0,
             next_attempt_at=now,
             created_at=now,
-        )
+        ),
     )
+
+
+# Built once: every turn runs them (the values come with the parameters).
+_INSERT_OUTBOX = outbox.insert()
+_INSERT_RUN = runs.insert().returning(runs.c.id)
+_UPDATE_RUN = update(runs).where(runs.c.id == bindparam("run_id_"))
 
 
 @dataclass
@@ -292,8 +299,8 @@ class TurnHandler:
         started_at = utcnow()
         run_id = (
             await conn.execute(
-                runs.insert()
-                .values(
+                _INSERT_RUN,
+                dict(
                     session_id=session.id,
                     session_key=key,
                     event_ids=event_ids,
@@ -303,8 +310,7 @@ class TurnHandler:
                     started_at=started_at,
                     outcome="running",
                     details=details,
-                )
-                .returning(runs.c.id)
+                ),
             )
         ).scalar_one()
         return int(run_id), (event_ids, details, started_at)
@@ -491,7 +497,7 @@ class TurnHandler:
             now = utcnow()
             values["finished_at"] = now
             values["duration_ms"] = round((now - started_at).total_seconds() * 1000)
-        await conn.execute(update(runs).where(runs.c.id == turn.run_id).values(**values))
+        await conn.execute(_UPDATE_RUN, {**values, "run_id_": turn.run_id})
         turn.run_row = (event_ids, details, started_at)
         if finished and self.on_run_finished is not None:
             self.on_run_finished(record.outcome, values["duration_ms"] / 1000, record.provider)

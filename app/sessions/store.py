@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import and_, func, select, update
+from sqlalchemy import and_, bindparam, func, select, update
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -86,6 +86,36 @@ def message_from_row(row: RowMapping) -> ChatMessage:
         event_id=row["event_id"],
         seq=row["seq"],
     )
+
+
+# Built once with bound parameters: they run on every turn.
+_CURRENT = (
+    select(sessions)
+    .join(session_keys, session_keys.c.current_session_id == sessions.c.id)
+    .where(session_keys.c.key == bindparam("k"))
+)
+_BUMP_SEQ = (
+    update(sessions)
+    .where(sessions.c.id == bindparam("sid"))
+    .values(
+        next_seq=sessions.c.next_seq + bindparam("n"),
+        last_active_at=bindparam("now"),
+        updated_at=bindparam("now"),
+    )
+    .returning(sessions.c.next_seq)
+)
+_INSERT_MESSAGES = messages.insert()
+_WINDOW = (
+    select(messages)
+    .where(
+        messages.c.session_id == bindparam("sid"),
+        # `last_consolidated` is read in the same statement: consolidation moves it.
+        messages.c.seq
+        > select(sessions.c.last_consolidated).where(sessions.c.id == bindparam("sid")).scalar_subquery(),
+    )
+    .order_by(messages.c.seq.desc())
+    .limit(bindparam("limit"))
+)
 
 
 class SessionStore:
@@ -172,17 +202,7 @@ class SessionStore:
         return current
 
     async def _current(self, conn: AsyncConnection, key: str) -> SessionState | None:
-        row = (
-            (
-                await conn.execute(
-                    select(sessions)
-                    .join(session_keys, session_keys.c.current_session_id == sessions.c.id)
-                    .where(session_keys.c.key == key)
-                )
-            )
-            .mappings()
-            .first()
-        )
+        row = (await conn.execute(_CURRENT, {"k": key})).mappings().first()
         return SessionState.from_row(row) if row else None
 
     async def _create(self, conn: AsyncConnection, key: str, channel: str, now: datetime) -> SessionState:
@@ -245,18 +265,7 @@ class SessionStore:
             return []
         now = now or utcnow()
         n = len(new_messages)
-        next_seq = (
-            await conn.execute(
-                update(sessions)
-                .where(sessions.c.id == session_id)
-                .values(
-                    next_seq=sessions.c.next_seq + n,
-                    last_active_at=now,
-                    updated_at=now,
-                )
-                .returning(sessions.c.next_seq)
-            )
-        ).scalar_one()
+        next_seq = (await conn.execute(_BUMP_SEQ, {"sid": session_id, "n": n, "now": now})).scalar_one()
         first = next_seq - n
         rows = [
             {
@@ -274,7 +283,7 @@ class SessionStore:
             }
             for i, m in enumerate(new_messages)
         ]
-        await conn.execute(messages.insert(), rows)
+        await conn.execute(_INSERT_MESSAGES, rows)
         return [first + i for i in range(n)]
 
     async def load_window(
@@ -285,19 +294,24 @@ class SessionStore:
         max_tokens: int | None = None,
     ) -> list[ChatMessage]:
         """The model's view: reads only the newest `max_messages` after `last_consolidated`."""
-        # `last_consolidated` is read in the same statement: consolidation moves it.
-        last_consolidated = (
-            select(sessions.c.last_consolidated).where(sessions.c.id == session.id).scalar_subquery()
-        )
         async with self.reader.connect() as conn:
-            query = (
-                select(messages)
-                .where(messages.c.session_id == session.id, messages.c.seq > last_consolidated)
-                .order_by(messages.c.seq.desc())
-            )
-            if max_messages is not None:
-                query = query.limit(max_messages)
-            rows = (await conn.execute(query)).mappings().all()
+            if max_messages is None:
+                query = (
+                    select(messages)
+                    .where(
+                        messages.c.session_id == session.id,
+                        messages.c.seq
+                        > select(sessions.c.last_consolidated)
+                        .where(sessions.c.id == session.id)
+                        .scalar_subquery(),
+                    )
+                    .order_by(messages.c.seq.desc())
+                )
+                rows = (await conn.execute(query)).mappings().all()
+            else:
+                rows = (
+                    (await conn.execute(_WINDOW, {"sid": session.id, "limit": max_messages})).mappings().all()
+                )
         history = [message_from_row(r) for r in reversed(rows)]
         return trim_to_legal_window(history, max_messages=max_messages, max_tokens=max_tokens)
 
