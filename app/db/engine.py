@@ -64,6 +64,9 @@ def _ping_idle_connections(engine: AsyncEngine, idle: float) -> None:
         record.info["last_used"] = time.monotonic()
 
 
-def autocommit_reader(engine: AsyncEngine) -> AsyncEngine:
-    """The same pool for single reads, without the BEGIN/ROLLBACK round trips around them."""
+def autocommit(engine: AsyncEngine) -> AsyncEngine:
+    """The same pool for work that is one statement: a read, or one atomic write.
+
+    No BEGIN/COMMIT round trips around it; a write commits when the statement ends.
+    """
     return engine.execution_options(isolation_level="AUTOCOMMIT")

@@ -24,7 +24,7 @@ import structlog
 from sqlalchemy import bindparam, func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.db.engine import autocommit_reader
+from app.db.engine import autocommit
 from app.db.models import inbox, messages, sessions
 from app.memory.identity import identity_of, is_person, resolve_owner
 from app.memory.store import Scope, content_key, put_memory
@@ -91,6 +91,7 @@ class Consolidator:
 
     def __init__(self, engine: AsyncEngine, summarizer: Summarizer, limits: ConsolidationLimits) -> None:
         self.engine = engine
+        self.single = autocommit(engine)
         self.summarizer = summarizer
         self.limits = limits
 
@@ -103,7 +104,7 @@ class Consolidator:
         One statement per turn. The length is summed over at most `threshold_messages`
         rows: beyond that the message count alone decides.
         """
-        async with autocommit_reader(self.engine).connect() as conn:
+        async with self.single.connect() as conn:
             row = (
                 await conn.execute(_FRESH, {"sid": session_id, "window": self.limits.threshold_messages})
             ).one()

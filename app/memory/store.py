@@ -25,7 +25,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.elements import ColumnElement
 
-from app.db.engine import autocommit_reader
+from app.db.engine import autocommit
 from app.db.models import memories, utcnow
 
 GLOBAL_OWNER = ""
@@ -131,7 +131,7 @@ async def put_memory(
 class MemoryStore:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
-        self.reader = autocommit_reader(engine)
+        self.reader = autocommit(engine)
 
     async def put(self, scope: Scope, owner: str, content: str, **kw: Any) -> None:
         async with self.engine.begin() as conn:

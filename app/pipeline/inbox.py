@@ -13,7 +13,7 @@ from sqlalchemy import and_, bindparam, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.channel import AcceptResult, Reply, WaitResult
-from app.db.engine import autocommit_reader
+from app.db.engine import autocommit
 from app.db.models import inbox, outbox, session_keys, utcnow
 from app.db.upsert import insert_ignore
 from app.events import InboundEvent
@@ -45,7 +45,7 @@ class InboxRow:
 class Inbox:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
-        self.reader = autocommit_reader(engine)
+        self.reader = autocommit(engine)
         self._waiters: dict[str, asyncio.Event] = {}
         # Events accepted here and not yet handled here: a waiter need not ask the
         # database before the first wake-up (bounded; other replicas' work is polled).
@@ -56,7 +56,9 @@ class Inbox:
         """Store events (dedup on channel + external id) and commit; then wake the dispatcher."""
         results: list[AcceptResult] = []
         now = utcnow()
-        async with self.engine.begin() as conn:
+        # One event is one statement (plus a read if it is a duplicate): no BEGIN/COMMIT.
+        single = len(events) == 1
+        async with self.reader.connect() if single else self.engine.begin() as conn:
             for event in events:
                 results.append(await self._insert(conn, event, now))
         for res in results:

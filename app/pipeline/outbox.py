@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.orm import aliased
 
 from app.channel import ChannelAdapter
+from app.db.engine import autocommit
 from app.db.models import outbox, utcnow
 from app.errors import ChannelRateLimited, DeliveryError
 from app.events import OutboundMessage
@@ -43,6 +44,8 @@ class OutboxSender:
         on_result: Callable[[str, str], None] | None = None,
     ) -> None:
         self.engine = engine
+        # Every write here is one statement: no BEGIN/COMMIT around it.
+        self.single = autocommit(engine)
         self.adapters = adapters
         self.poll_interval = poll_interval
         self.max_attempts = max_attempts
@@ -117,7 +120,7 @@ class OutboxSender:
             .order_by(outbox.c.id)
             .limit(self.batch_size)
         )
-        async with self.engine.begin() as conn:
+        async with self.single.connect() as conn:
             if conn.dialect.name == "postgresql":
                 candidates = candidates.with_for_update(skip_locked=True)
             # One statement: pick the due rows and claim them.
@@ -172,7 +175,7 @@ class OutboxSender:
             delay = min(self.backoff_max, self.backoff_base * 2 ** (row["attempts"] - 1))
             delay *= random.uniform(0.8, 1.2)
         log.warning("send_retry", channel=row["channel"], attempts=row["attempts"], error=error)
-        async with self.engine.begin() as conn:
+        async with self.single.connect() as conn:
             await conn.execute(
                 update(outbox)
                 .where(outbox.c.id == row["id"])
@@ -195,14 +198,14 @@ class OutboxSender:
         else:
             values["last_error"] = error
             log.error("send_failed", channel=row["channel"], error=error)
-        async with self.engine.begin() as conn:
+        async with self.single.connect() as conn:
             await conn.execute(update(outbox).where(outbox.c.id == row["id"]).values(**values))
         self.on_result(row["channel"], status)
 
     async def _unclaim(self, ids: list[int]) -> None:
         if not ids:
             return
-        async with self.engine.begin() as conn:
+        async with self.single.connect() as conn:
             await conn.execute(
                 update(outbox)
                 .where(outbox.c.id.in_(ids))

@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import and_, bindparam, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from app.db.engine import autocommit
 from app.db.models import inbox, session_keys, utcnow
 from app.db.upsert import insert_ignore
 from app.errors import LeaseLost
@@ -74,7 +75,8 @@ async def acquire(
     """
     now = now or utcnow()
     params = {"k": key, "o": owner, "exp": now + timedelta(seconds=ttl), "now": now}
-    async with engine.begin() as conn:
+    # Each statement is atomic on its own: no transaction around them (no BEGIN/COMMIT).
+    async with autocommit(engine).connect() as conn:
         fence = (await conn.execute(_TAKE_FREE, params)).scalar()
         if fence is None:
             await ensure_key(conn, key)
@@ -90,7 +92,7 @@ def _mine(lease: SessionLease) -> dict[str, Any]:
 
 
 async def renew(engine: AsyncEngine, lease: SessionLease, ttl: float) -> bool:
-    async with engine.begin() as conn:
+    async with autocommit(engine).connect() as conn:
         result = await conn.execute(_RENEW, {**_mine(lease), "exp": utcnow() + timedelta(seconds=ttl)})
     return result.rowcount == 1
 
@@ -102,7 +104,7 @@ async def release(engine: AsyncEngine, lease: SessionLease) -> bool:
     while we held the lease (its worker found the key taken and left it to us) is seen
     here, or its worker's next attempt finds the lease free.
     """
-    async with engine.begin() as conn:
+    async with autocommit(engine).connect() as conn:
         row = (await conn.execute(_RELEASE, _mine(lease))).first()
         if row is None:  # no longer ours: ask separately
             row = (await conn.execute(_ASK_UNFINISHED, {"k": lease.key})).first()

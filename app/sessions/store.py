@@ -17,7 +17,7 @@ from sqlalchemy import and_, bindparam, func, select, update
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from app.db.engine import autocommit_reader
+from app.db.engine import autocommit
 from app.db.models import messages, session_keys, sessions, utcnow
 from app.sessions.cache import SessionCache
 from app.sessions.lease import SessionLease, check_fence, ensure_key
@@ -128,7 +128,7 @@ class SessionStore:
         cache_size: int = 1024,
     ) -> None:
         self.engine = engine
-        self.reader = autocommit_reader(engine)
+        self.reader = autocommit(engine)
         self.cache: SessionCache[SessionState] = SessionCache(cache_size)
         self.default_lifecycle = default_lifecycle
         self.channel_lifecycles = dict(channel_lifecycles or {})
