@@ -319,6 +319,8 @@ class TurnHandler:
         self, conn: AsyncConnection, session: SessionState, *, reason: str, by: str = "superseded"
     ) -> list[ChatMessage]:
         """Results for the newest group's unanswered calls; cancels their pending approvals."""
+        if session.tail_open is False:
+            return []  # read with the session: the last turn ended with an answer
         last = (
             await conn.execute(
                 select(messages.c.role, messages.c.tool_calls)

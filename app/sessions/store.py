@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import and_, bindparam, func, select, update
+from sqlalchemy import String, and_, bindparam, cast, func, or_, select, update
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -54,6 +54,9 @@ class SessionState:
     created_at: datetime
     last_active_at: datetime
     metadata: dict[str, Any] = field(default_factory=dict)
+    # Whether the newest message may leave a tool-call group open (a tool result, or an
+    # assistant message with calls), as read with the state; None: not known.
+    tail_open: bool | None = None
 
     @property
     def message_count(self) -> int:
@@ -72,6 +75,7 @@ class SessionState:
             created_at=row["created_at"],
             last_active_at=row["last_active_at"],
             metadata=row["metadata"] or {},
+            tail_open=row.get("tail_open"),
         )
 
 
@@ -89,8 +93,26 @@ def message_from_row(row: RowMapping) -> ChatMessage:
 
 
 # Built once with bound parameters: they run on every turn.
+# The newest message may leave a group open: a tool result, or an assistant message whose
+# tool_calls is anything but JSON null / [] (unexpected renderings count as "may").
+_TAIL_OPEN = (
+    select(messages.c.id)
+    .where(
+        messages.c.session_id == sessions.c.id,
+        messages.c.seq == sessions.c.next_seq - 1,
+        or_(
+            messages.c.role == "tool",
+            and_(
+                messages.c.role == "assistant",
+                func.coalesce(cast(messages.c.tool_calls, String), "null").not_in(["null", "[]"]),
+            ),
+        ),
+    )
+    .exists()
+    .label("tail_open")
+)
 _CURRENT = (
-    select(sessions)
+    select(sessions, _TAIL_OPEN)
     .join(session_keys, session_keys.c.current_session_id == sessions.c.id)
     .where(session_keys.c.key == bindparam("k"))
 )
@@ -163,8 +185,9 @@ class SessionStore:
             or (now - current.last_active_at).total_seconds() > self.lifecycle(current.channel).expire_after
         ):
             current = await self._open_current(conn, key, channel, now)
-        # The caller is about to append: remember it as active now.
-        self.cache.put(key, replace(current, last_active_at=now), fence=fence)
+        # The caller is about to append: remember it as active now; the cached copy no
+        # longer knows the tail.
+        self.cache.put(key, replace(current, last_active_at=now, tail_open=None), fence=fence)
         return current
 
     def release(self, key: str) -> None:
@@ -238,6 +261,7 @@ class SessionStore:
             next_seq=1,
             created_at=now,
             last_active_at=now,
+            tail_open=False,
         )
 
     async def _close(

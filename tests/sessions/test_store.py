@@ -126,3 +126,25 @@ async def test_window_reads_only_after_last_consolidated_and_is_legal(engine: As
     async with engine.begin() as conn:
         await conn.execute(sessions.update().where(sessions.c.id == s.id).values(last_consolidated=4))
     assert [m.seq for m in await store.load_window(s, max_messages=100)] == [5, 6]
+
+
+async def test_the_state_tells_whether_the_newest_message_may_leave_a_group_open(engine: AsyncEngine) -> None:
+    """`tail_open` lets a turn skip its look at the newest message; it must never say False wrongly."""
+    store = SessionStore(engine, LC)
+    call = tool_call("c1", "current_time", {})
+    steps: list[tuple[ChatMessage, bool]] = [
+        (ChatMessage(role="user", content="hi"), False),
+        (ChatMessage(role="assistant", content="thinking", tool_calls=(call,)), True),
+        (ChatMessage(role="tool", content="12:00", tool_call_id="c1", name="current_time"), True),
+        (ChatMessage(role="assistant", content="It is noon."), False),
+        (ChatMessage(role="assistant", content=None, tool_calls=(call,)), True),
+    ]
+    async with engine.begin() as conn:
+        created = await store.open_current(conn, "k", "webhook")
+    assert created.tail_open is False  # a new generation has no messages
+    for message, expected in steps:
+        async with engine.begin() as conn:
+            await store.append(conn, created.id, [message])
+        async with engine.begin() as conn:
+            state = await store.open_current(conn, "k", "webhook")
+        assert state.tail_open is expected, message
