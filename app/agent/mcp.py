@@ -10,20 +10,37 @@ annotated read-only.
 
 A server that is down at start-up does not stop the app: it is logged, its tools are
 absent, and the supervisor keeps reconnecting with backoff; tools appear once it
-answers. A broken connection (closed pipe, HTTP errors, timeouts) makes calls return
-an error result the model can read, and the supervisor reconnects.
+answers.
+
+Liveness: the supervisor watches a live connection itself instead of waiting for the
+next tool call to trip over a dead one. The transport's read stream is wrapped so its
+end (a stdio server's stdout closing: the process exited or was killed) marks the
+server down at once, and a cheap `tools/list` probe every `probe_interval` seconds
+catches what leaves no end of stream (a hung process, an HTTP server that went away).
+A failed call (closed connection, timeout) marks it down too. Down means: logged
+once (`mcp_server_down`), calls answer an error result immediately (in-flight calls get
+one when the connection is torn down), registered tools stay registered so a run's
+tool-call structure never breaks, and the supervisor reconnects with jittered
+exponential backoff that only resets after a connection stayed up for a while (a
+crash-looping server is not restarted twice a second forever).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
+import random
 import re
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from enum import StrEnum
+from types import TracebackType
 from typing import Any
 
+import anyio
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -34,6 +51,19 @@ from app.config import Settings
 log = structlog.get_logger(__name__)
 
 _LEGAL = re.compile(r"[^a-zA-Z0-9_-]")
+_CONNECTION_CLOSED = -32000  # the SDK's JSON-RPC code for a transport that closed
+
+BACKOFF_FIRST_SECONDS = 0.5
+BACKOFF_MAX_SECONDS = 30.0
+# A connection that lived this long was healthy: the next outage starts the backoff over.
+STABLE_AFTER_SECONDS = 30.0
+
+
+class ServerState(StrEnum):
+    CONNECTING = "connecting"  # first attempt not finished yet
+    UP = "up"
+    DOWN = "down"  # not connected; the supervisor is reconnecting
+    STOPPED = "stopped"
 
 
 class McpServerConfig(BaseModel):
@@ -106,6 +136,52 @@ class McpTool:
         return await self.server.call(self.remote_name, arguments)
 
 
+class _WatchedReadStream:
+    """The transport's read stream, reporting its end: for stdio that is the server's
+    stdout closing, which happens the moment the process exits or is killed."""
+
+    def __init__(self, inner: Any, on_end: Callable[[], None]) -> None:
+        self._inner = inner
+        self._on_end = on_end
+
+    @property
+    def last_context(self) -> Any:  # read by the SDK's dispatcher when the inner has it
+        return getattr(self._inner, "last_context", None)
+
+    async def receive(self) -> Any:
+        try:
+            return await self._inner.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self._on_end()
+            raise
+
+    def __aiter__(self) -> _WatchedReadStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            return await self.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def __aenter__(self) -> _WatchedReadStream:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+
+@contextlib.asynccontextmanager
+async def _watched(transport: Any, on_end: Callable[[], None]) -> AsyncIterator[tuple[Any, Any]]:
+    async with transport as (read_stream, write_stream):
+        yield _WatchedReadStream(read_stream, on_end), write_stream
+
+
 class McpServerConnection:
     def __init__(
         self,
@@ -114,46 +190,69 @@ class McpServerConnection:
         call_timeout: float,
         connect_timeout: float,
         on_tools: Callable[[McpServerConnection, Sequence[Any]], None],
+        probe_interval: float = 15.0,
+        probe_timeout: float = 10.0,
     ) -> None:
         self.config = config
         self.name = config.name
         self.call_timeout = call_timeout
         self.connect_timeout = connect_timeout
+        self.probe_interval = probe_interval
+        self.probe_timeout = probe_timeout
         self.on_tools = on_tools
         self.client: Any = None
         self.attempted = asyncio.Event()  # first connection attempt finished (either way)
-        self._broken = asyncio.Event()
-        self._stopping = False
-        self._task: asyncio.Task[None] | None = None
+        self.state = ServerState.CONNECTING
+        self.down_reason: str | None = None
+        self.state_since = time.time()
         self.connects = 0
+        self.tool_count = 0
+        self._broken = asyncio.Event()  # the current connection is dead: leave it
+        self._stop = asyncio.Event()
+        self._generation = 0  # which connection a late end-of-stream belongs to
+        self._task: asyncio.Task[None] | None = None
 
     def _target(self, stack: contextlib.AsyncExitStack) -> Any:
-        """What `mcp.Client` connects to; resources it does not own go on `stack`."""
+        """The transport `mcp.Client` connects through; resources it does not own go on `stack`."""
         from mcp import StdioServerParameters
-        from mcp.client.stdio import get_default_environment
+        from mcp.client.stdio import get_default_environment, stdio_client
+        from mcp.client.streamable_http import streamable_http_client
 
         if self.config.url is not None:
             if not self.config.headers:
-                return self.config.url
-            from mcp.client.streamable_http import streamable_http_client
+                return streamable_http_client(self.config.url)
             from mcp.shared._httpx_utils import create_mcp_http_client
 
             http = create_mcp_http_client(headers=self.config.headers)
             stack.push_async_callback(http.aclose)  # a client we pass in is not closed by the SDK
             return streamable_http_client(self.config.url, http_client=http)
         assert self.config.command is not None
-        return StdioServerParameters(
-            command=self.config.command[0],
-            args=self.config.command[1:],
-            env={**get_default_environment(), **self.config.env},
-            cwd=self.config.cwd,
+        return stdio_client(
+            StdioServerParameters(
+                command=self.config.command[0],
+                args=self.config.command[1:],
+                env={**get_default_environment(), **self.config.env},
+                cwd=self.config.cwd,
+            )
         )
+
+    def status(self) -> dict[str, Any]:
+        """What an operator needs to know about this server right now."""
+        return {
+            "name": self.name,
+            "transport": "stdio" if self.config.command is not None else "http",
+            "state": self.state.value,
+            "since": self.state_since,
+            "reason": self.down_reason,
+            "connects": self.connects,
+            "tools": self.tool_count,
+        }
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._supervise(), name=f"mcp:{self.name}")
 
     async def stop(self) -> None:
-        self._stopping = True
+        self._stop.set()
         self._broken.set()
         if self._task is not None:
             try:
@@ -162,46 +261,123 @@ class McpServerConnection:
                 self._task.cancel()
                 with contextlib.suppress(BaseException):
                     await self._task
+        self._set_state(ServerState.STOPPED, None)
+
+    def _set_state(self, state: ServerState, reason: str | None) -> None:
+        if state is not self.state:
+            self.state_since = time.time()
+        self.state = state
+        self.down_reason = reason
+
+    def mark_down(self, reason: str, *, generation: int | None = None) -> None:
+        """The connection is dead: calls fail fast from now on and the supervisor reconnects.
+
+        `generation` ties a report to one connection, so a late end-of-stream of an old
+        connection never takes down its successor.
+        """
+        if generation is not None and generation != self._generation:
+            return
+        if self._stop.is_set():
+            self._broken.set()
+            return
+        self.client = None
+        if self.state is ServerState.UP:
+            log.warning("mcp_server_down", server=self.name, reason=reason)
+            self._set_state(ServerState.DOWN, reason)
+        self._broken.set()
 
     async def _supervise(self) -> None:
         from mcp import Client
 
-        backoff = 0.5
-        while not self._stopping:
+        backoff = BACKOFF_FIRST_SECONDS
+        loop = asyncio.get_running_loop()
+        while not self._stop.is_set():
             self._broken.clear()
+            self._generation += 1
+            generation = self._generation
+            up_since: float | None = None
+            reason = "connection closed"
             try:
                 async with (
                     asyncio.timeout(self.connect_timeout) as deadline,  # handshake and listing
                     contextlib.AsyncExitStack() as stack,
-                    Client(self._target(stack), read_timeout_seconds=self.call_timeout) as client,
+                    Client(
+                        _watched(
+                            self._target(stack),
+                            functools.partial(self.mark_down, self._ended_reason(), generation=generation),
+                        ),
+                        read_timeout_seconds=self.call_timeout,
+                    ) as client,
                 ):
                     tools = await self._list_tools(client)
                     deadline.reschedule(None)
+                    if self._broken.is_set():  # it died right after answering
+                        raise ConnectionError("the server closed the connection after listing its tools")
                     self.client = client
                     self.connects += 1
-                    backoff = 0.5
+                    self.tool_count = len(tools)
                     self.on_tools(self, tools)
-                    log.info("mcp_connected", server=self.name, tools=len(tools))
+                    self._set_state(ServerState.UP, None)
+                    up_since = loop.time()
+                    log.info("mcp_connected", server=self.name, tools=len(tools), connects=self.connects)
                     self.attempted.set()
-                    await self._broken.wait()
+                    await self._watch(client, generation)
             except asyncio.CancelledError:
                 raise
             except BaseException as exc:  # the transports raise ExceptionGroups
                 if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                     raise
-                log.warning("mcp_connect_failed", server=self.name, error=_describe(exc))
+                reason = _describe(exc)
+                if up_since is None and not self._stop.is_set():
+                    log.warning(
+                        "mcp_connect_failed", server=self.name, error=reason, retry_in=round(backoff, 2)
+                    )
             finally:
                 self.client = None
                 self.attempted.set()
-            if self._stopping:
+            if self._stop.is_set():
                 break
-            await self._sleep(backoff)
-            backoff = min(backoff * 2, 30.0)
+            if up_since is not None:
+                self.mark_down(self.down_reason or reason)
+                if loop.time() - up_since >= STABLE_AFTER_SECONDS:
+                    backoff = BACKOFF_FIRST_SECONDS
+            elif self.state is not ServerState.DOWN:
+                self._set_state(ServerState.DOWN, reason)
+            else:
+                self.down_reason = reason
+            await self._sleep(backoff * random.uniform(0.8, 1.2))
+            backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
+
+    async def _watch(self, client: Any, generation: int) -> None:
+        """Return when the connection is dead: end of stream, a failed probe, a failed call, stop."""
+        from mcp import MCPError
+
+        while not self._broken.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.probe_interval):
+                    await self._broken.wait()
+            if self._broken.is_set():
+                return
+            try:
+                async with asyncio.timeout(self.probe_timeout):
+                    await client.list_tools(cache_mode="bypass")
+            except TimeoutError:
+                self.mark_down(
+                    f"no answer to a liveness probe within {self.probe_timeout:g}s", generation=generation
+                )
+            except MCPError as exc:
+                if exc.code == _CONNECTION_CLOSED:
+                    self.mark_down(f"liveness probe: {exc}", generation=generation)
+                # any other error is an answer: the server is alive
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.mark_down(f"liveness probe failed: {_describe(exc)}", generation=generation)
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):  # not wait_for: on 3.11 it can swallow a cancel
             async with asyncio.timeout(seconds):
-                await self._broken.wait()
+                await self._stop.wait()
 
     async def _list_tools(self, client: Any) -> list[Any]:
         tools: list[Any] = []
@@ -215,24 +391,37 @@ class McpServerConnection:
         wanted = self.config.tools
         return [t for t in tools if wanted is None or t.name in wanted]
 
+    def _ended_reason(self) -> str:
+        if self.config.command is not None:
+            return "its process exited"
+        return "it closed the connection"
+
+    def _unavailable(self) -> str:
+        if self.state is ServerState.CONNECTING:
+            return f"MCP server {self.name!r} is still connecting; try again shortly"
+        why = f" ({self.down_reason})" if self.down_reason else ""
+        return f"MCP server {self.name!r} is down{why}; chatgate is reconnecting, try again later"
+
     async def call(self, remote_name: str, arguments: dict[str, Any]) -> str:
         from mcp import MCPError
 
         client = self.client
         if client is None:
-            raise ToolError(f"MCP server {self.name!r} is not connected right now; try again later")
+            raise ToolError(self._unavailable())
+        generation = self._generation
         try:
             async with asyncio.timeout(self.call_timeout):
                 result = await client.call_tool(remote_name, arguments)
         except TimeoutError as exc:
-            self._broken.set()
+            self.mark_down(f"a call got no answer within {self.call_timeout:g}s", generation=generation)
             raise ToolError(f"MCP server {self.name!r} did not answer within {self.call_timeout:g}s") from exc
         except MCPError as exc:
-            if exc.code == -32000:  # connection closed
-                self._broken.set()
+            if exc.code == _CONNECTION_CLOSED:
+                self.mark_down(f"connection closed during a call: {exc}", generation=generation)
+                raise ToolError(f"MCP server {self.name!r} went down during the call ({exc})") from exc
             raise ToolError(f"MCP server {self.name!r}: {exc}") from exc
         except OSError as exc:
-            self._broken.set()
+            self.mark_down(f"connection failed: {exc!r}", generation=generation)
             raise ToolError(f"MCP server {self.name!r} connection failed: {exc!r}") from exc
         text, is_error = result_text(result)
         if is_error:
@@ -256,12 +445,19 @@ class McpToolSource:
         *,
         call_timeout: float = 60.0,
         connect_timeout: float = 15.0,
+        probe_interval: float = 15.0,
+        probe_timeout: float = 10.0,
     ) -> None:
         self.registry = registry
         self.connect_timeout = connect_timeout
         self.servers = [
             McpServerConnection(
-                c, call_timeout=call_timeout, connect_timeout=connect_timeout, on_tools=self._register
+                c,
+                call_timeout=call_timeout,
+                connect_timeout=connect_timeout,
+                probe_interval=probe_interval,
+                probe_timeout=probe_timeout,
+                on_tools=self._register,
             )
             for c in configs
             if c.enabled
@@ -306,6 +502,10 @@ class McpToolSource:
             for server in self.servers:
                 if server.client is None:
                     log.error("mcp_server_unavailable", server=server.name)
+
+    def status(self) -> list[dict[str, Any]]:
+        """Each server's state (`connecting`, `up`, `down`, `stopped`), since when, and why."""
+        return [s.status() for s in self.servers]
 
     async def stop(self) -> None:
         await asyncio.gather(*(s.stop() for s in self.servers), return_exceptions=True)

@@ -4,19 +4,24 @@ streamable HTTP, started by the tests as subprocesses."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from structlog.testing import capture_logs
 
-from app.agent.mcp import McpServerConfig, McpToolSource, tool_name
+from app.agent.mcp import McpServerConfig, McpToolSource, ServerState, tool_name
 from app.agent.provider import ProviderReply, ToolSpec
 from app.agent.tools import Risk, ToolContext, ToolRegistry
 from app.sessions.messages import ChatMessage, tool_call
@@ -71,12 +76,15 @@ async def call(registry: ToolRegistry, name: str, args: dict[str, Any]) -> str:
     return await registry.execute(tool_call("call_1", name, args), ctx())
 
 
-def source(registry: ToolRegistry, *configs: dict[str, Any], timeout: float = 10) -> McpToolSource:
+def source(
+    registry: ToolRegistry, *configs: dict[str, Any], timeout: float = 10, **kw: float
+) -> McpToolSource:
     return McpToolSource(
         [McpServerConfig.model_validate(c) for c in configs],
         registry,
         call_timeout=timeout,
         connect_timeout=timeout,
+        **kw,
     )
 
 
@@ -252,3 +260,159 @@ async def test_agent_calls_mcp_tools_through_the_registry_and_its_gate(serve: Se
         body = await say(client, srv.url, "m", "u", 'call fx__write_note {"text": "x"}')
         assert "denied" in body["replies"][0]["text"]
         assert "notes" not in body["replies"][0]["text"]
+
+
+def gated_stdio(name: str, flag: Path, module: str = "tests.fakes.mcp_server") -> dict[str, Any]:
+    """The real test server over stdio, startable only while `flag` exists: a server that
+    cannot be (re)started for a while, like a crashed service whose binary is being replaced."""
+    script = 'test -e "$1" || exit 3; exec "$2" -m "$3" stdio'
+    return {
+        "name": name,
+        "command": ["/bin/sh", "-c", script, "sh", str(flag), sys.executable, module],
+        "cwd": str(ROOT),
+    }
+
+
+async def eventually(check: Callable[[], bool], within: float) -> None:
+    deadline = time.monotonic() + within
+    while not check():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
+async def pid_after_reconnect(registry: ToolRegistry, name: str, within: float = 30) -> int:
+    deadline = time.monotonic() + within
+    while True:
+        result = await call(registry, name, {})
+        if result.isdigit():
+            return int(result)
+        assert time.monotonic() < deadline, result
+        await asyncio.sleep(0.1)
+
+
+async def test_a_killed_stdio_server_is_noticed_at_once_reported_down_and_reconnected(tmp_path: Path) -> None:
+    flag = tmp_path / "may-start"
+    flag.touch()
+    registry = ToolRegistry()
+    mcp = source(registry, gated_stdio("gated", flag))  # default probe interval: the end of stdout is enough
+    await mcp.start()
+    try:
+        server = mcp.servers[0]
+        pid = int(await call(registry, "gated__whoami", {}))
+        assert server.state is ServerState.UP
+        flag.unlink()  # it cannot be started again for now
+        with capture_logs() as logs:
+            os.kill(pid, signal.SIGKILL)
+            # Noticed without any tool call: the watcher sees the process's stdout close.
+            await eventually(lambda: server.state is ServerState.DOWN, within=3)
+        [down_log] = [e for e in logs if e["event"] == "mcp_server_down"]
+        assert down_log["server"] == "gated" and "exited" in down_log["reason"]
+        assert mcp.status()[0]["state"] == "down"
+
+        # A call now answers at once with an error result the model can read, and the
+        # tools stay registered (a run that already offered them keeps a legal structure).
+        started = time.monotonic()
+        down = json.loads(await call(registry, "gated__add", {"a": 1, "b": 2}))
+        assert time.monotonic() - started < 0.5
+        assert "'gated' is down" in down["error"] and "exited" in down["error"]
+        assert "reconnecting" in down["error"]
+        assert {"gated__add", "gated__whoami"} <= {s.name for s in registry.specs()}
+
+        await asyncio.sleep(1.5)  # restarts fail meanwhile (backoff): still down, still fast errors
+        assert server.state is ServerState.DOWN
+        assert "error" in json.loads(await call(registry, "gated__add", {"a": 1, "b": 2}))
+
+        flag.touch()  # the server can be started again: the supervisor brings the tools back
+        new_pid = await pid_after_reconnect(registry, "gated__whoami")
+        assert new_pid != pid
+        assert server.state is ServerState.UP and server.connects == 2
+        assert await call(registry, "gated__add", {"a": 20, "b": 22}) == "42"
+    finally:
+        await mcp.stop()
+    assert mcp.status()[0]["state"] == "stopped"
+
+
+SLOW_SERVER = """
+import os
+
+import anyio
+from mcp.server.mcpserver import MCPServer
+
+server = MCPServer("slow")
+
+
+@server.tool()
+def pid() -> str:
+    return str(os.getpid())
+
+
+@server.tool()
+async def wait(seconds: float) -> str:
+    await anyio.sleep(seconds)
+    return "waited"
+
+
+server.run("stdio")
+"""
+
+
+async def test_a_call_in_flight_when_the_server_dies_fails_at_once(tmp_path: Path) -> None:
+    (tmp_path / "slow_mcp_server.py").write_text(SLOW_SERVER)
+    config = {"name": "slow", "command": [sys.executable, "slow_mcp_server.py"], "cwd": str(tmp_path)}
+    registry = ToolRegistry()
+    mcp = source(registry, config, timeout=30)
+    await mcp.start()
+    try:
+        pid = int(await call(registry, "slow__pid", {}))
+        pending = asyncio.create_task(call(registry, "slow__wait", {"seconds": 25}))
+        await asyncio.sleep(0.5)
+        assert not pending.done()
+        started = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        result = json.loads(await asyncio.wait_for(pending, 5))
+        assert time.monotonic() - started < 3  # not the 30 s call timeout
+        assert "'slow'" in result["error"] and "down" in result["error"]
+        assert await pid_after_reconnect(registry, "slow__pid") != pid  # restarted by the supervisor
+    finally:
+        await mcp.stop()
+
+
+async def test_a_hung_server_is_found_by_the_liveness_probe_and_replaced() -> None:
+    registry = ToolRegistry()
+    mcp = source(registry, {**STDIO, "name": "hang"}, probe_interval=0.3, probe_timeout=0.5)
+    await mcp.start()
+    pid = int(await call(registry, "hang__whoami", {}))
+    try:
+        server = mcp.servers[0]
+        os.kill(pid, signal.SIGSTOP)  # alive, pipes open, but answering nothing
+        await eventually(lambda: server.state is ServerState.DOWN, within=5)
+        assert "liveness probe" in (server.down_reason or "")
+        fast = json.loads(await call(registry, "hang__add", {"a": 1, "b": 1}))
+        assert "'hang' is down" in fast["error"]
+        # The hung process is killed on teardown and a fresh one takes its place.
+        assert await pid_after_reconnect(registry, "hang__whoami") != pid
+        assert server.state is ServerState.UP
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        await mcp.stop()
+
+
+async def test_a_vanished_http_server_is_reported_down_without_a_call() -> None:
+    port = free_port()
+    registry = ToolRegistry()
+    config = {"name": "gone", "url": f"http://127.0.0.1:{port}/mcp"}
+    mcp = source(registry, config, timeout=5, probe_interval=0.3, probe_timeout=2)
+    try:
+        with http_server(port):
+            await mcp.start()
+            assert await call(registry, "gone__add", {"a": 1, "b": 1}) == "2"
+        server = mcp.servers[0]
+        await eventually(lambda: server.state is ServerState.DOWN, within=5)
+        down = json.loads(await call(registry, "gone__add", {"a": 1, "b": 1}))
+        assert "'gone' is down" in down["error"]
+        with http_server(port):
+            await pid_after_reconnect(registry, "gone__whoami")
+            assert server.state is ServerState.UP
+    finally:
+        await mcp.stop()
