@@ -134,6 +134,7 @@ inbox = Table(
     UniqueConstraint("channel", "external_id"),
     Index("ix_inbox_key_status_id", "session_key", "status", "id"),
     Index("ix_inbox_status_id", "status", "id"),
+    Index("ix_inbox_created_at", "created_at"),  # dashboard per-minute counts
 )
 
 outbox = Table(
@@ -159,6 +160,8 @@ outbox = Table(
     Index("ix_outbox_status_next", "status", "next_attempt_at"),
     Index("ix_outbox_key_id", "session_key", "id"),
     Index("ix_outbox_run_id", "run_id"),
+    Index("ix_outbox_event_id", "event_id"),  # a waiter's replies when no run is linked
+    Index("ix_outbox_sent_at", "sent_at"),  # dashboard per-minute counts
 )
 
 runs = Table(
@@ -181,6 +184,7 @@ runs = Table(
     Column("error", Text, nullable=True),
     Column("details", JSON, nullable=False, default=dict),
     Index("ix_runs_session_id", "session_id"),
+    Index("ix_runs_started_at", "started_at"),  # dashboard per-minute counts and durations
 )
 
 memories = Table(
