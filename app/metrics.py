@@ -33,6 +33,12 @@ class Metrics:
         )
         self.inbox_backlog = Gauge("chatgate_inbox_backlog", "Unfinished inbox events", registry=r)
         self.outbox_backlog = Gauge("chatgate_outbox_backlog", "Undelivered outbox rows", registry=r)
+        self.outbox_unserved = Gauge(
+            "chatgate_outbox_unserved",
+            "Undelivered outbox rows of channels this process does not run (kept until a replica does)",
+            ["channel"],
+            registry=r,
+        )
         self.lease_takeovers = Counter(
             "chatgate_lease_takeovers", "Leases taken from an expired owner", registry=r
         )

@@ -86,6 +86,7 @@ class Runtime:
             for tool in file_tools(settings.workspace_root):
                 self.tools.register(tool)
         self.metrics = metrics or Metrics()
+        self._unserved_seen: set[str] = set()
         self.owner = settings.worker_id or default_owner()
         self.engine = create_engine(settings)
         # --- scheduler: stored cron jobs; the cron channel fires them, the agent schedules them
@@ -252,15 +253,27 @@ class Runtime:
                     .where(inbox_table.c.status.in_(("pending", "processing")))
                 )
             ).scalar_one()
-            pending_out = (
-                await conn.execute(
-                    select(func.count())
-                    .select_from(outbox_table)
-                    .where(outbox_table.c.status.in_(("pending", "sending")))
-                )
-            ).scalar_one()
+            by_channel: dict[str, int] = dict(
+                (
+                    await conn.execute(
+                        select(outbox_table.c.channel, func.count())
+                        .where(outbox_table.c.status.in_(("pending", "sending")))
+                        .group_by(outbox_table.c.channel)
+                    )
+                ).all()
+            )
         self.metrics.inbox_backlog.set(pending_in)
-        self.metrics.outbox_backlog.set(pending_out)
+        self.metrics.outbox_backlog.set(sum(by_channel.values()))
+        # Replies for a channel no replica runs (removed from CHANNELS, or only other
+        # replicas run it) wait, never lost and never failed by us: make them visible.
+        unserved = {ch: n for ch, n in by_channel.items() if ch not in self.adapters}
+        for channel in set(self._unserved_seen) - set(unserved):
+            self.metrics.outbox_unserved.labels(channel).set(0)
+        for channel, count in unserved.items():
+            self.metrics.outbox_unserved.labels(channel).set(count)
+            if channel not in self._unserved_seen:
+                log.warning("outbox_channel_not_running", channel=channel, undelivered=count)
+        self._unserved_seen = set(unserved)
 
     # --- ingest -----------------------------------------------------------------------
 
