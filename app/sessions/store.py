@@ -176,7 +176,7 @@ class SessionStore:
         """
         now = now or utcnow()
         if fence is None:
-            return await self._open_current(conn, key, channel, now)
+            return await self._open_current(conn, key, channel, now, key_row=False)
         if not self.cache.pinned(key):
             self.cache.pin(key)
         current = self.cache.get(key, fence=fence)
@@ -184,7 +184,7 @@ class SessionStore:
             current is None
             or (now - current.last_active_at).total_seconds() > self.lifecycle(current.channel).expire_after
         ):
-            current = await self._open_current(conn, key, channel, now)
+            current = await self._open_current(conn, key, channel, now, key_row=True)
         # The caller is about to append: remember it as active now; the cached copy no
         # longer knows the tail.
         self.cache.put(key, replace(current, last_active_at=now, tail_open=None), fence=fence)
@@ -196,8 +196,9 @@ class SessionStore:
         self.cache.unpin(key)
 
     async def _open_current(
-        self, conn: AsyncConnection, key: str, channel: str, now: datetime
+        self, conn: AsyncConnection, key: str, channel: str, now: datetime, *, key_row: bool
     ) -> SessionState:
+        """`key_row`: the key's row is known to exist (its lease is held), no need to ensure it."""
         current = await self._current(conn, key)
         if current is not None and current.status in OPEN_STATUSES:
             idle = (now - current.last_active_at).total_seconds()
@@ -211,7 +212,7 @@ class SessionStore:
                     current = replace(current, status=SessionStatus.ACTIVE.value)
                 return current
             await self._close(conn, current.id, SessionStatus.EXPIRED, now)
-        return await self._create(conn, key, channel, now)
+        return await self._create(conn, key, channel, now, key_row=key_row)
 
     async def close_current(
         self, conn: AsyncConnection, key: str, *, now: datetime | None = None
@@ -228,8 +229,11 @@ class SessionStore:
         row = (await conn.execute(_CURRENT, {"k": key})).mappings().first()
         return SessionState.from_row(row) if row else None
 
-    async def _create(self, conn: AsyncConnection, key: str, channel: str, now: datetime) -> SessionState:
-        await ensure_key(conn, key)
+    async def _create(
+        self, conn: AsyncConnection, key: str, channel: str, now: datetime, *, key_row: bool
+    ) -> SessionState:
+        if not key_row:
+            await ensure_key(conn, key)
         last_gen = (
             await conn.execute(select(func.max(sessions.c.generation)).where(sessions.c.key == key))
         ).scalar()
