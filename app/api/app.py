@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 
 from app.agent.provider import ChatProvider
 from app.agent.tools import Tool
-from app.api.routes import admin, admin_dashboard, channels, health
+from app.api.routes import admin, admin_dashboard, admin_memory, channels, health
 from app.api.routes import cron as cron_routes
 from app.api.routes import gateway as gateway_routes
 from app.channel import ChannelSettings
@@ -56,6 +56,7 @@ def create_app(
     app.include_router(health.router)
     app.include_router(channels.router)
     app.include_router(admin.router)
+    app.include_router(admin_memory.router)
     app.include_router(cron_routes.router)
     app.include_router(admin_dashboard.router)
     app.include_router(gateway_routes.router)

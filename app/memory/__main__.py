@@ -10,7 +10,8 @@
     python -m app.memory show telegram:12345            # the user memory this identity sees
 
 An identity is `channel:sender_id` as the platform sends it (everything after the first
-colon is the sender id).
+colon is the sender id). The same operations are on the admin API
+(`/admin/api/identity-links`, docs/memory.md).
 """
 
 from __future__ import annotations
@@ -23,15 +24,8 @@ from collections.abc import Sequence
 
 from app.config import Settings
 from app.db.engine import create_engine
-from app.memory.identity import IdentityLinks, identity_of, resolve_owner
+from app.memory.identity import IdentityLinks, parse_identity, resolve_owner
 from app.memory.store import GLOBAL_OWNER, MemoryStore, OwnerFilter, Scope
-
-
-def parse_identity(text: str) -> str:
-    channel, sep, sender = text.partition(":")
-    if not sep or not channel or not sender:
-        raise SystemExit(f"an identity looks like channel:sender_id, got {text!r}")
-    return identity_of(channel, sender)
 
 
 async def run(args: argparse.Namespace, settings: Settings) -> int:
@@ -40,8 +34,9 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
     links = IdentityLinks(engine)
     try:
         if args.command == "link":
-            await links.link(parse_identity(args.identity), args.person, created_by="cli")
-            print(f"linked {args.identity} to person {args.person}")
+            previous = await links.link(parse_identity(args.identity), args.person, created_by="cli")
+            moved = f" (was {previous})" if previous and previous != args.person else ""
+            print(f"linked {args.identity} to person {args.person}{moved}")
         elif args.command == "unlink":
             print("unlinked" if await links.unlink(parse_identity(args.identity)) else "was not linked")
         elif args.command == "links":
