@@ -12,12 +12,22 @@ import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import httpx
+import structlog
 
-from app.errors import ChannelRateLimited, ChannelRejected, ChannelUnavailable
+from app.errors import (
+    ChannelRateLimited,
+    ChannelRejected,
+    ChannelSendAuthError,
+    ChannelUnavailable,
+    DeliveryError,
+)
 from app.events import FilePart, ImagePart, TextPart
+
+log = structlog.get_logger(__name__)
 
 SYSTEM_BUSY = -1  # "系统繁忙": try again later
 
@@ -69,6 +79,91 @@ class AccessTokenCache:
 
     def _valid(self) -> bool:
         return self._token is not None and self._clock() < self._expires_at
+
+
+@dataclass(frozen=True)
+class Errcodes:
+    """What one platform's errcodes mean for a sender (beside 0, ok, and -1, busy)."""
+
+    token_invalid: frozenset[int]  # the access token is invalid or expired: refresh, retry once
+    rate_limited: frozenset[int]
+    auth_failed: frozenset[int]  # our credentials or permissions: retrying cannot help
+
+
+class TokenApiSettings(Protocol):
+    @property
+    def api_base_url(self) -> str: ...
+
+    @property
+    def rate_limit_retry_seconds(self) -> float: ...
+
+
+class TokenApi:
+    """One platform's JSON API called with a cached access token.
+
+    `post` refreshes the token once when the platform refuses it; `token_answer` reads a
+    token endpoint's answer. Errcodes become the core's typed delivery errors.
+    """
+
+    def __init__(
+        self,
+        http: httpx.AsyncClient,
+        settings: TokenApiSettings,
+        fetch_token: Callable[[], Awaitable[tuple[str, float]]],
+        errcodes: Errcodes,
+        *,
+        channel: str,
+    ) -> None:
+        self.http = http
+        self.base_url = settings.api_base_url.rstrip("/")
+        self.tokens = AccessTokenCache(fetch_token)
+        self.errcodes = errcodes
+        self.rate_limit_retry_seconds = settings.rate_limit_retry_seconds
+        self.channel = channel  # names the log events
+
+    async def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST with the cached token; on an invalid/expired token refresh once and retry."""
+        url = self.base_url + path
+        for attempt in (1, 2):
+            token = await self.tokens.get()
+            data = await call_json(
+                self.http, "POST", url, what=path, params={"access_token": token}, json_body=body
+            )
+            code = errcode_of(data)
+            if code in self.errcodes.token_invalid:
+                self.tokens.invalidate(token)
+                if attempt == 1:
+                    log.info(f"{self.channel}_token_refresh", errcode=code)
+                    continue
+                raise ChannelUnavailable(f"{path}: a fresh access token was refused too ({describe(data)})")
+            if code != 0:
+                raise self.error(path, data)
+            return data
+        raise AssertionError("unreachable")
+
+    def token_answer(self, data: dict[str, Any], what: str) -> tuple[str, float]:
+        """`(token, expires_in)` from a token endpoint's answer, or the error it means."""
+        code = errcode_of(data)
+        if code != 0 or not data.get("access_token"):
+            if code in self.errcodes.rate_limited:
+                raise ChannelRateLimited(self.rate_limit_retry_seconds, f"{what}: {describe(data)}")
+            if code == SYSTEM_BUSY:
+                raise ChannelUnavailable(f"{what}: {describe(data)}")
+            raise ChannelSendAuthError(f"{what} refused our credentials: {describe(data)}")
+        return str(data["access_token"]), float(data.get("expires_in") or 7200)
+
+    def error(self, path: str, data: dict[str, Any]) -> DeliveryError:
+        code = errcode_of(data)
+        detail = f"{path}: {describe(data)}"
+        if code in self.errcodes.rate_limited:
+            return ChannelRateLimited(self.rate_limit_retry_seconds, detail)
+        if code == SYSTEM_BUSY:
+            return ChannelUnavailable(detail)
+        if code in self.errcodes.auth_failed:
+            return ChannelSendAuthError(detail)
+        # Otherwise this message cannot be delivered as it is (past a reply window, quota
+        # used, unknown user, too long, …).
+        return ChannelRejected(detail)
 
 
 async def call_json(
@@ -159,31 +254,6 @@ def split_utf8(text: str, max_bytes: int) -> list[str]:
     if rest or not pieces:
         pieces.append(rest)
     return pieces
-
-
-class ChunkProgress:
-    """How many pieces of a split message were delivered, per outbox message id.
-
-    A message split in several API calls may fail half-way; the outbox then retries the
-    whole message. Remembering the delivered pieces (in this process, bounded) keeps the
-    retry from sending the first pieces twice.
-    """
-
-    def __init__(self, capacity: int = 1024) -> None:
-        self._done: dict[str, int] = {}
-        self._capacity = capacity
-
-    def delivered(self, message_id: str) -> int:
-        return self._done.get(message_id, 0)
-
-    def record(self, message_id: str, count: int) -> None:
-        self._done.pop(message_id, None)
-        self._done[message_id] = count
-        while len(self._done) > self._capacity:
-            self._done.pop(next(iter(self._done)))
-
-    def forget(self, message_id: str) -> None:
-        self._done.pop(message_id, None)
 
 
 def outbound_text(parts: Iterable[Any]) -> str:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections import OrderedDict
 from typing import Any
 
 import aiohttp
@@ -29,6 +28,7 @@ from app.errors import (
     InvalidPayload,
 )
 from app.events import OutboundMessage
+from channels.common.chunks import ChunkProgress, send_chunks
 from channels.slack import signing
 from channels.slack.parse import Parsed, parse_event_callback
 from channels.slack.settings import SlackSettings
@@ -64,9 +64,7 @@ class SlackChannel:
         self.client: AsyncWebClient | None = None
         self._session: aiohttp.ClientSession | None = None
         self._socket: Any = None  # Socket Mode client, when SLACK_MODE=socket
-        # message_id → chunks already posted, so a retry after a partial send does not
-        # repeat them (bounded; lost on restart, when a retry may repeat a chunk).
-        self._sent_chunks: OrderedDict[str, int] = OrderedDict()
+        self._progress = ChunkProgress(capacity=1000)  # chunks already posted, per message
 
     # --- lifecycle ----------------------------------------------------------------------
 
@@ -165,16 +163,12 @@ class SlackChannel:
         chunks = split_text(message.text, self.settings.max_message_chars)
         if not chunks:
             return SendResult()
-        first_ts: str | None = None
-        for index in range(self._sent_chunks.get(message.message_id, 0), len(chunks)):
-            try:
-                ts = await self._post(message.chat_id, chunks[index], message.thread_id)
-            except DeliveryError:
-                self._remember(message.message_id, index)
-                raise
-            first_ts = first_ts or ts
-        self._sent_chunks.pop(message.message_id, None)
-        return SendResult(platform_message_id=first_ts)
+
+        async def post(_index: int, chunk: str) -> str | None:
+            return await self._post(message.chat_id, chunk, message.thread_id)
+
+        posted = await send_chunks(self._progress, message.message_id, chunks, post)
+        return SendResult(platform_message_id=next((ts for ts in posted if ts), None))
 
     async def _post(self, channel: str, text: str, thread_ts: str | None) -> str | None:
         assert self.client is not None
@@ -186,12 +180,6 @@ class SlackChannel:
             raise ChannelUnavailable(f"Slack unreachable: {exc!r}") from exc
         ts = resp.get("ts")
         return str(ts) if ts else None
-
-    def _remember(self, message_id: str, done: int) -> None:
-        self._sent_chunks[message_id] = done
-        self._sent_chunks.move_to_end(message_id)
-        while len(self._sent_chunks) > 1000:
-            self._sent_chunks.popitem(last=False)
 
 
 def _delivery_error(exc: SlackApiError) -> DeliveryError:

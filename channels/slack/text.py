@@ -1,6 +1,8 @@
-"""Splitting long replies into Slack-sized messages."""
+"""Splitting long replies into Slack-sized messages (Slack counts characters)."""
 
 from __future__ import annotations
+
+from channels.common import chunks
 
 
 def split_text(text: str, limit: int) -> list[str]:
@@ -9,19 +11,4 @@ def split_text(text: str, limit: int) -> list[str]:
     Breaks stay at the end of a chunk; chunks that are only whitespace are dropped (Slack
     refuses empty messages).
     """
-    chunks: list[str] = []
-    rest = text
-    while rest:
-        if len(rest) <= limit:
-            chunks.append(rest)
-            break
-        cut = limit
-        window = rest[:cut]
-        for sep in ("\n\n", "\n", " "):
-            at = window.rfind(sep)
-            if at >= cut // 2:  # do not make tiny chunks just to break at a separator
-                cut = at + len(sep)
-                break
-        chunks.append(rest[:cut])
-        rest = rest[cut:]
-    return [c for c in chunks if c.strip()]
+    return chunks.split_text(text, limit)

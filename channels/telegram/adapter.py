@@ -14,7 +14,6 @@ import contextlib
 import hmac
 import time
 import warnings
-from collections import OrderedDict
 from datetime import timedelta
 from typing import Any
 
@@ -41,9 +40,9 @@ from app.errors import (
     ChannelRequestError,
     ChannelSendAuthError,
     ChannelUnavailable,
-    DeliveryError,
 )
 from app.events import OutboundMessage
+from channels.common.chunks import ChunkProgress, send_chunks
 from channels.telegram.parse import BotIdentity, Parsed, parse_update
 from channels.telegram.settings import TelegramSettings
 from channels.telegram.text import split_text
@@ -87,9 +86,7 @@ class TelegramChannel:
         self._identity_tried_at = -IDENTITY_RETRY_SECONDS
         self.poll_error: str | None = None  # the last getUpdates failure, for operators and tests
         self._poller: asyncio.Task[None] | None = None
-        # message_id → chunks already delivered, so a retry after a partial send does not
-        # repeat them (bounded; lost on restart, when a retry may repeat a chunk).
-        self._sent_chunks: OrderedDict[str, int] = OrderedDict()
+        self._progress = ChunkProgress(capacity=1000)  # chunks already delivered, per message
 
     # --- lifecycle ----------------------------------------------------------------------
 
@@ -221,26 +218,20 @@ class TelegramChannel:
         chunks = split_text(message.text, self.settings.max_message_chars)
         if not chunks:
             return SendResult()
-        done = self._sent_chunks.get(message.message_id, 0)
         chat_id: int | str = _chat_id(message.chat_id)
         thread_id = int(message.thread_id) if message.thread_id and message.thread_id.isdigit() else None
         quote = message.metadata.get("reply_msg_id")
-        first_id: str | None = None
-        for index in range(done, len(chunks)):
+
+        async def deliver(index: int, chunk: str) -> int:
             reply = (
                 ReplyParameters(message_id=int(quote), allow_sending_without_reply=True)
                 if quote is not None and index == 0
                 else None
             )
-            try:
-                sent = await self._send_chunk(chat_id, chunks[index], thread_id, reply)
-            except DeliveryError:
-                self._remember(message.message_id, index)
-                raise
-            if first_id is None:
-                first_id = str(sent)
-        self._sent_chunks.pop(message.message_id, None)
-        return SendResult(platform_message_id=first_id)
+            return await self._send_chunk(chat_id, chunk, thread_id, reply)
+
+        sent = await send_chunks(self._progress, message.message_id, chunks, deliver)
+        return SendResult(platform_message_id=str(sent[0]) if sent else None)
 
     async def _send_chunk(
         self, chat_id: int | str, text: str, thread_id: int | None, reply: ReplyParameters | None
@@ -270,12 +261,6 @@ class TelegramChannel:
         except TelegramError as exc:
             raise ChannelUnavailable(f"Telegram error: {exc.message}") from exc
         return sent.message_id
-
-    def _remember(self, message_id: str, done: int) -> None:
-        self._sent_chunks[message_id] = done
-        self._sent_chunks.move_to_end(message_id)
-        while len(self._sent_chunks) > 1000:
-            self._sent_chunks.popitem(last=False)
 
 
 def _from_group(data: Any) -> bool:

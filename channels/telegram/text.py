@@ -1,6 +1,8 @@
-"""Splitting long replies into Telegram-sized messages."""
+"""Splitting long replies into Telegram-sized messages (Telegram counts UTF-16 units)."""
 
 from __future__ import annotations
+
+from channels.common import chunks
 
 
 def utf16_len(text: str) -> int:
@@ -14,29 +16,4 @@ def split_text(text: str, limit: int) -> list[str]:
     Joining the chunks gives back the text (breaks stay at the end of a chunk; chunks that
     are only whitespace are dropped, Telegram refuses empty messages).
     """
-    chunks: list[str] = []
-    rest = text
-    while rest:
-        if utf16_len(rest) <= limit:
-            chunks.append(rest)
-            break
-        cut = _fit(rest, limit)
-        window = rest[:cut]
-        for sep in ("\n\n", "\n", " "):
-            at = window.rfind(sep)
-            if at >= cut // 2:  # do not make tiny chunks just to break at a separator
-                cut = at + len(sep)
-                break
-        chunks.append(rest[:cut])
-        rest = rest[cut:]
-    return [c for c in chunks if c.strip()]
-
-
-def _fit(text: str, limit: int) -> int:
-    """The longest prefix length (in characters) within `limit` UTF-16 units."""
-    units = 0
-    for index, char in enumerate(text):
-        units += 2 if ord(char) > 0xFFFF else 1
-        if units > limit:
-            return max(1, index)
-    return len(text)
+    return chunks.split_text(text, limit, units=utf16_len)

@@ -15,53 +15,31 @@ later through `cgi-bin/message/custom/send` (客服消息), because WeChat only 
 
 from __future__ import annotations
 
-import time
-from typing import Any, Literal
+from typing import Literal
 
 import structlog
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from app.channel import ChannelContext, ChannelRequest, ChannelResponse, ChannelSettings, SendResult
-from app.errors import (
-    ChannelAuthError,
-    ChannelForbidden,
-    ChannelNotConfigured,
-    ChannelRateLimited,
-    ChannelRejected,
-    ChannelSendAuthError,
-    ChannelUnavailable,
-    DeliveryError,
-    InvalidPayload,
-)
+from app.errors import ChannelAuthError, ChannelNotConfigured, ChannelSendAuthError, InvalidPayload
 from app.events import ChatType, InboundEvent, OutboundMessage
-from channels.common.wechat_api import (
-    SYSTEM_BUSY,
-    AccessTokenCache,
-    ChunkProgress,
-    call_json,
-    describe,
-    errcode_of,
-    outbound_text,
-    split_utf8,
-)
-from channels.common.wechat_crypto import (
-    DecryptError,
-    ReceiveIdMismatch,
-    SignatureMismatch,
-    WeChatCrypto,
-    sha1_signature,
-    signature_matches,
-    timestamp_fresh,
-)
-from channels.common.wechat_xml import MalformedXml, UnsafeXml, WeChatMessage, parse_flat_xml
+from channels.common.chunks import ChunkProgress, send_chunks
+from channels.common.wechat_api import Errcodes, TokenApi, call_json, outbound_text, split_utf8
+from channels.common.wechat_callback import message_of, open_encrypted, parse_callback, require_fresh
+from channels.common.wechat_crypto import WeChatCrypto, sha1_signature, signature_matches
 
 log = structlog.get_logger(__name__)
 
 # Official Account global return codes.
-TOKEN_INVALID = {40001, 40014, 41001, 42001}  # in API answers: token invalid / not latest / expired
-RATE_LIMITED = {45009, 45011}  # daily quota, per-minute frequency
-AUTH_FAILED = {40013, 40125, 40164, 41002, 41004, 48001, 50001, 50002}
+TOKEN_INVALID = frozenset(
+    {40001, 40014, 41001, 42001}
+)  # in API answers: token invalid / not latest / expired
+RATE_LIMITED = frozenset({45009, 45011})  # daily quota, per-minute frequency
+AUTH_FAILED = frozenset({40013, 40125, 40164, 41002, 41004, 48001, 50001, 50002})
+# Any other errcode rejects the message: 45015 (past the 48 h window), 45047 (reply quota
+# used), 40003 (bad OpenID), 43004 (not subscribed), 45002 (too long).
+ERRCODES = Errcodes(TOKEN_INVALID, RATE_LIMITED, AUTH_FAILED)
 
 
 class WeChatMpSettings(ChannelSettings):
@@ -104,7 +82,8 @@ class WeChatMpChannel:
         self.settings = settings
         self.context = context
         self._crypto: WeChatCrypto | None = None
-        self.tokens = AccessTokenCache(self._fetch_token)
+        self._api = TokenApi(context.http, settings, self._fetch_token, ERRCODES, channel="wechat_mp")
+        self.tokens = self._api.tokens
         self._progress = ChunkProgress()
 
     async def start(self) -> None:
@@ -134,10 +113,7 @@ class WeChatMpChannel:
             raise ChannelNotConfigured("WECHAT_MP_TOKEN is not set on this server")
         query = request.query
         timestamp, nonce = query.get("timestamp", ""), query.get("nonce", "")
-        if not timestamp or not nonce:
-            raise InvalidPayload("timestamp and nonce are required")
-        if not timestamp_fresh(timestamp, self.settings.timestamp_tolerance_seconds, time.time()):
-            raise ChannelAuthError("timestamp is malformed or too far from now")
+        require_fresh(timestamp, nonce, self.settings.timestamp_tolerance_seconds)
         if request.method == "GET":
             self._check_plain_signature(token, query.get("signature"), timestamp, nonce)
             echostr = query.get("echostr")
@@ -150,7 +126,7 @@ class WeChatMpChannel:
             if not self.plaintext_allowed:
                 raise ChannelAuthError("plaintext callbacks are refused: this server expects safe mode")
             self._check_plain_signature(token, query.get("signature"), timestamp, nonce)
-            fields = _parse(request.body)
+            fields = parse_callback(request.body)
         return await self._accept(fields)
 
     def _check_plain_signature(self, token: str, signature: str | None, timestamp: str, nonce: str) -> None:
@@ -166,24 +142,15 @@ class WeChatMpChannel:
             )
         if not signature:
             raise ChannelAuthError("msg_signature is missing")
-        encrypt = _parse(body).get("Encrypt")
+        encrypt = parse_callback(body).get("Encrypt")
         if not encrypt:
             raise InvalidPayload("encrypted callback XML has no Encrypt element")
-        try:
-            plain = self._crypto.verify_and_decrypt(signature, timestamp, nonce, encrypt)
-        except SignatureMismatch as exc:
-            raise ChannelAuthError("msg_signature does not match") from exc
-        except ReceiveIdMismatch as exc:
-            raise ChannelForbidden("the message was encrypted for another AppID") from exc
-        except DecryptError as exc:
-            raise InvalidPayload(f"Encrypt cannot be decrypted: {exc}") from exc
-        return _parse(plain)
+        return parse_callback(
+            open_encrypted(self._crypto, signature, timestamp, nonce, encrypt, receive_id="AppID")
+        )
 
     async def _accept(self, fields: dict[str, str]) -> ChannelResponse:
-        try:
-            message = WeChatMessage.from_fields(fields)
-        except MalformedXml as exc:
-            raise InvalidPayload(str(exc)) from exc
+        message = message_of(fields)
         parts = message.parts()
         if parts is None:
             log.info("wechat_mp_event_ignored", msg_type=message.msg_type, wechat_event=message.event)
@@ -212,40 +179,21 @@ class WeChatMpChannel:
         if len(pieces) > limit:
             # WeChat refuses more (45047); say so rather than lose the cut silently.
             pieces = [*pieces[: limit - 1], _truncated(pieces[limit - 1], self.settings.max_text_bytes)]
-        done = self._progress.delivered(message.message_id)
-        for index in range(done, len(pieces)):
-            await self._call(
-                "/cgi-bin/message/custom/send",
-                {"touser": message.chat_id, "msgtype": "text", "text": {"content": pieces[index]}},
-            )
-            self._progress.record(message.message_id, index + 1)
-        self._progress.forget(message.message_id)
-        return SendResult()
 
-    async def _call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        url = self.settings.api_base_url.rstrip("/") + path
-        for attempt in (1, 2):
-            token = await self.tokens.get()
-            data = await call_json(
-                self.context.http, "POST", url, what=path, params={"access_token": token}, json_body=body
+        async def deliver(_index: int, piece: str) -> None:
+            await self._api.post(
+                "/cgi-bin/message/custom/send",
+                {"touser": message.chat_id, "msgtype": "text", "text": {"content": piece}},
             )
-            code = errcode_of(data)
-            if code in TOKEN_INVALID:
-                self.tokens.invalidate(token)
-                if attempt == 1:
-                    log.info("wechat_mp_token_refresh", errcode=code)
-                    continue
-                raise ChannelUnavailable(f"{path}: a fresh access token was refused too ({describe(data)})")
-            if code != 0:
-                raise self._error(path, data)
-            return data
-        raise AssertionError("unreachable")
+
+        await send_chunks(self._progress, message.message_id, pieces, deliver)
+        return SendResult()
 
     async def _fetch_token(self) -> tuple[str, float]:
         s = self.settings
         if not s.app_id or not s.app_secret:
             raise ChannelSendAuthError("WECHAT_MP_APP_ID and WECHAT_MP_APP_SECRET must be set to send")
-        base = s.api_base_url.rstrip("/")
+        base = self._api.base_url
         if s.token_endpoint == "stable":
             data = await call_json(
                 self.context.http,
@@ -262,27 +210,7 @@ class WeChatMpChannel:
                 what="token",
                 params={"grant_type": "client_credential", "appid": s.app_id, "secret": s.app_secret},
             )
-        code = errcode_of(data)
-        if code != 0 or not data.get("access_token"):
-            if code in RATE_LIMITED:
-                raise ChannelRateLimited(s.rate_limit_retry_seconds, f"access token: {describe(data)}")
-            if code == SYSTEM_BUSY:
-                raise ChannelUnavailable(f"access token: {describe(data)}")
-            raise ChannelSendAuthError(f"access token refused our credentials: {describe(data)}")
-        return str(data["access_token"]), float(data.get("expires_in") or 7200)
-
-    def _error(self, path: str, data: dict[str, Any]) -> DeliveryError:
-        code = errcode_of(data)
-        detail = f"{path}: {describe(data)}"
-        if code in RATE_LIMITED:
-            return ChannelRateLimited(self.settings.rate_limit_retry_seconds, detail)
-        if code == SYSTEM_BUSY:
-            return ChannelUnavailable(detail)
-        if code in AUTH_FAILED:
-            return ChannelSendAuthError(detail)
-        # 45015 (past the 48 h window), 45047 (reply quota used), 40003 (bad OpenID),
-        # 43004 (not subscribed), 45002 (too long): this message cannot be delivered.
-        return ChannelRejected(detail)
+        return self._api.token_answer(data, "access token")
 
 
 def _success() -> ChannelResponse:
@@ -295,10 +223,3 @@ def _truncated(piece: str, max_bytes: int) -> str:
     while len(piece.encode()) > budget:
         piece = piece[:-1]
     return piece + marker
-
-
-def _parse(data: bytes | str) -> dict[str, str]:
-    try:
-        return parse_flat_xml(data)
-    except (UnsafeXml, MalformedXml) as exc:
-        raise InvalidPayload(str(exc)) from exc

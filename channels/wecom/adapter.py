@@ -13,7 +13,6 @@ says it is no longer valid.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import structlog
@@ -25,39 +24,22 @@ from app.errors import (
     ChannelAuthError,
     ChannelForbidden,
     ChannelNotConfigured,
-    ChannelRateLimited,
-    ChannelRejected,
     ChannelSendAuthError,
-    ChannelUnavailable,
-    DeliveryError,
     InvalidPayload,
 )
 from app.events import ChatType, InboundEvent, OutboundMessage
-from channels.common.wechat_api import (
-    SYSTEM_BUSY,
-    AccessTokenCache,
-    ChunkProgress,
-    call_json,
-    describe,
-    errcode_of,
-    outbound_text,
-    split_utf8,
-)
-from channels.common.wechat_crypto import (
-    DecryptError,
-    ReceiveIdMismatch,
-    SignatureMismatch,
-    WeChatCrypto,
-    timestamp_fresh,
-)
-from channels.common.wechat_xml import MalformedXml, UnsafeXml, WeChatMessage, parse_flat_xml
+from channels.common.chunks import ChunkProgress, send_chunks
+from channels.common.wechat_api import Errcodes, TokenApi, call_json, outbound_text, split_utf8
+from channels.common.wechat_callback import message_of, open_encrypted, parse_callback, require_fresh
+from channels.common.wechat_crypto import WeChatCrypto
 
 log = structlog.get_logger(__name__)
 
 # WeCom global error codes (developer.work.weixin.qq.com/document/path/90455).
-TOKEN_INVALID = {40014, 42001, 41001}  # invalid, expired, missing access_token
-RATE_LIMITED = {45009, 45033}  # API frequency limit, concurrency limit
-AUTH_FAILED = {40001, 40013, 40056, 41002, 41004, 40091, 42009, 48002, 60020}
+TOKEN_INVALID = frozenset({40014, 42001, 41001})  # invalid, expired, missing access_token
+RATE_LIMITED = frozenset({45009, 45033})  # API frequency limit, concurrency limit
+AUTH_FAILED = frozenset({40001, 40013, 40056, 41002, 41004, 40091, 42009, 48002, 60020})
+ERRCODES = Errcodes(TOKEN_INVALID, RATE_LIMITED, AUTH_FAILED)
 APPCHAT_PREFIX = "appchat:"
 
 
@@ -87,7 +69,8 @@ class WeComChannel:
         self.settings = settings
         self.context = context
         self._crypto: WeChatCrypto | None = None
-        self.tokens = AccessTokenCache(self._fetch_token)
+        self._api = TokenApi(context.http, settings, self._fetch_token, ERRCODES, channel="wecom")
+        self.tokens = self._api.tokens
         self._progress = ChunkProgress()
 
     async def start(self) -> None:
@@ -110,10 +93,7 @@ class WeComChannel:
         signature = query.get("msg_signature")
         if not signature:
             raise ChannelAuthError("msg_signature is missing")
-        if not timestamp or not nonce:
-            raise InvalidPayload("timestamp and nonce are required")
-        if not timestamp_fresh(timestamp, self.settings.timestamp_tolerance_seconds, time.time()):
-            raise ChannelAuthError("timestamp is malformed or too far from now")
+        require_fresh(timestamp, nonce, self.settings.timestamp_tolerance_seconds)
         if request.method == "GET":
             return self._verify_url(crypto, signature, timestamp, nonce, query.get("echostr"))
         return await self._callback(crypto, signature, timestamp, nonce, request.body)
@@ -125,21 +105,20 @@ class WeComChannel:
             raise InvalidPayload("echostr is required to verify the URL")
         # A '+' sent without URL-encoding arrives as a space; base64 has no spaces.
         echostr = echostr.replace(" ", "+")
-        plain = _open(crypto, signature, timestamp, nonce, echostr)
+        plain = open_encrypted(crypto, signature, timestamp, nonce, echostr, receive_id="CorpID")
         return ChannelResponse.text(plain)
 
     async def _callback(
         self, crypto: WeChatCrypto, signature: str, timestamp: str, nonce: str, body: bytes
     ) -> ChannelResponse:
-        outer = _parse(body)
+        outer = parse_callback(body)
         encrypt = outer.get("Encrypt")
         if not encrypt:
             raise InvalidPayload("callback XML has no Encrypt element")
-        inner = _parse(_open(crypto, signature, timestamp, nonce, encrypt))
-        try:
-            message = WeChatMessage.from_fields(inner)
-        except MalformedXml as exc:
-            raise InvalidPayload(str(exc)) from exc
+        inner = parse_callback(
+            open_encrypted(crypto, signature, timestamp, nonce, encrypt, receive_id="CorpID")
+        )
+        message = message_of(inner)
         agent = inner.get("AgentID") or outer.get("AgentID")
         if self.settings.agent_id is not None and agent and agent != str(self.settings.agent_id):
             raise ChannelForbidden(f"AgentID {agent[:20]!r} is not this app")
@@ -174,13 +153,12 @@ class WeComChannel:
         if not text.strip():
             return SendResult()
         pieces = split_utf8(text, self.settings.max_text_bytes)
-        done = self._progress.delivered(message.message_id)
-        platform_id: str | None = None
-        for index in range(done, len(pieces)):
-            platform_id = await self._send_text(message.chat_id, pieces[index])
-            self._progress.record(message.message_id, index + 1)
-        self._progress.forget(message.message_id)
-        return SendResult(platform_message_id=platform_id)
+
+        async def deliver(_index: int, piece: str) -> str | None:
+            return await self._send_text(message.chat_id, piece)
+
+        sent = await send_chunks(self._progress, message.message_id, pieces, deliver)
+        return SendResult(platform_message_id=sent[-1] if sent else None)
 
     async def _send_text(self, chat_id: str, content: str) -> str | None:
         if chat_id.startswith(APPCHAT_PREFIX):
@@ -200,28 +178,8 @@ class WeComChannel:
                 "agentid": self.settings.agent_id,
                 "text": {"content": content},
             }
-        data = await self._call(path, body)
+        data = await self._api.post(path, body)
         return str(data["msgid"]) if data.get("msgid") else None
-
-    async def _call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        """POST with the cached token; on an invalid/expired token refresh once and retry."""
-        url = self.settings.api_base_url.rstrip("/") + path
-        for attempt in (1, 2):
-            token = await self.tokens.get()
-            data = await call_json(
-                self.context.http, "POST", url, what=path, params={"access_token": token}, json_body=body
-            )
-            code = errcode_of(data)
-            if code in TOKEN_INVALID:
-                self.tokens.invalidate(token)
-                if attempt == 1:
-                    log.info("wecom_token_refresh", errcode=code)
-                    continue
-                raise ChannelUnavailable(f"{path}: a fresh access token was refused too ({describe(data)})")
-            if code != 0:
-                raise self._error(path, data)
-            return data
-        raise AssertionError("unreachable")
 
     async def _fetch_token(self) -> tuple[str, float]:
         s = self.settings
@@ -230,48 +188,12 @@ class WeComChannel:
         data = await call_json(
             self.context.http,
             "GET",
-            s.api_base_url.rstrip("/") + "/cgi-bin/gettoken",
+            self._api.base_url + "/cgi-bin/gettoken",
             what="gettoken",
             params={"corpid": s.corp_id, "corpsecret": s.corp_secret},
         )
-        code = errcode_of(data)
-        if code != 0 or not data.get("access_token"):
-            if code in RATE_LIMITED:
-                raise ChannelRateLimited(s.rate_limit_retry_seconds, f"gettoken: {describe(data)}")
-            if code == SYSTEM_BUSY:
-                raise ChannelUnavailable(f"gettoken: {describe(data)}")
-            raise ChannelSendAuthError(f"gettoken refused our credentials: {describe(data)}")
-        return str(data["access_token"]), float(data.get("expires_in") or 7200)
-
-    def _error(self, path: str, data: dict[str, Any]) -> DeliveryError:
-        code = errcode_of(data)
-        detail = f"{path}: {describe(data)}"
-        if code in RATE_LIMITED:
-            return ChannelRateLimited(self.settings.rate_limit_retry_seconds, detail)
-        if code == SYSTEM_BUSY:
-            return ChannelUnavailable(detail)
-        if code in AUTH_FAILED:
-            return ChannelSendAuthError(detail)
-        return ChannelRejected(detail)
+        return self._api.token_answer(data, "gettoken")
 
 
 def _no_passive_reply() -> ChannelResponse:
     return ChannelResponse(status=200, body=b"", content_type="text/plain; charset=utf-8")
-
-
-def _parse(data: bytes | str) -> dict[str, str]:
-    try:
-        return parse_flat_xml(data)
-    except (UnsafeXml, MalformedXml) as exc:
-        raise InvalidPayload(str(exc)) from exc
-
-
-def _open(crypto: WeChatCrypto, signature: str, timestamp: str, nonce: str, encrypt: str) -> str:
-    try:
-        return crypto.verify_and_decrypt(signature, timestamp, nonce, encrypt)
-    except SignatureMismatch as exc:
-        raise ChannelAuthError("msg_signature does not match") from exc
-    except ReceiveIdMismatch as exc:
-        raise ChannelForbidden("the message was encrypted for another CorpID") from exc
-    except DecryptError as exc:
-        raise InvalidPayload(f"Encrypt cannot be decrypted: {exc}") from exc

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
 
 from aiohttp import web
+
+from tests.fakes.local_server import LocalServer
 
 
 @dataclass
@@ -16,7 +17,7 @@ class Received:
     body: bytes
 
 
-class HttpReceiver:
+class HttpReceiver(LocalServer):
     """Answers 500 to the first `fail_first` requests, then 200; records the accepted ones."""
 
     def __init__(self, fail_first: int = 0, status: int = 200) -> None:
@@ -25,8 +26,6 @@ class HttpReceiver:
         self.attempts = 0
         self.received: list[Received] = []
         self._changed = asyncio.Condition()
-        self._runner: web.AppRunner | None = None
-        self.url = ""
 
     async def _handle(self, request: web.Request) -> web.Response:
         self.attempts += 1
@@ -48,14 +47,5 @@ class HttpReceiver:
     async def __aenter__(self) -> HttpReceiver:
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{port}/callback"
+        await self._serve(app, "/callback")
         return self
-
-    async def __aexit__(self, *exc: Any) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()

@@ -23,6 +23,8 @@ from aiohttp import web
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
+from tests.fakes.local_server import LocalServer
+
 _message_ids = itertools.count(1000)
 
 
@@ -197,7 +199,7 @@ class ApiCall:
     params: dict[str, Any]
 
 
-class FakeHttpApi:
+class FakeHttpApi(LocalServer):
     """A bridge's HTTP API: `POST /<action>` with JSON params, `Authorization: Bearer`.
 
     Answers 500 to the first `fail_first` calls (all of them with `fail_first=-1`), 401
@@ -211,8 +213,6 @@ class FakeHttpApi:
         self.calls: list[ApiCall] = []
         self._ids = itertools.count(5000)
         self._changed = asyncio.Condition()
-        self._runner: web.AppRunner | None = None
-        self.url = ""
 
     async def _handle(self, request: web.Request) -> web.Response:
         self.attempts += 1
@@ -234,14 +234,5 @@ class FakeHttpApi:
     async def __aenter__(self) -> FakeHttpApi:
         app = web.Application()
         app.router.add_post("/{action}", self._handle)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{port}"
+        await self._serve(app)
         return self
-
-    async def __aexit__(self, *exc: Any) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()

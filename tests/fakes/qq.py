@@ -20,6 +20,8 @@ from typing import Any
 from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from tests.fakes.local_server import LocalServer
+
 
 def key_from_secret(secret: str) -> Ed25519PrivateKey:
     seed = secret
@@ -102,7 +104,7 @@ class SentMessage:
     body: dict[str, Any]
 
 
-class QQPlatform:
+class QQPlatform(LocalServer):
     """Token endpoint and message API. `fail_first` answers 500 to that many message calls
     (-1: all of them)."""
 
@@ -129,8 +131,6 @@ class QQPlatform:
         self.uploads: list[SentMessage] = []
         self._seen_seq: set[tuple[str, int]] = set()
         self._changed = asyncio.Condition()
-        self._runner: web.AppRunner | None = None
-        self.url = ""
 
     @property
     def token_url(self) -> str:
@@ -195,14 +195,5 @@ class QQPlatform:
         app.router.add_post("/v2/groups/{group_openid}/messages", self._message)
         app.router.add_post("/v2/users/{openid}/files", self._upload)
         app.router.add_post("/v2/groups/{group_openid}/files", self._upload)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{port}"
+        await self._serve(app)
         return self
-
-    async def __aexit__(self, *exc: Any) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()

@@ -19,6 +19,8 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.fakes.local_server import LocalServer
+
 BOT_TOKEN = "xoxb-test-token"
 APP_TOKEN = "xapp-test-token"
 BOT_USER_ID = "UBOT01"
@@ -49,7 +51,7 @@ CHANNEL_NOT_FOUND = Failure(200, "channel_not_found")
 
 
 @dataclass
-class FakeSlack:
+class FakeSlack(LocalServer):
     token: str = BOT_TOKEN
     bot_user_id: str = BOT_USER_ID
     calls: list[Call] = field(default_factory=list)
@@ -64,7 +66,6 @@ class FakeSlack:
 
     def __post_init__(self) -> None:
         self._changed = asyncio.Condition()
-        self._runner: web.AppRunner | None = None
         self._ts = itertools.count(1)
         self._sockets: list[web.WebSocketResponse] = []
         self._port = 0
@@ -184,20 +185,13 @@ class FakeSlack:
         app = web.Application()
         app.router.add_post("/api/{method}", self._handle)
         app.router.add_get("/link/", self._socket)
-        self._runner = web.AppRunner(app, shutdown_timeout=0.5)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self._port = port
-        self.url = f"http://127.0.0.1:{port}/api/"
+        self._port = await self._serve(app, "/api/", shutdown_timeout=0.5)
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
         for ws in list(self._sockets):
             await ws.close()
-        if self._runner is not None:
-            await self._runner.cleanup()
+        await super().__aexit__(*exc)
 
 
 # --- Events API payloads, signed as Slack signs them --------------------------------------

@@ -17,6 +17,8 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.fakes.local_server import LocalServer
+
 BOT_ID = 777000111
 BOT_USERNAME = "gate_bot"
 TOKEN = "777000111:TEST-token_abc"
@@ -50,7 +52,7 @@ CONFLICT = Failure(409, "Conflict: terminated by other getUpdates request")
 
 
 @dataclass
-class FakeTelegram:
+class FakeTelegram(LocalServer):
     token: str = TOKEN
     bot_id: int = BOT_ID
     username: str = BOT_USERNAME
@@ -65,7 +67,6 @@ class FakeTelegram:
 
     def __post_init__(self) -> None:
         self._changed = asyncio.Condition()
-        self._runner: web.AppRunner | None = None
         self._ids = itertools.count(1000)
 
     # --- test API -------------------------------------------------------------------
@@ -163,18 +164,9 @@ class FakeTelegram:
     async def __aenter__(self) -> FakeTelegram:
         app = web.Application()
         app.router.add_route("*", "/bot{token}/{method}", self._handle)
-        self._runner = web.AppRunner(app, shutdown_timeout=0.5)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{port}/bot"
+        port = await self._serve(app, "/bot", shutdown_timeout=0.5)
         self.file_url = f"http://127.0.0.1:{port}/file/bot"
         return self
-
-    async def __aexit__(self, *exc: Any) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
 
 
 # Parameters whose values are JSON-serialized objects in the Bot API's form encoding.

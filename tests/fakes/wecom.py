@@ -22,6 +22,8 @@ from aiohttp import web
 from cryptography.hazmat.primitives import padding
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
+from tests.fakes.local_server import LocalServer
+
 # --- the platform's side of the callback crypto ------------------------------------------
 
 
@@ -182,7 +184,7 @@ class ApiCall:
 
 
 @dataclass
-class TokenApiFake:
+class TokenApiFake(LocalServer):
     """What the WeCom and Official Account fakes share: tokens, outages, a call log.
 
     `outage=True` (or `outage_after=n`, once n sends went through) answers sends with 503;
@@ -201,7 +203,6 @@ class TokenApiFake:
     _tokens: dict[str, int] = field(default_factory=dict)  # token -> errcode on use (0 = valid)
     _serial: itertools.count = field(default_factory=lambda: itertools.count(1))  # type: ignore[type-arg]
     _changed: asyncio.Condition = field(default_factory=asyncio.Condition)
-    _runner: web.AppRunner | None = None
 
     def routes(self) -> list[web.RouteDef]:
         raise NotImplementedError
@@ -253,17 +254,8 @@ class TokenApiFake:
     async def __aenter__(self) -> Self:
         app = web.Application()
         app.add_routes(self.routes())
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{port}"
+        await self._serve(app)
         return self
-
-    async def __aexit__(self, *exc: Any) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
 
 
 @dataclass

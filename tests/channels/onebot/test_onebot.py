@@ -5,15 +5,15 @@ from __future__ import annotations
 import asyncio
 import json
 from typing import Any
-from urllib.parse import quote
 
 import httpx
-from sqlalchemy import func, select
+from sqlalchemy import select
 
 from app.db.models import inbox, outbox
 from app.events import ImagePart, MentionPart, OutboundMessage, TextPart
 from channels.onebot import OneBotSettings
-from tests.conftest import ADMIN_TOKEN, ServeApp
+from tests.channels.support import count, session_messages
+from tests.conftest import ServeApp
 from tests.fakes.onebot import (
     FakeBridge,
     FakeHttpApi,
@@ -40,23 +40,6 @@ def ws_url(srv: Any) -> str:
     return srv.url.replace("http://", "ws://") + "/channels/onebot/ws"
 
 
-async def _count(runtime: Any, table: Any, *where: Any) -> int:
-    async with runtime.engine.connect() as conn:
-        query = select(func.count()).select_from(table)
-        for cond in where:
-            query = query.where(cond)
-        return (await conn.execute(query)).scalar_one()
-
-
-async def _history(client: httpx.AsyncClient, srv: Any, key: str) -> list[dict[str, Any]]:
-    resp = await client.get(
-        f"{srv.url}/admin/api/sessions/{quote(key, safe='')}/messages",
-        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
-    )
-    assert resp.status_code == 200, resp.text
-    return list(resp.json()["messages"])
-
-
 async def _wait_until(predicate: Any, timeout: float = 15) -> None:
     deadline = asyncio.get_running_loop().time() + timeout
     while not await predicate():
@@ -64,9 +47,9 @@ async def _wait_until(predicate: Any, timeout: float = 15) -> None:
         await asyncio.sleep(0.05)
 
 
-async def _outbox_done(runtime: Any, status: str, count: int = 1) -> None:
+async def _outbox_done(runtime: Any, status: str, at_least: int = 1) -> None:
     async def check() -> bool:
-        return await _count(runtime, outbox, outbox.c.status == status) >= count
+        return await count(runtime, outbox, outbox.c.status == status) >= at_least
 
     await _wait_until(check)
 
@@ -90,7 +73,7 @@ async def test_private_message_is_answered_through_the_bot_that_received_it(serv
             "user_id": 42,
             "message": [{"type": "text", "data": {"text": "You said: hello"}}],
         }
-        history = await _history(client, srv, "onebot:private%3A42")
+        history = await session_messages(client, srv.url, "onebot:private%3A42")
         assert [m["role"] for m in history] == ["user", "assistant"]
         assert history[0]["content"] == "hello"
         await _outbox_done(srv.runtime, "sent")
@@ -116,7 +99,7 @@ async def test_cq_string_group_mention_is_parsed_unescaped_and_answered_with_a_q
             {"type": "reply", "data": {"id": "99"}},
             {"type": "text", "data": {"text": "You said: look [x] & y"}},
         ]
-        [user, *_] = await _history(client, srv, "onebot:group%3A555")
+        [user, *_] = await session_messages(client, srv.url, "onebot:group%3A555")
         assert user["content"] == "look [x] & y"
 
 
@@ -144,10 +127,10 @@ async def test_group_messages_not_addressed_to_the_bot_are_ignored(serve: ServeA
         assert actions[1].params["message"][-1] == _text("You said: thanks")
         await asyncio.sleep(0.3)
         assert len(bridge.actions) == 2
-        history = await _history(client, srv, "onebot:group%3A555")
+        history = await session_messages(client, srv.url, "onebot:group%3A555")
         users = [m["content"] for m in history if m["role"] == "user"]
         assert users == ["now you", "thanks"]
-        assert await _count(srv.runtime, inbox) == 2  # the others were not stored
+        assert await count(srv.runtime, inbox) == 2  # the others were not stored
 
 
 async def test_without_mention_gating_every_group_message_is_answered(serve: ServeApp) -> None:
@@ -173,8 +156,8 @@ async def test_user_in_chat_scope_gives_each_group_member_a_session(serve: Serve
         await bridge.send_event(group_message(BOT, 555, 43, at + "I like coffee"))
         actions = await bridge.wait_for_actions(2)
         assert {a.params["group_id"] for a in actions} == {555}
-        alice = await _history(client, srv, "onebot:group%3A555:user:42")
-        bob = await _history(client, srv, "onebot:group%3A555:user:43")
+        alice = await session_messages(client, srv.url, "onebot:group%3A555:user:42")
+        bob = await session_messages(client, srv.url, "onebot:group%3A555:user:43")
         assert [m["content"] for m in alice if m["role"] == "user"] == ["I like tea"]
         assert [m["content"] for m in bob if m["role"] == "user"] == ["I like coffee"]
 
@@ -218,7 +201,7 @@ async def test_a_redelivered_event_is_processed_once(serve: ServeApp) -> None:
         await bridge.wait_for_actions(1)
         await asyncio.sleep(0.3)
         assert len(bridge.actions) == 1
-        assert await _count(srv.runtime, inbox) == 1
+        assert await count(srv.runtime, inbox) == 1
 
 
 async def test_bad_frames_are_ignored_and_a_reconnecting_bridge_replaces_the_old_socket(
@@ -259,7 +242,7 @@ async def test_bridges_without_the_right_token_are_refused_with_a_close_code(ser
         )
         assert got == 4404
         assert srv.runtime.adapters["onebot"].connected_bots == []
-        assert await _count(srv.runtime, inbox) == 0
+        assert await count(srv.runtime, inbox) == 0
         # ... and a bridge with the token still gets in.
         async with FakeBridge(url, BOT, TOKEN) as bridge:
             await bridge.send_event(private_message(BOT, 42, "hi"))
@@ -383,7 +366,7 @@ async def test_http_post_mode_signed_event_is_answered_through_the_http_api(serv
             again = await _post(client, srv, private_message(BOT, 42, "via http", message_id=3), sign=SECRET)
             assert again.status_code == 204
             await asyncio.sleep(0.3)
-            assert await _count(srv.runtime, inbox) == 1
+            assert await count(srv.runtime, inbox) == 1
             assert len(api.calls) == 1
 
 
@@ -420,7 +403,7 @@ async def test_http_post_mode_refuses_forged_and_unsigned_reports(serve: ServeAp
             headers={"Content-Type": "application/json", "X-Signature": sign_post(SECRET, body)},
         )
         assert no_self_id.status_code == 400
-        assert await _count(srv.runtime, inbox) == 0
+        assert await count(srv.runtime, inbox) == 0
         ok = await _post(client, srv, event, sign=SECRET)
         assert ok.status_code == 204
 

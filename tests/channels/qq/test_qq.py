@@ -10,11 +10,12 @@ from urllib.parse import quote
 
 import httpx
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
-from sqlalchemy import func, select
+from sqlalchemy import select
 
 from app.db.models import inbox, outbox
 from app.events import ImagePart, OutboundMessage, TextPart
 from channels.qq import QQSettings
+from tests.channels.support import count, session_messages
 from tests.conftest import ADMIN_TOKEN, ServeApp
 from tests.fakes.qq import QQPlatform, c2c_message, group_at_message, key_from_secret, signed_headers
 
@@ -39,28 +40,15 @@ async def _post(
     )
 
 
-async def _count(runtime: Any, table: Any, *where: Any) -> int:
-    async with runtime.engine.connect() as conn:
-        query = select(func.count()).select_from(table)
-        for cond in where:
-            query = query.where(cond)
-        return (await conn.execute(query)).scalar_one()
-
-
 async def _wait_for_outbox(runtime: Any, status: str) -> None:
     deadline = time.monotonic() + 15
-    while await _count(runtime, outbox, outbox.c.status == status) == 0:
+    while await count(runtime, outbox, outbox.c.status == status) == 0:
         assert time.monotonic() < deadline, f"no outbox row became {status}"
         await asyncio.sleep(0.05)
 
 
 async def _user_texts(client: httpx.AsyncClient, srv: Any, key: str) -> list[str]:
-    resp = await client.get(
-        f"{srv.url}/admin/api/sessions/{quote(key, safe='')}/messages",
-        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
-    )
-    assert resp.status_code == 200, resp.text
-    return [m["content"] for m in resp.json()["messages"] if m["role"] == "user"]
+    return [m["content"] for m in await session_messages(client, srv.url, key) if m["role"] == "user"]
 
 
 def test_the_test_signer_derives_the_published_key_pair() -> None:
@@ -246,7 +234,7 @@ async def test_forged_stale_and_unsigned_callbacks_are_refused(serve: ServeApp) 
                 resp = await client.post(url, content=content, headers=headers)
                 assert resp.status_code == 401, (reason, resp.status_code, resp.text)
                 assert resp.json()["detail"], reason
-            assert await _count(srv.runtime, inbox) == 0
+            assert await count(srv.runtime, inbox) == 0
             ok = await _post(client, srv, event)
             assert ok.status_code == 200
 
@@ -263,7 +251,7 @@ async def test_a_redelivered_callback_is_processed_once(serve: ServeApp) -> None
             await platform.wait_for(1)
             await asyncio.sleep(0.3)
             assert len(platform.sent) == 1
-            assert await _count(srv.runtime, inbox) == 1
+            assert await count(srv.runtime, inbox) == 1
 
 
 async def test_an_openapi_outage_is_retried_then_recorded_as_failed(serve: ServeApp) -> None:

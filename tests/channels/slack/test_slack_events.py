@@ -9,13 +9,8 @@ import httpx
 
 from app.agent.offline import OfflineProvider
 from app.db.models import inbox, outbox
-from tests.channels.slack.support import (
-    count,
-    post_event,
-    slack_settings,
-    wait_inbox_done,
-    wait_outbox_final,
-)
+from tests.channels.slack.support import post_event, slack_settings
+from tests.channels.support import count, wait_inbox_done, wait_outbox_final
 from tests.conftest import ServeApp
 from tests.fakes import slack as sl
 from tests.fakes.slack import FakeSlack

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import httpx
 
-from tests.channels.slack.support import inbox_keys, post_event, slack_settings, wait_outbox_final
+from tests.channels.slack.support import post_event, slack_settings
+from tests.channels.support import inbox_keys, wait_outbox_final
 from tests.conftest import ServeApp
 from tests.fakes import slack as sl
 from tests.fakes.slack import FakeSlack

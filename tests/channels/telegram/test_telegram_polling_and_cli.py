@@ -9,14 +9,8 @@ import sys
 import httpx
 
 from app.db.models import inbox
-from tests.channels.telegram.support import (
-    SECRET,
-    count,
-    inbox_keys,
-    post_update,
-    tg_settings,
-    wait_outbox_final,
-)
+from tests.channels.support import count, inbox_keys, wait_outbox_final
+from tests.channels.telegram.support import SECRET, post_update, tg_settings
 from tests.conftest import ServeApp
 from tests.fakes import telegram as tg
 from tests.fakes.telegram import FakeTelegram

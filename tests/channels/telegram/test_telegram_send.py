@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import httpx
 
-from tests.channels.telegram.support import post_update, tg_settings, wait_outbox_final
+from tests.channels.support import wait_outbox_final
+from tests.channels.telegram.support import post_update, tg_settings
 from tests.conftest import ServeApp
 from tests.fakes import telegram as tg
 from tests.fakes.telegram import FakeTelegram

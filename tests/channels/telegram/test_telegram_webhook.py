@@ -8,14 +8,8 @@ import httpx
 from sqlalchemy import select
 
 from app.db.models import inbox, outbox
-from tests.channels.telegram.support import (
-    count,
-    inbox_keys,
-    post_update,
-    tg_settings,
-    wait_inbox_done,
-    wait_outbox_final,
-)
+from tests.channels.support import count, inbox_keys, wait_inbox_done, wait_outbox_final
+from tests.channels.telegram.support import post_update, tg_settings
 from tests.conftest import ServeApp
 from tests.fakes import telegram as tg
 from tests.fakes.telegram import FakeTelegram

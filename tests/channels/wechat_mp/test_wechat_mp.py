@@ -14,7 +14,7 @@ import pytest
 
 from app.db.models import inbox, outbox
 from channels.wechat_mp import WeChatMpSettings
-from tests.channels.wecom.test_wecom import _count, _history, settled_outbox
+from tests.channels.support import count, session_messages, settled_outbox
 from tests.conftest import ServeApp
 from tests.fakes.wechat_mp import FakeWeChatMpApi, WeChatMpCallbacks
 
@@ -94,7 +94,7 @@ async def test_plaintext_message_reaches_its_session_and_reply_uses_customer_ser
         # A voice message with WeChat's speech recognition arrives as its transcript.
         await _post(client, srv.url, wechat.plaintext(wechat.voice("openid-1", "明天天气", 12)))
         await api.wait_for_sent(2)
-        history = await _history(client, srv.url, "wechat-mp:openid-1")
+        history = await session_messages(client, srv.url, "wechat-mp:openid-1")
         assert [(m["role"], m["content"]) for m in history] == [
             ("user", "早上好"),
             ("assistant", "You said: 早上好"),
@@ -126,7 +126,7 @@ async def test_safe_mode_message_is_decrypted_and_plaintext_is_then_refused(
         downgrade = await _post(client, srv.url, wechat.plaintext(wechat.text("openid-2", "plain", 22)))
         assert downgrade.status_code == 401
         assert "safe mode" in downgrade.json()["detail"]
-        assert await _count(srv.runtime, inbox) == 1
+        assert await count(srv.runtime, inbox) == 1
 
 
 async def test_redelivered_message_is_processed_once(
@@ -142,8 +142,8 @@ async def test_redelivered_message_is_processed_once(
         await api.wait_for_sent(1)
         await asyncio.sleep(0.5)
         assert len(api.sent) == 1
-        assert await _count(srv.runtime, inbox) == 1
-        assert await _count(srv.runtime, outbox) == 1
+        assert await count(srv.runtime, inbox) == 1
+        assert await count(srv.runtime, outbox) == 1
 
 
 async def test_forged_stale_or_malformed_callbacks_get_4xx_and_store_nothing(
@@ -182,15 +182,15 @@ async def test_forged_stale_or_malformed_callbacks_get_4xx_and_store_nothing(
     ):
         # Both rounds share one database: the first round's good message stays stored.
         async with serve(channel_settings={"wechat-mp": settings}) as srv, httpx.AsyncClient() as client:
-            before = await _count(srv.runtime, inbox)
+            before = await count(srv.runtime, inbox)
             for reason, callback, status in cases:
                 resp = await _post(client, srv.url, callback)
                 assert resp.status_code == status, (reason, resp.status_code, resp.text)
                 assert resp.json()["detail"], reason
-            assert await _count(srv.runtime, inbox) == before
+            assert await count(srv.runtime, inbox) == before
             ok = wechat.encrypted(good) if settings.encoding_aes_key else wechat.plaintext(good_plain)
             assert (await _post(client, srv.url, ok)).status_code == 200  # still serving
-            assert await _count(srv.runtime, inbox) == before + 1
+            assert await count(srv.runtime, inbox) == before + 1
 
 
 async def test_platform_outage_on_send_is_retried_then_recorded_failed(
@@ -243,7 +243,7 @@ async def test_subscribe_is_acknowledged_and_menu_click_is_a_message(
         for _ in range(2):  # the click, and WeChat redelivering it (events dedup on user + time)
             click = wechat.plaintext(wechat.event("openid-7", "CLICK", now, event_key="/new"))
             assert (await _post(client, srv.url, click)).status_code == 200
-        assert await _count(srv.runtime, inbox) == 1
+        assert await count(srv.runtime, inbox) == 1
 
 
 async def test_plaintext_allowed_explicitly_and_the_previous_key_after_a_rotation(
@@ -260,10 +260,10 @@ async def test_plaintext_allowed_explicitly_and_the_previous_key_after_a_rotatio
         wechat.plaintext(wechat.text("openid-8", "plain", 83)),  # allowed explicitly
     ]
     async with serve(channel_settings={"wechat-mp": settings}) as srv, httpx.AsyncClient() as client:
-        for count, callback in enumerate(callbacks, start=1):
+        for n, callback in enumerate(callbacks, start=1):
             assert (await _post(client, srv.url, callback)).status_code == 200
-            await api.wait_for_sent(count)
-        assert await _count(srv.runtime, inbox) == 3
+            await api.wait_for_sent(n)
+        assert await count(srv.runtime, inbox) == 3
     assert [c.body["text"]["content"] for c in api.sent] == [
         "You said: old key",
         "You said: new key",

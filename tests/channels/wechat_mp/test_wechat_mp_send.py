@@ -2,26 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
 
-from app.channel import AcceptResult, ChannelContext, WaitResult
 from app.errors import ChannelRateLimited, ChannelRejected, ChannelSendAuthError, ChannelUnavailable
-from app.events import InboundEvent, OutboundMessage, TextPart
+from app.events import OutboundMessage, TextPart
 from channels.wechat_mp import WeChatMpChannel
+from tests.channels.support import send_only_context
 from tests.channels.wechat_mp.test_wechat_mp import APP_ID, mp_settings
 from tests.fakes.wechat_mp import FakeWeChatMpApi
-
-
-async def _no_accept(events: Sequence[InboundEvent]) -> list[AcceptResult]:
-    raise AssertionError("sending never accepts events")
-
-
-async def _no_wait(event_id: str, timeout: float) -> WaitResult:
-    raise AssertionError("sending never waits for replies")
 
 
 @pytest.fixture
@@ -31,7 +23,7 @@ async def api() -> AsyncIterator[FakeWeChatMpApi]:
 
 
 async def _channel(api: FakeWeChatMpApi, http: httpx.AsyncClient, **overrides: Any) -> WeChatMpChannel:
-    channel = WeChatMpChannel(mp_settings(api, **overrides), ChannelContext(_no_accept, _no_wait, http))
+    channel = WeChatMpChannel(mp_settings(api, **overrides), send_only_context(http))
     await channel.start()
     return channel
 

@@ -6,17 +6,16 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
-import urllib.parse
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import func, select
 
 from app.db.models import inbox, outbox
 from channels.wecom import WeComSettings
-from tests.conftest import ADMIN_TOKEN, ServeApp
+from tests.channels.support import count, session_messages, settled_outbox
+from tests.conftest import ServeApp
 from tests.fakes.wecom import FakeWeComApi, WeComCallbacks, cdata_xml
 
 TOKEN = "wecom-callback-token"
@@ -49,28 +48,6 @@ def wecom() -> WeComCallbacks:
     return WeComCallbacks(TOKEN, AES_KEY, CORP_ID, AGENT_ID)
 
 
-async def _count(runtime: Any, table: Any) -> int:
-    async with runtime.engine.connect() as conn:
-        return int((await conn.execute(select(func.count()).select_from(table))).scalar_one())
-
-
-async def settled_outbox(runtime: Any, timeout: float = 15) -> list[Any]:
-    """The outbox rows once none is pending or being sent (delivery finished either way)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        async with runtime.engine.connect() as conn:
-            rows = list(
-                await conn.execute(
-                    select(outbox.c.status, outbox.c.attempts, outbox.c.last_error).order_by(outbox.c.id)
-                )
-            )
-        if rows and all(r.status in ("sent", "failed") for r in rows):
-            return rows
-        if time.monotonic() > deadline:
-            raise AssertionError(f"outbox did not settle: {rows}")
-        await asyncio.sleep(0.05)
-
-
 async def _post(client: httpx.AsyncClient, base: str, callback: Any) -> httpx.Response:
     return await client.post(
         f"{base}/channels/wecom",
@@ -78,15 +55,6 @@ async def _post(client: httpx.AsyncClient, base: str, callback: Any) -> httpx.Re
         content=callback.body,
         headers={"Content-Type": "text/xml"},
     )
-
-
-async def _history(client: httpx.AsyncClient, base: str, key: str) -> list[dict[str, Any]]:
-    resp = await client.get(
-        f"{base}/admin/api/sessions/{urllib.parse.quote(key, safe='')}/messages",
-        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
-    )
-    assert resp.status_code == 200, resp.text
-    return list(resp.json()["messages"])
 
 
 async def test_url_verification_answers_the_decrypted_echostr(
@@ -126,7 +94,7 @@ async def test_message_reaches_its_session_and_the_reply_goes_through_the_api(
             "agentid": AGENT_ID,
             "text": {"content": "You said: 你好 & hello"},
         }
-        history = await _history(client, srv.url, "wecom:zhangsan")
+        history = await session_messages(client, srv.url, "wecom:zhangsan")
         assert [(m["role"], m["content"]) for m in history] == [
             ("user", "你好 & hello"),
             ("assistant", "You said: 你好 & hello"),
@@ -151,8 +119,8 @@ async def test_redelivered_message_is_processed_once(
         await api.wait_for_sent(1)
         await asyncio.sleep(0.5)  # room for a wrongly duplicated second reply to show up
         assert len(api.sent) == 1
-        assert await _count(srv.runtime, inbox) == 1
-        assert await _count(srv.runtime, outbox) == 1
+        assert await count(srv.runtime, inbox) == 1
+        assert await count(srv.runtime, outbox) == 1
 
 
 async def test_forged_stale_or_malformed_callbacks_get_4xx_and_store_nothing(
@@ -193,13 +161,13 @@ async def test_forged_stale_or_malformed_callbacks_get_4xx_and_store_nothing(
             resp = await _post(client, srv.url, callback)
             assert resp.status_code == status, (reason, resp.status_code, resp.text)
             assert resp.json()["detail"], reason
-        assert await _count(srv.runtime, inbox) == 0
+        assert await count(srv.runtime, inbox) == 0
         huge = wecom.post(wecom.text("wangwu", "x" * 70_000, 3003))
         assert (await _post(client, srv.url, huge)).status_code == 413
-        assert await _count(srv.runtime, inbox) == 0
+        assert await count(srv.runtime, inbox) == 0
         # ... and the service keeps serving.
         assert (await _post(client, srv.url, wecom.post(good))).status_code == 200
-        assert await _count(srv.runtime, inbox) == 1
+        assert await count(srv.runtime, inbox) == 1
     assert api.token_requests <= 1
 
 
@@ -265,8 +233,8 @@ async def test_image_and_menu_click_become_parts_and_notifications_are_ignored(
             resp = await _post(client, srv.url, wecom.post(inner))
             assert resp.status_code == 200, resp.text
             await api.wait_for_sent(replies)
-        assert await _count(srv.runtime, inbox) == 2
-        history = await _history(client, srv.url, "wecom:zhouj")
+        assert await count(srv.runtime, inbox) == 2
+        history = await session_messages(client, srv.url, "wecom:zhouj")
     users = [m for m in history if m["role"] == "user"]
     [image] = users[0]["parts"]
     assert (image["type"], image["url"]) == ("image", "https://wework.qpic.cn/pic.jpg")

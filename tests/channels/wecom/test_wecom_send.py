@@ -3,26 +3,18 @@ core's typed delivery errors, split messages resume where they stopped, app chat
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
 
-from app.channel import AcceptResult, ChannelContext, WaitResult
 from app.errors import ChannelRateLimited, ChannelRejected, ChannelSendAuthError, ChannelUnavailable
-from app.events import InboundEvent, OutboundMessage, TextPart
+from app.events import OutboundMessage, TextPart
 from channels.wecom import WeComChannel
+from tests.channels.support import send_only_context
 from tests.channels.wecom.test_wecom import CORP_ID, wecom_settings
 from tests.fakes.wecom import FakeWeComApi
-
-
-async def _no_accept(events: Sequence[InboundEvent]) -> list[AcceptResult]:
-    raise AssertionError("sending never accepts events")
-
-
-async def _no_wait(event_id: str, timeout: float) -> WaitResult:
-    raise AssertionError("sending never waits for replies")
 
 
 @pytest.fixture
@@ -32,7 +24,7 @@ async def api() -> AsyncIterator[FakeWeComApi]:
 
 
 async def _channel(api: FakeWeComApi, http: httpx.AsyncClient, **overrides: Any) -> WeComChannel:
-    channel = WeComChannel(wecom_settings(api, **overrides), ChannelContext(_no_accept, _no_wait, http))
+    channel = WeComChannel(wecom_settings(api, **overrides), send_only_context(http))
     await channel.start()
     return channel
 

@@ -1,0 +1,103 @@
+"""What the channel tests share: reading the app's tables, waiting for the inbox and
+outbox to settle, a session's history through the admin API, a context for send tests."""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.parse
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+from sqlalchemy import func, select
+
+from app.channel import AcceptResult, ChannelContext, WaitResult
+from app.db.models import inbox, outbox
+from app.events import InboundEvent
+from tests.conftest import ADMIN_TOKEN
+
+
+async def count(runtime: Any, table: Any, *where: Any) -> int:
+    """Rows of `table`, all of them or those matching every condition in `where`."""
+    query = select(func.count()).select_from(table)
+    for cond in where:
+        query = query.where(cond)
+    async with runtime.engine.connect() as conn:
+        return int((await conn.execute(query)).scalar_one())
+
+
+async def inbox_keys(runtime: Any) -> list[str]:
+    async with runtime.engine.connect() as conn:
+        return [r[0] for r in await conn.execute(select(inbox.c.session_key).order_by(inbox.c.id))]
+
+
+async def outbox_rows(runtime: Any) -> list[dict[str, Any]]:
+    async with runtime.engine.connect() as conn:
+        rows = (await conn.execute(select(outbox).order_by(outbox.c.id))).mappings().all()
+    return [dict(r) for r in rows]
+
+
+async def wait_outbox_final(runtime: Any, count: int = 1, timeout: float = 15) -> list[dict[str, Any]]:
+    """Wait until `count` outbox rows are sent or failed; return all rows."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        rows = await outbox_rows(runtime)
+        final = [r for r in rows if r["status"] in ("sent", "failed")]
+        if len(final) >= count:
+            return rows
+        if loop.time() > deadline:
+            raise AssertionError(f"outbox not final in {timeout}s: {rows}")
+        await asyncio.sleep(0.05)
+
+
+async def settled_outbox(runtime: Any, timeout: float = 15) -> list[Any]:
+    """The outbox rows once none is pending or being sent (delivery finished either way)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        async with runtime.engine.connect() as conn:
+            rows = list(
+                await conn.execute(
+                    select(outbox.c.status, outbox.c.attempts, outbox.c.last_error).order_by(outbox.c.id)
+                )
+            )
+        if rows and all(r.status in ("sent", "failed") for r in rows):
+            return rows
+        if loop.time() > deadline:
+            raise AssertionError(f"outbox did not settle: {rows}")
+        await asyncio.sleep(0.05)
+
+
+async def wait_inbox_done(runtime: Any, timeout: float = 15) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        open_rows = await count(runtime, inbox, inbox.c.status.in_(("pending", "processing")))
+        if open_rows == 0:
+            return
+        if loop.time() > deadline:
+            raise AssertionError("inbox not drained")
+        await asyncio.sleep(0.05)
+
+
+async def session_messages(client: httpx.AsyncClient, base_url: str, key: str) -> list[dict[str, Any]]:
+    """A session's stored messages, read through the admin API."""
+    resp = await client.get(
+        f"{base_url}/admin/api/sessions/{urllib.parse.quote(key, safe='')}/messages",
+        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+    )
+    assert resp.status_code == 200, resp.text
+    return list(resp.json()["messages"])
+
+
+def send_only_context(http: httpx.AsyncClient) -> ChannelContext:
+    """A context for tests of an adapter's sending side: accepting or waiting fails the test."""
+
+    async def no_accept(events: Sequence[InboundEvent]) -> list[AcceptResult]:
+        raise AssertionError("sending never accepts events")
+
+    async def no_wait(event_id: str, timeout: float) -> WaitResult:
+        raise AssertionError("sending never waits for replies")
+
+    return ChannelContext(no_accept, no_wait, http)
