@@ -197,7 +197,9 @@ class Dispatcher:
         while True:
             await asyncio.sleep(self.lease_ttl / 3)
             try:
-                held = await leases.renew(self.engine, lease, self.lease_ttl)
+                # Cancelled when the drain ends, maybe mid-statement: shielded, the renewal
+                # finishes and returns its pooled connection regardless.
+                held = await asyncio.shield(leases.renew(self.engine, lease, self.lease_ttl))
             except Exception:
                 log.exception("lease_renew_failed")
                 continue

@@ -568,7 +568,10 @@ class TurnHandler:
             finally:
                 woken.cancel()
             signal.clear()
-            stop = self._stop_in(await self._pending_after(turn))
+            # The run loop cancels this watcher when the model answers, maybe mid-read:
+            # shielded, the read finishes and returns its pooled connection regardless.
+            read = asyncio.ensure_future(self._pending_after(turn))
+            stop = self._stop_in(await asyncio.shield(read))
             if stop is not None:
                 return stop
 
