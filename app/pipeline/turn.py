@@ -202,9 +202,16 @@ class TurnHandler:
             signal.set()
 
     @asynccontextmanager
-    async def _fenced(self, lease: SessionLease) -> AsyncIterator[AsyncConnection]:
+    async def _fenced(self, lease: SessionLease, *, check: bool = True) -> AsyncIterator[AsyncConnection]:
+        """A write transaction under `lease`.
+
+        `check=False` only for a block whose first write is `store.append(..., lease=lease)`:
+        that checks the fence (one round trip with the append on PostgreSQL) and takes the
+        key's row lock before anything else is written, as `check_fence` would.
+        """
         async with self.engine.begin() as conn:
-            await check_fence(conn, lease)
+            if check:
+                await check_fence(conn, lease)
             yield conn
 
     async def handle(self, lease: SessionLease, rows: Sequence[InboxRow]) -> None:
@@ -403,8 +410,8 @@ class TurnHandler:
             )
 
         async def append(new: list[ChatMessage]) -> None:
-            async with self._fenced(lease) as conn:
-                seqs = await self.store.append(conn, session.id, new, run_id=turn.run_id)
+            async with self._fenced(lease, check=False) as conn:
+                seqs = await self.store.append(conn, session.id, new, run_id=turn.run_id, lease=lease)
             await self._publish(lease.key, session.id, new, seqs, run_id=turn.run_id)
 
         async def finish(final: ChatMessage, record: RunRecord) -> None:
@@ -457,8 +464,8 @@ class TurnHandler:
         lease, session = turn.lease, turn.session
         reply = reply_for(reply_to, final.content or "")
         rows = [*turn.rows, *extra]
-        async with self._fenced(lease) as conn:
-            seqs = await self.store.append(conn, session.id, [final], run_id=turn.run_id)
+        async with self._fenced(lease, check=False) as conn:
+            seqs = await self.store.append(conn, session.id, [final], run_id=turn.run_id, lease=lease)
             await insert_outbox(
                 conn, reply, session_id=session.id, run_id=turn.run_id, event_id=reply_to.event_id
             )
