@@ -202,16 +202,9 @@ class TurnHandler:
             signal.set()
 
     @asynccontextmanager
-    async def _fenced(self, lease: SessionLease, *, check: bool = True) -> AsyncIterator[AsyncConnection]:
-        """A write transaction under `lease`.
-
-        `check=False` only for a block whose first write is `store.append(..., lease=lease)`:
-        that checks the fence (one round trip with the append on PostgreSQL) and takes the
-        key's row lock before anything else is written, as `check_fence` would.
-        """
+    async def _fenced(self, lease: SessionLease) -> AsyncIterator[AsyncConnection]:
         async with self.engine.begin() as conn:
-            if check:
-                await check_fence(conn, lease)
+            await check_fence(conn, lease)
             yield conn
 
     async def handle(self, lease: SessionLease, rows: Sequence[InboxRow]) -> None:
@@ -410,8 +403,8 @@ class TurnHandler:
             )
 
         async def append(new: list[ChatMessage]) -> None:
-            async with self._fenced(lease, check=False) as conn:
-                seqs = await self.store.append(conn, session.id, new, run_id=turn.run_id, lease=lease)
+            async with self._fenced(lease) as conn:
+                seqs = await self.store.append(conn, session.id, new, run_id=turn.run_id)
             await self._publish(lease.key, session.id, new, seqs, run_id=turn.run_id)
 
         async def finish(final: ChatMessage, record: RunRecord) -> None:
@@ -464,8 +457,8 @@ class TurnHandler:
         lease, session = turn.lease, turn.session
         reply = reply_for(reply_to, final.content or "")
         rows = [*turn.rows, *extra]
-        async with self._fenced(lease, check=False) as conn:
-            seqs = await self.store.append(conn, session.id, [final], run_id=turn.run_id, lease=lease)
+        async with self._fenced(lease) as conn:
+            seqs = await self.store.append(conn, session.id, [final], run_id=turn.run_id)
             await insert_outbox(
                 conn, reply, session_id=session.id, run_id=turn.run_id, event_id=reply_to.event_id
             )

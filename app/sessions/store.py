@@ -7,20 +7,18 @@ status commit as one). Reads use their own short connections.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import String, and_, bindparam, cast, func, or_, select, text, update
+from sqlalchemy import String, and_, bindparam, cast, func, or_, select, update
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.db.engine import autocommit
 from app.db.models import messages, session_keys, sessions, utcnow
-from app.errors import LeaseLost
 from app.sessions.cache import SessionCache
 from app.sessions.lease import SessionLease, check_fence, ensure_key
 from app.sessions.messages import ChatMessage
@@ -140,68 +138,6 @@ _WINDOW = (
     .order_by(messages.c.seq.desc())
     .limit(bindparam("limit"))
 )
-
-
-# Fence check, seq bump and insert in one round trip (PostgreSQL). The fence is an UPDATE
-# of the key's row, as in `check_fence`: it row-locks the key until commit, and a takeover
-# that committed first leaves `fence` empty, so nothing is bumped or inserted.
-_APPEND_FENCED_PG = text(
-    """
-WITH fence AS (
-    UPDATE session_keys SET lease_fence = lease_fence
-    WHERE key = :k AND lease_owner = :o AND lease_fence = :f
-    RETURNING key
-), bump AS (
-    UPDATE sessions
-    SET next_seq = next_seq + CAST(:n AS BIGINT),
-        last_active_at = CAST(:now AS TIMESTAMPTZ), updated_at = CAST(:now AS TIMESTAMPTZ)
-    WHERE id = CAST(:sid AS BIGINT) AND EXISTS (SELECT 1 FROM fence)
-    RETURNING next_seq
-)
-INSERT INTO messages
-    (session_id, seq, role, content, parts, tool_calls, tool_call_id, name, event_id, run_id, created_at)
-SELECT CAST(:sid AS BIGINT), bump.next_seq - CAST(:n AS BIGINT) + v.ord - 1, v.role, v.content,
-       CAST(v.parts AS JSON), CAST(v.tool_calls AS JSON), v.tool_call_id, v.name, v.event_id,
-       CAST(:run_id AS BIGINT), CAST(:now AS TIMESTAMPTZ)
-FROM bump, unnest(
-    CAST(:roles AS TEXT[]), CAST(:contents AS TEXT[]), CAST(:parts AS TEXT[]),
-    CAST(:tool_calls AS TEXT[]), CAST(:tool_call_ids AS TEXT[]), CAST(:names AS TEXT[]),
-    CAST(:event_ids AS TEXT[])
-) WITH ORDINALITY AS v(role, content, parts, tool_calls, tool_call_id, name, event_id, ord)
-RETURNING seq
-"""
-)
-
-
-async def _append_fenced_pg(
-    conn: AsyncConnection,
-    session_id: int,
-    new_messages: Sequence[ChatMessage],
-    run_id: int | None,
-    now: datetime,
-    lease: SessionLease,
-) -> list[int]:
-    params = {
-        "k": lease.key,
-        "o": lease.owner,
-        "f": lease.fence,
-        "n": len(new_messages),
-        "now": now,
-        "sid": session_id,
-        "run_id": run_id,
-        "roles": [m.role for m in new_messages],
-        "contents": [m.content for m in new_messages],
-        # JSON as the JSON columns store it elsewhere (json.dumps; None is JSON null).
-        "parts": [json.dumps(list(m.parts) if m.parts else None) for m in new_messages],
-        "tool_calls": [json.dumps(list(m.tool_calls) if m.tool_calls else None) for m in new_messages],
-        "tool_call_ids": [m.tool_call_id for m in new_messages],
-        "names": [m.name for m in new_messages],
-        "event_ids": [m.event_id for m in new_messages],
-    }
-    seqs = sorted(r[0] for r in await conn.execute(_APPEND_FENCED_PG, params))
-    if not seqs:
-        raise LeaseLost(lease.key, lease.fence)
-    return seqs
 
 
 class SessionStore:
@@ -351,20 +287,8 @@ class SessionStore:
         *,
         run_id: int | None = None,
         now: datetime | None = None,
-        lease: SessionLease | None = None,
     ) -> list[int]:
-        """Append messages with dense sequence numbers; earlier rows are never touched.
-
-        With `lease`, the fence is checked here, in the caller's transaction (the caller
-        did not check it yet): on PostgreSQL check, seq bump and insert are one statement.
-        """
-        if lease is not None:
-            if not new_messages:
-                await check_fence(conn, lease)
-                return []
-            if conn.dialect.name == "postgresql":
-                return await _append_fenced_pg(conn, session_id, new_messages, run_id, now or utcnow(), lease)
-            await check_fence(conn, lease)
+        """Append messages with dense sequence numbers; earlier rows are never touched."""
         if not new_messages:
             return []
         now = now or utcnow()
