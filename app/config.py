@@ -114,6 +114,14 @@ class Settings(BaseSettings):
     )
     outbox_backoff_base_seconds: float = 1.0
     outbox_backoff_max_seconds: float = 300.0
+    inbox_retention_days: float = Field(
+        14.0,
+        description="Finished inbox events are deleted after this many days (0 keeps them); a "
+        "redelivery older than this is no longer recognised as a duplicate.",
+    )
+    outbox_retention_days: float = Field(
+        14.0, description="Sent or failed outbox rows are deleted after this many days (0 keeps them)."
+    )
 
     # --- memory (app.memory) -----------------------------------------------------------
     memory_enabled: bool = Field(True, description="Recall memory into runs and offer remember/recall.")

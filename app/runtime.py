@@ -37,6 +37,7 @@ from app.events import ChatType, InboundEvent
 from app.gateway import build_session_bus
 from app.memory import MemoryFeatures
 from app.metrics import Metrics
+from app.pipeline import retention
 from app.pipeline.dispatcher import Dispatcher
 from app.pipeline.inbox import Inbox
 from app.pipeline.outbox import OutboxSender
@@ -233,6 +234,13 @@ class Runtime:
                 moved = await self.store.sweep()
                 if any(moved.values()):
                     log.info("sessions_swept", **moved)
+                pruned = await retention.prune(
+                    self.engine,
+                    inbox_days=self.settings.inbox_retention_days,
+                    outbox_days=self.settings.outbox_retention_days,
+                )
+                if any(pruned.values()):
+                    log.info("pipeline_rows_pruned", **pruned)
                 await self.refresh_backlog_gauges()
             except asyncio.CancelledError:
                 raise

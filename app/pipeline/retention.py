@@ -1,0 +1,65 @@
+"""Finished inbox and outbox rows are deleted after a retention period; history never is.
+
+The inbox keeps one row per accepted event and the outbox one per reply; without pruning
+both grow with every message forever. Only finished rows go (inbox `done`/`failed`,
+outbox `sent`/`failed`), oldest first, in bounded batches so a sweep never holds long
+locks. Conversation history (`messages`), run traces and sessions are not touched.
+
+The inbox row is also the dedup record of `(channel, external_id)`: a platform
+redelivering an event older than the inbox retention would be accepted again. Platforms
+redeliver within minutes to hours, so the default of 14 days is far outside that.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import bindparam, delete, select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.db.engine import autocommit
+from app.db.models import inbox, outbox, utcnow
+
+BATCH = 5000
+MAX_BATCHES = 20  # per table and sweep: a large backlog is worked off over several sweeps
+
+
+def _prune_statement(table: Any, statuses: tuple[str, ...], age_column: Any) -> Any:
+    oldest = (
+        select(table.c.id)
+        .where(table.c.status.in_(statuses), age_column < bindparam("cutoff"))
+        .order_by(table.c.id)
+        .limit(bindparam("batch"))
+    )
+    return delete(table).where(table.c.id.in_(oldest.scalar_subquery()))
+
+
+_PRUNE_INBOX = _prune_statement(inbox, ("done", "failed"), inbox.c.updated_at)
+_PRUNE_OUTBOX = _prune_statement(outbox, ("sent", "failed"), outbox.c.created_at)
+
+
+async def prune(
+    engine: AsyncEngine,
+    *,
+    inbox_days: float,
+    outbox_days: float,
+    now: datetime | None = None,
+    batch: int = BATCH,
+) -> dict[str, int]:
+    """Delete finished rows older than their retention (0 days: keep); returns the counts."""
+    now = now or utcnow()
+    counts = {"inbox": 0, "outbox": 0}
+    single = autocommit(engine)  # each batch is one statement and commits on its own
+    tables = (("inbox", _PRUNE_INBOX, inbox_days), ("outbox", _PRUNE_OUTBOX, outbox_days))
+    for name, statement, days in tables:
+        if days <= 0:
+            continue
+        params = {"cutoff": now - timedelta(days=days), "batch": batch}
+        for _ in range(MAX_BATCHES):
+            async with single.connect() as conn:
+                deleted = (await conn.execute(statement, params)).rowcount
+            counts[name] += deleted
+            if deleted < batch:
+                break
+    return counts
