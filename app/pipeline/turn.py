@@ -83,6 +83,17 @@ def is_command(event: InboundEvent) -> bool:
     return command in SESSION_COMMANDS or command in RUN_COMMANDS
 
 
+def conversation_channel(event: InboundEvent) -> str:
+    """The channel of the conversation an event belongs to: where its replies go.
+
+    A cron fire bound to a session carries the session's chat as `reply_target`; a
+    generation it opens belongs to that chat's channel (its lifecycle, the dashboard),
+    not to `cron`.
+    """
+    target = event.metadata.get("reply_target") or {}
+    return str(target.get("channel") or event.channel)
+
+
 def reply_for(event: InboundEvent, text: str) -> OutboundMessage:
     target = event.metadata.get("reply_target") or {}
     return OutboundMessage(
@@ -252,7 +263,9 @@ class TurnHandler:
                         outcome="crashed", error="the worker stopped during the run", finished_at=utcnow()
                     )
                 )
-            session = await self.store.open_current(conn, lease.key, last.channel, fence=lease.fence)
+            session = await self.store.open_current(
+                conn, lease.key, conversation_channel(last), fence=lease.fence
+            )
             # Close a tool-call group a crash or a pending approval left open *before* the
             # new user message, so the history stays one legal trajectory.
             repairs = await self._close_open_group(conn, session, reason="a new message arrived first")
@@ -732,7 +745,9 @@ class TurnHandler:
                 )
                 log.warning("approval_refused", approval_id=approval_id, sender=event.sender_id)
                 return None
-            session = await self.store.open_current(conn, lease.key, event.channel, fence=lease.fence)
+            session = await self.store.open_current(
+                conn, lease.key, conversation_channel(event), fence=lease.fence
+            )
             open_ids = [c["id"] for c in open_calls(await self.store.tail(session.id, 64, conn=conn))]
             if session.id != approval["session_id"] or approval["tool_call_id"] not in open_ids:
                 await conn.execute(
@@ -767,7 +782,9 @@ class TurnHandler:
                 select(approvals.c.id).where(approvals.c.run_id == run["id"], approvals.c.status == "pending")
             )
         ).first()
-        session = await self.store.open_current(conn, lease.key, event.channel, fence=lease.fence)
+        session = await self.store.open_current(
+            conn, lease.key, conversation_channel(event), fence=lease.fence
+        )
         if waiting is not None or session.id != approval["session_id"]:
             return None
         details = dict(run["details"] or {})
@@ -890,7 +907,9 @@ class TurnHandler:
         event = row.event
         async with self._fenced(lease) as conn:
             await Inbox.mark(conn, [row.id], "processing", bump_attempts=True)
-            session = await self.store.open_current(conn, lease.key, event.channel, fence=lease.fence)
+            session = await self.store.open_current(
+                conn, lease.key, conversation_channel(event), fence=lease.fence
+            )
             waiting = (
                 await conn.execute(
                     select(approvals.c.run_id).where(

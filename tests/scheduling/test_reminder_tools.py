@@ -10,11 +10,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
+from sqlalchemy import select
 
 from app.agent.provider import ProviderReply, ToolSpec
 from app.agent.reminder import reminder_tools
 from app.agent.tools import ToolContext, ToolRegistry
-from app.db.models import utcnow
+from app.db.models import sessions, utcnow
 from app.scheduling import JobStore, Target
 from app.sessions.messages import ChatMessage, tool_call
 from channels.cron import CronSettings
@@ -186,3 +187,39 @@ async def test_a_reminder_asked_for_in_a_chat_comes_back_to_that_chat(serve: Ser
             assert utcnow() - started < timedelta(seconds=5)
             await asyncio.sleep(0.2)
             assert len(receiver.received) == 2
+
+
+async def test_a_reminder_firing_after_the_conversation_ended_opens_it_on_its_own_channel(
+    serve: ServeApp,
+) -> None:
+    """The generation a cron fire opens belongs to the chat's channel (lifecycle, dashboard), not `cron`."""
+    async with HttpReceiver() as receiver:
+        channels = {
+            "webhook": webhook_settings(callback_url=receiver.url),
+            "cron": CronSettings(_env_file=None, tick_seconds=0.05),  # type: ignore[call-arg]
+        }
+        async with (
+            serve(channel_settings=channels, provider=ReminderModel()) as srv,
+            httpx.AsyncClient() as client,
+        ):
+            for text in ("remind me in 2s: stretch", "/end"):
+                sent = await post_webhook(
+                    client, srv.url, WEBHOOK_SECRET, {"chat_id": "c7", "sender_id": "u", "text": text}
+                )
+                assert sent.status_code == 202
+                await receiver.wait_for(len(receiver.received) + 1)
+            for _ in range(100):
+                texts = [json.loads(r.body)["text"] for r in receiver.received]
+                if "Reminder: stretch" in texts:
+                    break
+                await asyncio.sleep(0.1)
+            assert "Reminder: stretch" in texts
+            async with srv.runtime.engine.connect() as conn:
+                generations = (
+                    await conn.execute(
+                        select(sessions.c.generation, sessions.c.channel)
+                        .where(sessions.c.key == "webhook:c7")
+                        .order_by(sessions.c.generation)
+                    )
+                ).all()
+            assert [tuple(g) for g in generations] == [(1, "webhook"), (2, "webhook")]
