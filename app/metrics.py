@@ -39,6 +39,9 @@ class Metrics:
             ["channel"],
             registry=r,
         )
+        self.mcp_server_up = Gauge(
+            "chatgate_mcp_server_up", "1 while an MCP tool server is connected", ["server"], registry=r
+        )
         self.lease_takeovers = Counter(
             "chatgate_lease_takeovers", "Leases taken from an expired owner", registry=r
         )

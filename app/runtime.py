@@ -282,6 +282,8 @@ class Runtime:
             if channel not in self._unserved_seen:
                 log.warning("outbox_channel_not_running", channel=channel, undelivered=count)
         self._unserved_seen = set(unserved)
+        for server in self.mcp.status():
+            self.metrics.mcp_server_up.labels(server["name"]).set(1 if server["state"] == "up" else 0)
 
     # --- ingest -----------------------------------------------------------------------
 

@@ -134,6 +134,12 @@ async def get_session(key: str, runtime: Runtime = Depends(get_runtime)) -> dict
     return await _current(runtime, key)
 
 
+@router.get("/mcp")
+async def mcp_servers(runtime: Runtime = Depends(get_runtime)) -> dict[str, Any]:
+    """Each MCP tool server: transport, state (connecting/up/down/stopped), since, why, tools."""
+    return {"servers": runtime.mcp.status()}
+
+
 @router.get("/inbox")
 async def list_inbox(
     status: str | None = None, limit: int = Query(100, ge=1, le=1000), runtime: Runtime = Depends(get_runtime)

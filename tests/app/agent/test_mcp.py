@@ -249,6 +249,22 @@ async def test_agent_calls_mcp_tools_through_the_registry_and_its_gate(serve: Se
         assert (await client.get(f"{srv.url}/healthz")).status_code == 200  # the dead server is survived
         body = await say(client, srv.url, "m", "u", 'call fx__add {"a": 40, "b": 2}')
         assert body["replies"][0]["text"] == "result: 42"
+        # Operators see each server's state in the admin API and in /metrics.
+        admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        assert (await client.get(f"{srv.url}/admin/api/mcp")).status_code == 401
+        states = {
+            s["name"]: s
+            for s in (await client.get(f"{srv.url}/admin/api/mcp", headers=admin)).json()["servers"]
+        }
+        assert (
+            states["fx"]["state"] == "up"
+            and states["fx"]["transport"] == "stdio"
+            and states["fx"]["tools"] > 0
+        )
+        assert states["gone"]["state"] != "up" and states["gone"]["transport"] == "http"
+        metrics = (await client.get(f"{srv.url}/metrics")).text
+        assert 'chatgate_mcp_server_up{server="fx"} 1.0' in metrics
+        assert 'chatgate_mcp_server_up{server="gone"} 0.0' in metrics
         hist = await client.get(
             f"{srv.url}/admin/api/sessions/webhook%3Am/messages",
             headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
