@@ -8,10 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.api.app import create_app
 from app.channel import ChannelSettings
 from app.config import Settings
+from app.db.engine import create_engine
+from app.db.migrate import upgrade
 from channels.webhook import WebhookSettings
 from tests.support.db import database
 from tests.support.servers import RunningApp, serve_in_loop
@@ -25,6 +28,15 @@ async def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterato
     """A migrated-on-demand empty database, once on SQLite and once on PostgreSQL."""
     async with database(request.param, tmp_path) as url:
         yield url
+
+
+@pytest.fixture
+async def engine(db_url: str) -> AsyncIterator[AsyncEngine]:
+    """A migrated database engine on both backends, for tests below the HTTP app."""
+    await upgrade(db_url)
+    eng = create_engine(make_settings(db_url))
+    yield eng
+    await eng.dispose()
 
 
 @pytest.fixture

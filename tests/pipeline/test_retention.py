@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from datetime import timedelta
 
-import pytest
 from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.db.engine import create_engine
-from app.db.migrate import upgrade
 from app.db.models import inbox, messages, outbox, utcnow
 from app.events import InboundEvent
 from app.pipeline import retention
@@ -19,15 +15,7 @@ from app.pipeline.inbox import Inbox
 from app.pipeline.turn import insert_outbox, reply_for
 from app.sessions.messages import ChatMessage
 from app.sessions.store import Lifecycle, SessionStore
-from tests.conftest import ServeApp, make_settings
-
-
-@pytest.fixture
-async def engine(db_url: str) -> AsyncIterator[AsyncEngine]:
-    await upgrade(db_url)
-    eng = create_engine(make_settings(db_url))
-    yield eng
-    await eng.dispose()
+from tests.conftest import ServeApp
 
 
 async def _event(engine: AsyncEngine, n: int, status: str, age_days: float) -> str:

@@ -158,12 +158,17 @@ class ReminderModel:
         return None
 
 
+def webhook_and_cron(callback_url: str) -> dict[str, Any]:
+    """The webhook channel (replies to `callback_url`) and a fast-ticking cron channel."""
+    return {
+        "webhook": webhook_settings(callback_url=callback_url),
+        "cron": CronSettings(_env_file=None, tick_seconds=0.05),  # type: ignore[call-arg]
+    }
+
+
 async def test_a_reminder_asked_for_in_a_chat_comes_back_to_that_chat(serve: ServeApp) -> None:
     async with HttpReceiver() as receiver:
-        channels = {
-            "webhook": webhook_settings(callback_url=receiver.url),
-            "cron": CronSettings(_env_file=None, tick_seconds=0.05),  # type: ignore[call-arg]
-        }
+        channels = webhook_and_cron(receiver.url)
         async with (
             serve(channel_settings=channels, provider=ReminderModel()) as srv,
             httpx.AsyncClient() as client,
@@ -194,10 +199,7 @@ async def test_a_reminder_firing_after_the_conversation_ended_opens_it_on_its_ow
 ) -> None:
     """The generation a cron fire opens belongs to the chat's channel (lifecycle, dashboard), not `cron`."""
     async with HttpReceiver() as receiver:
-        channels = {
-            "webhook": webhook_settings(callback_url=receiver.url),
-            "cron": CronSettings(_env_file=None, tick_seconds=0.05),  # type: ignore[call-arg]
-        }
+        channels = webhook_and_cron(receiver.url)
         async with (
             serve(channel_settings=channels, provider=ReminderModel()) as srv,
             httpx.AsyncClient() as client,
