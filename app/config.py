@@ -41,6 +41,12 @@ class Settings(BaseSettings):
     host: str = Field("127.0.0.1", description="Address `chatgate serve` binds to.")
     port: int = Field(8000, description="Port `chatgate serve` binds to.")
     admin_token: str | None = Field(None, description="Bearer token of /admin/api; unset disables it.")
+    admin_max_failures: int = Field(
+        10, description="Wrong admin tokens from one client address before it is locked out."
+    )
+    admin_lockout_seconds: float = Field(
+        60.0, description="How long such a client gets 429 (counted over the same period)."
+    )
     public_base_url: str | None = Field(
         None, description="External URL of this service, used when registering webhooks."
     )

@@ -16,6 +16,7 @@ from fastapi import APIRouter, FastAPI, HTTPException, Request, Response
 from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 
+from app.api.deps import admin_failures
 from app.runtime import Runtime
 from app.web.admin_cookie import COOKIE_NAME, COOKIE_PATH, DEFAULT_TTL_SECONDS, sign_admin_cookie
 
@@ -87,8 +88,11 @@ async def admin_login(request: Request) -> Response:
     admin_token = runtime.settings.admin_token
     if not admin_token:
         raise HTTPException(503, "admin API disabled: set ADMIN_TOKEN")
+    failures, client = admin_failures(request)
+    failures.check(client)
     given = await _given_token(request)
     if not hmac.compare_digest(given.encode(), admin_token.encode()):
+        failures.failed(client)
         raise HTTPException(401, "wrong admin token")
     is_form = request.headers.get("content-type", "").startswith("application/x-www-form-urlencoded")
     response: Response = (
