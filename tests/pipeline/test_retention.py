@@ -42,7 +42,11 @@ async def _event(engine: AsyncEngine, n: int, status: str, age_days: float) -> s
         await conn.execute(
             update(outbox)
             .where(outbox.c.event_id == event.event_id)
-            .values(status={"done": "sent", "failed": "failed"}.get(status, "pending"), created_at=when)
+            .values(
+                status={"done": "sent", "failed": "failed"}.get(status, "pending"),
+                created_at=when,
+                next_attempt_at=when,
+            )
         )
     return event.event_id
 
