@@ -31,6 +31,7 @@ from app.channel import AcceptResult, ChannelAdapter, ChannelContext, ChannelSet
 from app.config import Settings
 from app.db.engine import create_engine
 from app.db.migrate import upgrade, wait_for_database
+from app.db.models import INBOX_UNFINISHED, OUTBOX_UNDELIVERED
 from app.db.models import inbox as inbox_table
 from app.db.models import outbox as outbox_table
 from app.events import ChatType, InboundEvent
@@ -258,14 +259,14 @@ class Runtime:
                 await conn.execute(
                     select(func.count())
                     .select_from(inbox_table)
-                    .where(inbox_table.c.status.in_(("pending", "processing")))
+                    .where(inbox_table.c.status.in_(INBOX_UNFINISHED))
                 )
             ).scalar_one()
             by_channel: dict[str, int] = dict(
                 (
                     await conn.execute(
                         select(outbox_table.c.channel, func.count())
-                        .where(outbox_table.c.status.in_(("pending", "sending")))
+                        .where(outbox_table.c.status.in_(OUTBOX_UNDELIVERED))
                         .group_by(outbox_table.c.channel)
                     )
                 ).all()

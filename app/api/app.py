@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse
 
 from app.agent.provider import ChatProvider
 from app.agent.tools import Tool
+from app.api.deps import FailedAdminAuth
 from app.api.routes import admin, admin_dashboard, admin_memory, channels, health
 from app.api.routes import cron as cron_routes
 from app.api.routes import gateway as gateway_routes
@@ -48,6 +49,7 @@ def create_app(
     app.state.runtime = runtime
     app.state.settings = settings
     app.state.gateway = gateway
+    app.state.admin_failures = FailedAdminAuth(settings.admin_max_failures, settings.admin_lockout_seconds)
 
     @app.exception_handler(ChannelRequestError)
     async def _channel_error(_request: Request, exc: ChannelRequestError) -> JSONResponse:

@@ -61,13 +61,8 @@ class FailedAdminAuth:
 
 
 def admin_failures(request: Request) -> tuple[FailedAdminAuth, str]:
-    """The app's failed-token record and this request's client address."""
-    state = request.app.state
-    record: FailedAdminAuth | None = getattr(state, "admin_failures", None)
-    if record is None:
-        settings = get_runtime(request).settings
-        record = FailedAdminAuth(settings.admin_max_failures, settings.admin_lockout_seconds)
-        state.admin_failures = record
+    """The app's failed-token record (made by `create_app`) and this request's client address."""
+    record: FailedAdminAuth = request.app.state.admin_failures
     return record, request.client.host if request.client else "unknown"
 
 

@@ -62,6 +62,11 @@ class UTCDateTime(TypeDecorator[datetime]):
         return value.astimezone(UTC)
 
 
+# Rows still owed work: unfinished inbox events, undelivered outbox replies.
+INBOX_UNFINISHED = ("pending", "processing")
+OUTBOX_UNDELIVERED = ("pending", "sending")
+
+
 def utcnow() -> datetime:
     return datetime.now(UTC)
 

@@ -14,11 +14,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.channel import AcceptResult, Reply, WaitResult
 from app.db.engine import autocommit
-from app.db.models import inbox, outbox, session_keys, utcnow
+from app.db.models import INBOX_UNFINISHED, inbox, outbox, session_keys, utcnow
 from app.db.upsert import insert_ignore
 from app.events import InboundEvent
 
-ACTIVE_STATUSES = ("pending", "processing")
+ACTIVE_STATUSES = INBOX_UNFINISHED
 
 
 _NEXT_ROWS = (  # built once: the dispatcher runs it before every turn

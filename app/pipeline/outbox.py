@@ -22,7 +22,7 @@ from sqlalchemy.orm import aliased
 
 from app.channel import ChannelAdapter
 from app.db.engine import autocommit
-from app.db.models import outbox, utcnow
+from app.db.models import OUTBOX_UNDELIVERED, outbox, utcnow
 from app.errors import ChannelRateLimited, DeliveryError
 from app.events import OutboundMessage
 
@@ -112,7 +112,7 @@ class OutboxSender:
         blocked = exists().where(
             earlier.c.session_key == outbox.c.session_key,
             earlier.c.id < outbox.c.id,
-            earlier.c.status.in_(("pending", "sending")),
+            earlier.c.status.in_(OUTBOX_UNDELIVERED),
         )
         candidates = (
             select(outbox.c.id)

@@ -8,7 +8,17 @@ from typing import Any
 from sqlalchemy import case, func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.db.models import approvals, inbox, messages, outbox, runs, session_keys, sessions
+from app.db.models import (
+    INBOX_UNFINISHED,
+    OUTBOX_UNDELIVERED,
+    approvals,
+    inbox,
+    messages,
+    outbox,
+    runs,
+    session_keys,
+    sessions,
+)
 
 
 def _session_dict(row: Any) -> dict[str, Any]:
@@ -83,14 +93,14 @@ async def current_session(engine: AsyncEngine, key: str) -> dict[str, Any] | Non
             await conn.execute(
                 select(func.count())
                 .select_from(inbox)
-                .where(inbox.c.session_key == key, inbox.c.status.in_(("pending", "processing")))
+                .where(inbox.c.session_key == key, inbox.c.status.in_(INBOX_UNFINISHED))
             )
         ).scalar_one()
         out["outbox_pending"] = (
             await conn.execute(
                 select(func.count())
                 .select_from(outbox)
-                .where(outbox.c.session_key == key, outbox.c.status.in_(("pending", "sending")))
+                .where(outbox.c.session_key == key, outbox.c.status.in_(OUTBOX_UNDELIVERED))
             )
         ).scalar_one()
         out["runs"] = (

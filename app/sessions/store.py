@@ -127,7 +127,7 @@ _BUMP_SEQ = (
     .returning(sessions.c.next_seq)
 )
 _INSERT_MESSAGES = messages.insert()
-_WINDOW = (
+_WINDOW_ALL = (
     select(messages)
     .where(
         messages.c.session_id == bindparam("sid"),
@@ -136,8 +136,8 @@ _WINDOW = (
         > select(sessions.c.last_consolidated).where(sessions.c.id == bindparam("sid")).scalar_subquery(),
     )
     .order_by(messages.c.seq.desc())
-    .limit(bindparam("limit"))
 )
+_WINDOW = _WINDOW_ALL.limit(bindparam("limit"))
 
 
 class SessionStore:
@@ -322,24 +322,13 @@ class SessionStore:
         max_tokens: int | None = None,
     ) -> list[ChatMessage]:
         """The model's view: reads only the newest `max_messages` after `last_consolidated`."""
+        query, params = (
+            (_WINDOW_ALL, {"sid": session.id})
+            if max_messages is None
+            else (_WINDOW, {"sid": session.id, "limit": max_messages})
+        )
         async with self.reader.connect() as conn:
-            if max_messages is None:
-                query = (
-                    select(messages)
-                    .where(
-                        messages.c.session_id == session.id,
-                        messages.c.seq
-                        > select(sessions.c.last_consolidated)
-                        .where(sessions.c.id == session.id)
-                        .scalar_subquery(),
-                    )
-                    .order_by(messages.c.seq.desc())
-                )
-                rows = (await conn.execute(query)).mappings().all()
-            else:
-                rows = (
-                    (await conn.execute(_WINDOW, {"sid": session.id, "limit": max_messages})).mappings().all()
-                )
+            rows = (await conn.execute(query, params)).mappings().all()
         history = [message_from_row(r) for r in reversed(rows)]
         return trim_to_legal_window(history, max_messages=max_messages, max_tokens=max_tokens)
 
