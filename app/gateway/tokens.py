@@ -13,6 +13,7 @@ import base64
 import hashlib
 import hmac
 import json
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -77,8 +78,10 @@ def issue_token(
     now: float | None = None,
 ) -> tuple[str, GatewayGrant]:
     """Sign a short-lived token; returns it with the grant it carries."""
-    issued = int(now if now is not None else time.time())
-    expires = issued + int(ttl_seconds)
+    now = now if now is not None else time.time()
+    issued = int(now)
+    # Rounded up: a token lives at least ttl_seconds (truncating could cut almost a second).
+    expires = math.ceil(now + ttl_seconds)
     claims = {"sub": subject, "keys": list(session_keys), "prefix": key_prefix, "exp": expires, "iat": issued}
     body = _b64(json.dumps(claims, separators=(",", ":"), sort_keys=True).encode())
     signed_part = f"{PREFIX}.{body}"

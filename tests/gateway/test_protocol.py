@@ -183,11 +183,11 @@ async def test_signed_tokens_from_the_admin_api(gateway_serve: GatewayServe) -> 
 
         # A token that expires while connected closes the connection with 4002.
         short = (
-            await http.post("/admin/api/gateway-tokens", json={**body, "ttl_seconds": 1}, headers=auth)
+            await http.post("/admin/api/gateway-tokens", json={**body, "ttl_seconds": 2}, headers=auth)
         ).json()
         async with gateway_client(srv.url, short["token"]) as c:
             await c.attach()
-            assert await c.closed_with(timeout=5) == 4002
+            assert await c.closed_with(timeout=8) == 4002
         async with gateway_client(srv.url) as c:  # and is refused afterwards
             await c.send({"type": "auth", "token": short["token"]})
             assert await c.closed_with() == 4001

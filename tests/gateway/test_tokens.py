@@ -55,6 +55,16 @@ def test_signed_tokens_verify_by_the_published_rule() -> None:
         TokenVerifier([], None).verify(issued, now=1_030)
 
 
+def test_an_issued_token_lives_at_least_its_ttl() -> None:
+    # Issued late in a second, a one-second token must not expire within that same second.
+    verifier = TokenVerifier([], SECRET)
+    token, grant = issue_token(SECRET, subject="erin", session_keys=["web:erin"], ttl_seconds=1, now=1_000.99)
+    assert grant.expires_at >= 1_001.99
+    assert verifier.verify(token, now=1_001.9).subject == "erin"
+    with pytest.raises(TokenExpired):
+        verifier.verify(token, now=1_002.0)
+
+
 def test_forged_and_malformed_signed_tokens() -> None:
     verifier = TokenVerifier([], SECRET)
     good = sign_by_hand({"sub": "carol", "keys": ["web:carol"], "exp": 2_000})
