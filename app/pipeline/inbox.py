@@ -9,13 +9,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, bindparam, or_, select, update
+from sqlalchemy import bindparam, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.channel import AcceptResult, Reply, WaitResult
 from app.db.engine import autocommit
 from app.db.models import INBOX_UNFINISHED, inbox, outbox, session_keys, utcnow
-from app.db.upsert import insert_ignore
+from app.db.upsert import insert_ignore_for
 from app.events import InboundEvent
 
 ACTIVE_STATUSES = INBOX_UNFINISHED
@@ -30,6 +30,19 @@ _NEXT_ROWS = (  # built once: the dispatcher runs it before every turn
 # The other columns to set come with the parameters.
 _MARK = update(inbox).where(inbox.c.id.in_(bindparam("ids", expanding=True)))
 _MARK_BUMP = _MARK.values(attempts=inbox.c.attempts + 1)
+# Ingest, built once per backend: the values come with the parameters.
+_INSERT = inbox.insert()
+_INSERT_NEW = {
+    name: insert_ignore_for(name, inbox, ["channel", "external_id"]).returning(inbox.c.id)
+    for name in ("postgresql", "sqlite")
+}
+_ORIGINAL = select(inbox.c.event_id, inbox.c.session_key).where(
+    inbox.c.channel == bindparam("ch"), inbox.c.external_id == bindparam("ext")
+)
+# What a waiter reads once the event is finished.
+_EVENT_STATUS = select(inbox.c.status, inbox.c.run_id).where(inbox.c.event_id == bindparam("e"))
+_REPLIES_OF_RUN = select(outbox).where(outbox.c.run_id == bindparam("r")).order_by(outbox.c.id)
+_REPLIES_OF_EVENT = select(outbox).where(outbox.c.event_id == bindparam("e")).order_by(outbox.c.id)
 
 
 @dataclass(frozen=True)
@@ -84,22 +97,12 @@ class Inbox:
             updated_at=now,
         )
         if event.external_id is None:
-            await conn.execute(inbox.insert().values(**values))
+            await conn.execute(_INSERT, values)
             return AcceptResult(event_id=event.event_id, session_key=key)
-        inserted = (
-            await conn.execute(
-                insert_ignore(conn, inbox, ["channel", "external_id"]).values(**values).returning(inbox.c.id)
-            )
-        ).first()
+        inserted = (await conn.execute(_INSERT_NEW[conn.dialect.name], values)).first()
         if inserted is not None:
             return AcceptResult(event_id=event.event_id, session_key=key)
-        original = (
-            await conn.execute(
-                select(inbox.c.event_id, inbox.c.session_key).where(
-                    inbox.c.channel == event.channel, inbox.c.external_id == event.external_id
-                )
-            )
-        ).one()
+        original = (await conn.execute(_ORIGINAL, {"ch": event.channel, "ext": event.external_id})).one()
         return AcceptResult(event_id=original[0], session_key=original[1], duplicate=True)
 
     # --- for the key's lease holder ----------------------------------------------
@@ -200,19 +203,14 @@ class Inbox:
 
     async def _replies_if_done(self, event_id: str) -> WaitResult | None:
         async with self.reader.connect() as conn:
-            row = (
-                await conn.execute(select(inbox.c.status, inbox.c.run_id).where(inbox.c.event_id == event_id))
-            ).first()
+            row = (await conn.execute(_EVENT_STATUS, {"e": event_id})).first()
             if row is None or row.status in ACTIVE_STATUSES:
                 return None
-            condition = (
-                outbox.c.run_id == row.run_id if row.run_id is not None else outbox.c.event_id == event_id
-            )
-            replies = (
-                (await conn.execute(select(outbox).where(and_(condition)).order_by(outbox.c.id)))
-                .mappings()
-                .all()
-            )
+            if row.run_id is not None:
+                found = await conn.execute(_REPLIES_OF_RUN, {"r": row.run_id})
+            else:
+                found = await conn.execute(_REPLIES_OF_EVENT, {"e": event_id})
+            replies = found.mappings().all()
         return WaitResult(
             done=True,
             replies=[

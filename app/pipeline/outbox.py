@@ -16,7 +16,7 @@ from datetime import timedelta
 from typing import Any
 
 import structlog
-from sqlalchemy import and_, exists, or_, select, update
+from sqlalchemy import and_, bindparam, exists, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.orm import aliased
 
@@ -27,6 +27,40 @@ from app.errors import ChannelRateLimited, DeliveryError
 from app.events import OutboundMessage
 
 log = structlog.get_logger(__name__)
+
+
+def _claim_statement(skip_locked: bool) -> Any:
+    """Claim the due rows that are the oldest undelivered one of their key, in one statement."""
+    earlier = aliased(outbox)
+    now = bindparam("now")
+    due = or_(
+        and_(outbox.c.status == "pending", outbox.c.next_attempt_at <= now),
+        and_(outbox.c.status == "sending", outbox.c.claimed_until < now),
+    )
+    blocked = exists().where(
+        earlier.c.session_key == outbox.c.session_key,
+        earlier.c.id < outbox.c.id,
+        earlier.c.status.in_(OUTBOX_UNDELIVERED),
+    )
+    candidates = (
+        select(outbox.c.id)
+        .where(due, ~blocked, outbox.c.channel.in_(bindparam("channels", expanding=True)))
+        .order_by(outbox.c.id)
+        .limit(bindparam("limit"))
+    )
+    if skip_locked:  # PostgreSQL: replicas claiming at once pass over each other's rows
+        candidates = candidates.with_for_update(skip_locked=True)
+    return (
+        update(outbox)
+        .where(outbox.c.id.in_(candidates.scalar_subquery()))
+        .values(status="sending", claimed_until=bindparam("until"), attempts=outbox.c.attempts + 1)
+        .returning(outbox)
+    )
+
+
+# Built once: the sender claims after every reply.
+_CLAIM = {True: _claim_statement(True), False: _claim_statement(False)}
+_FINISH = update(outbox).where(outbox.c.id == bindparam("id_")).values(claimed_until=None)
 
 
 class OutboxSender:
@@ -104,42 +138,15 @@ class OutboxSender:
         if not self.adapters:
             return []
         now = utcnow()
-        earlier = aliased(outbox)
-        due = or_(
-            and_(outbox.c.status == "pending", outbox.c.next_attempt_at <= now),
-            and_(outbox.c.status == "sending", outbox.c.claimed_until < now),
-        )
-        blocked = exists().where(
-            earlier.c.session_key == outbox.c.session_key,
-            earlier.c.id < outbox.c.id,
-            earlier.c.status.in_(OUTBOX_UNDELIVERED),
-        )
-        candidates = (
-            select(outbox.c.id)
-            .where(due, ~blocked, outbox.c.channel.in_(list(self.adapters)))
-            .order_by(outbox.c.id)
-            .limit(self.batch_size)
-        )
+        params = {
+            "now": now,
+            "until": now + timedelta(seconds=self.claim_seconds),
+            "channels": list(self.adapters),
+            "limit": self.batch_size,
+        }
         async with self.single.connect() as conn:
-            if conn.dialect.name == "postgresql":
-                candidates = candidates.with_for_update(skip_locked=True)
-            # One statement: pick the due rows and claim them.
-            rows = (
-                (
-                    await conn.execute(
-                        update(outbox)
-                        .where(outbox.c.id.in_(candidates.scalar_subquery()))
-                        .values(
-                            status="sending",
-                            claimed_until=now + timedelta(seconds=self.claim_seconds),
-                            attempts=outbox.c.attempts + 1,
-                        )
-                        .returning(outbox)
-                    )
-                )
-                .mappings()
-                .all()
-            )
+            statement = _CLAIM[conn.dialect.name == "postgresql"]
+            rows = (await conn.execute(statement, params)).mappings().all()
         return sorted(rows, key=lambda r: r["id"])
 
     async def _deliver_key(self, rows: list[Any]) -> None:
@@ -192,14 +199,14 @@ class OutboxSender:
     async def _finish(
         self, row: Any, status: str, *, error: str | None = None, platform_message_id: str | None = None
     ) -> None:
-        values: dict[str, Any] = {"status": status, "claimed_until": None}
+        values: dict[str, Any] = {"id_": row["id"], "status": status}
         if status == "sent":
             values.update(sent_at=utcnow(), platform_message_id=platform_message_id)
         else:
             values["last_error"] = error
             log.error("send_failed", channel=row["channel"], error=error)
         async with self.single.connect() as conn:
-            await conn.execute(update(outbox).where(outbox.c.id == row["id"]).values(**values))
+            await conn.execute(_FINISH, values)
         self.on_result(row["channel"], status)
 
     async def _unclaim(self, ids: list[int]) -> None:
