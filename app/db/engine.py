@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import weakref
 from typing import Any
 
 from sqlalchemy import event
@@ -64,9 +65,17 @@ def _ping_idle_connections(engine: AsyncEngine, idle: float) -> None:
         record.info["last_used"] = time.monotonic()
 
 
+_AUTOCOMMIT: weakref.WeakKeyDictionary[AsyncEngine, AsyncEngine] = weakref.WeakKeyDictionary()
+
+
 def autocommit(engine: AsyncEngine) -> AsyncEngine:
     """The same pool for work that is one statement: a read, or one atomic write.
 
     No BEGIN/COMMIT round trips around it; a write commits when the statement ends.
+    Made once per engine: making it registers event listeners, too slow for every lease
+    call.
     """
-    return engine.execution_options(isolation_level="AUTOCOMMIT")
+    found = _AUTOCOMMIT.get(engine)
+    if found is None:
+        found = _AUTOCOMMIT[engine] = engine.execution_options(isolation_level="AUTOCOMMIT")
+    return found
