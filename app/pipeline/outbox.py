@@ -32,7 +32,7 @@ log = structlog.get_logger(__name__)
 def _claim_statement(skip_locked: bool) -> Any:
     """Claim the due rows that are the oldest undelivered one of their key, in one statement."""
     earlier = aliased(outbox)
-    now = bindparam("now")
+    now: Any = bindparam("now")
     due = or_(
         and_(outbox.c.status == "pending", outbox.c.next_attempt_at <= now),
         and_(outbox.c.status == "sending", outbox.c.claimed_until < now),

@@ -9,15 +9,13 @@ Besides the session commands (/new /reset /end) a turn understands:
 
 - `/stop`: cancels the running turn (see `RunControl`) or a run waiting for approval;
 - `/approve <id>` and `/deny <id>`: decide a risky tool call; the run that asked
-  continues in this turn. A paused run is not a task in memory: its state is the
-  history (the assistant's tool calls without all results), the `approvals` row and the
-  `runs` row, so a pending approval survives a restart of every replica.
+  continues in this turn (who may decide and how a decision is stored:
+  `app.pipeline.approvals`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -44,9 +42,19 @@ from app.agent.policy import ToolPolicy
 from app.agent.tools import ToolContext
 from app.bus import SessionBus
 from app.channel import ChannelSettings
-from app.db.models import approvals, inbox, messages, outbox, runs, utcnow
+from app.db.models import approvals, messages, outbox, runs, utcnow
 from app.errors import LeaseLost
-from app.events import BusyPolicy, ChatType, InboundEvent, OutboundMessage, TextPart
+from app.events import BusyPolicy, InboundEvent, OutboundMessage, TextPart
+from app.pipeline.approvals import (
+    ApprovalRules,
+    Decided,
+    call_name_and_arguments,
+    cancel_pending,
+    decide,
+    insert_request,
+    question_text,
+    timeout_events,
+)
 from app.pipeline.inbox import Inbox, InboxRow
 from app.sessions.lease import SessionLease, check_fence
 from app.sessions.messages import ChatMessage
@@ -60,7 +68,6 @@ SESSION_COMMANDS = {
     "/end": "Conversation ended. Send a message to start a new one.",
 }
 RUN_COMMANDS = ("/stop", "/approve", "/deny")
-APPROVAL_TIMEOUT_SENDER = "chatgate:approval-timeout"
 
 
 AfterTurn = Callable[[SessionLease, SessionState], Awaitable[None]]
@@ -201,6 +208,7 @@ class TurnHandler:
         self.tools_allow = list(tools_allow)
         self.tools_deny = list(tools_deny)
         self.approval_timeout = approval_timeout
+        self.approval_rules = ApprovalRules(self.channel_settings)
         self.stop_poll = stop_poll
         self._input_signals: dict[str, asyncio.Event] = {}
 
@@ -441,7 +449,7 @@ class TurnHandler:
             return await self._wait_stop(turn)
 
         async def gate(call: dict[str, Any], ctx: ToolContext) -> Decision:
-            return self._gate(turn)
+            return self.approval_rules.gate(turn.origin)
 
         async def pause(call: dict[str, Any], record: RunRecord) -> None:
             await self._pause(turn, call, record)
@@ -588,71 +596,27 @@ class TurnHandler:
             if stop is not None:
                 return stop
 
-    # --- approvals ----------------------------------------------------------------
-
-    def _approvers_possible(self, origin: InboundEvent) -> bool:
-        settings = self.channel_settings.get(origin.channel)
-        if settings is None:
-            return False
-        if settings.approvers:
-            return True
-        return settings.approve_own_requests_in_direct and origin.chat_type is ChatType.DIRECT
-
-    def _may_decide(self, origin: InboundEvent, requester: str | None, event: InboundEvent) -> bool:
-        settings = self.channel_settings.get(event.channel)
-        if settings is None:
-            return False
-        if event.sender_id in settings.approvers:
-            return True
-        return (
-            settings.approve_own_requests_in_direct
-            and origin.chat_type is ChatType.DIRECT
-            and event.chat_type is ChatType.DIRECT
-            and event.sender_id == requester
-        )
-
-    def _gate(self, turn: _Turn) -> Decision:
-        if self._approvers_possible(turn.origin):
-            return Decision("ask")
-        # Webhook and cron sessions have no human who could answer: deny, don't hang.
-        return Decision("deny", by="policy", reason="no one may approve this tool in this conversation")
+    # --- approvals (the rules and the stored requests: app.pipeline.approvals) ------
 
     async def _pause(self, turn: _Turn, call: dict[str, Any], record: RunRecord) -> None:
         lease, session = turn.lease, turn.session
-        name = call.get("function", {}).get("name", "")
-        raw_args = call.get("function", {}).get("arguments") or "{}"
-        try:
-            arguments = json.loads(raw_args)
-        except ValueError:
-            arguments = {"raw": raw_args}
+        name, arguments = call_name_and_arguments(call)
         now = utcnow()
         expires = now + timedelta(seconds=self.approval_timeout)
         record.outcome = "awaiting_approval"
         async with self._fenced(lease) as conn:
-            approval_id = (
-                await conn.execute(
-                    approvals.insert()
-                    .values(
-                        session_id=session.id,
-                        session_key=lease.key,
-                        run_id=turn.run_id,
-                        tool_call_id=call["id"],
-                        tool_name=name,
-                        arguments=arguments,
-                        status="pending",
-                        requested_at=now,
-                        expires_at=expires,
-                    )
-                    .returning(approvals.c.id)
-                )
-            ).scalar_one()
-            shown = json.dumps(arguments, ensure_ascii=False)
-            if len(shown) > 300:
-                shown = shown[:300] + "…"
-            question = (
-                f"Tool {name} wants to run with {shown}; reply /approve {approval_id} or "
-                f"/deny {approval_id} (denied automatically in {round(self.approval_timeout)} s)."
+            approval_id = await insert_request(
+                conn,
+                session_id=session.id,
+                key=lease.key,
+                run_id=turn.run_id,
+                call_id=call["id"],
+                name=name,
+                arguments=arguments,
+                requested_at=now,
+                expires_at=expires,
             )
+            question = question_text(name, arguments, approval_id, self.approval_timeout)
             await insert_outbox(
                 conn,
                 reply_for(turn.reply_to, question),
@@ -682,124 +646,29 @@ class TurnHandler:
                 },
             )
 
-    async def _decide(self, lease: SessionLease, row: InboxRow, command: str) -> Any:
+    async def _decide(self, lease: SessionLease, row: InboxRow, command: str) -> Decided | None:
         """Check and store a decision; None when only a reply was due (refusal, unknown id)."""
         event = row.event
-        words = event.text.split()
-        approval_id = int(words[1]) if len(words) > 1 and words[1].isdigit() else None
-        timeout = bool(event.metadata.get("approval_timeout")) and event.sender_id == APPROVAL_TIMEOUT_SENDER
         async with self._fenced(lease) as conn:
             await Inbox.mark(conn, [row.id], "processing", bump_attempts=True)
-            approval = None
-            if approval_id is not None:
-                approval = (
-                    (
-                        await conn.execute(
-                            select(approvals).where(
-                                approvals.c.id == approval_id, approvals.c.session_key == lease.key
-                            )
-                        )
-                    )
-                    .mappings()
-                    .first()
-                )
-            if approval is not None and approval["status"] != "pending":
-                resumed = await self._decided_but_unfinished(conn, lease, event, approval)
-                if resumed is not None:
-                    return resumed
-            if approval is None or approval["status"] != "pending":
-                if not timeout:
-                    text = (
-                        f"There is no pending approval {words[1]} here."
-                        if len(words) > 1
-                        else f"Usage: {command} <id>"
-                    )
-                    await self._reply_only(conn, row, text, session_id=None)
-                else:
-                    await Inbox.mark(conn, [row.id], "done")
-                return None
-            run = (await conn.execute(select(runs).where(runs.c.id == approval["run_id"]))).mappings().one()
-            details = dict(run["details"] or {})
-            origin = await self._event_by_id(conn, details.get("origin_event_id")) or event
-            if timeout:
-                verdict, by, status, reason = "deny", "timeout", "expired", "no decision before the timeout"
-            elif self._may_decide(origin, details.get("requester"), event):
-                allow = command == "/approve"
-                verdict, by = ("allow" if allow else "deny"), event.sender_id
-                status, reason = ("approved" if allow else "denied"), f"denied by {event.sender_id}"
+            outcome = await decide(
+                conn, self.store, self.approval_rules, lease, event, command, conversation_channel(event)
+            )
+            if isinstance(outcome, Decided):
+                return outcome
+            if outcome.reply is None:
+                await Inbox.mark(conn, [row.id], "done")
             else:
-                refusals = [
-                    *details.get("approval_refusals", []),
-                    {"sender": event.sender_id, "command": command},
-                ]
-                await conn.execute(
-                    update(runs)
-                    .where(runs.c.id == run["id"])
-                    .values(details={**details, "approval_refusals": refusals})
-                )
-                await self._reply_only(
-                    conn,
-                    row,
-                    "You are not allowed to decide this approval.",
-                    session_id=approval["session_id"],
-                )
-                log.warning("approval_refused", approval_id=approval_id, sender=event.sender_id)
-                return None
-            session = await self.store.open_current(
-                conn, lease.key, conversation_channel(event), fence=lease.fence
-            )
-            open_ids = [c["id"] for c in open_calls(await self.store.tail(session.id, 64, conn=conn))]
-            if session.id != approval["session_id"] or approval["tool_call_id"] not in open_ids:
-                await conn.execute(
-                    update(approvals)
-                    .where(approvals.c.id == approval["id"])
-                    .values(status="cancelled", decided_by="stale", decided_at=utcnow())
-                )
-                await self._reply_only(conn, row, "That request is no longer pending.", session_id=session.id)
-                return None
-            await conn.execute(
-                update(approvals)
-                .where(approvals.c.id == approval["id"])
-                .values(status=status, decided_by=by, decided_at=utcnow())
-            )
-        return approval, run, session, origin, verdict, by, status, reason
-
-    async def _decided_but_unfinished(
-        self, conn: AsyncConnection, lease: SessionLease, event: InboundEvent, approval: Any
-    ) -> Any:
-        """A decision that was stored, but whose run a crash cut before it finished.
-
-        Retrying the decision event (or any later one for this approval) continues the run
-        with the stored decision instead of answering "no pending approval".
-        """
-        if approval["status"] not in ("approved", "denied", "expired"):
+                await self._reply_only(conn, row, outcome.reply, session_id=outcome.session_id)
             return None
-        run = (await conn.execute(select(runs).where(runs.c.id == approval["run_id"]))).mappings().first()
-        if run is None or run["outcome"] != "awaiting_approval":
-            return None
-        waiting = (
-            await conn.execute(
-                select(approvals.c.id).where(approvals.c.run_id == run["id"], approvals.c.status == "pending")
-            )
-        ).first()
-        session = await self.store.open_current(
-            conn, lease.key, conversation_channel(event), fence=lease.fence
-        )
-        if waiting is not None or session.id != approval["session_id"]:
-            return None
-        details = dict(run["details"] or {})
-        origin = await self._event_by_id(conn, details.get("origin_event_id")) or event
-        verdict = "allow" if approval["status"] == "approved" else "deny"
-        by = approval["decided_by"]
-        reason = "no decision before the timeout" if approval["status"] == "expired" else f"denied by {by}"
-        return approval, run, session, origin, verdict, by, approval["status"], reason
 
     async def _decision_command(self, lease: SessionLease, row: InboxRow, command: str) -> None:
         decided = await self._decide(lease, row, command)
         if decided is None:
             await self._after_reply(row)
             return
-        approval, run, session, origin, verdict, by, status, reason = decided
+        approval, run, session = decided.approval, decided.run, decided.session
+        by, status = decided.decision.by, decided.status
         log.info("approval_decided", approval_id=approval["id"], status=status, decided_by=by)
         if self.bus is not None:
             await self.bus.publish(
@@ -832,11 +701,11 @@ class TurnHandler:
             session=session,
             rows=[row],
             run_id=run["id"],
-            origin=origin,
+            origin=decided.origin,
             reply_to=event,
             link_rows=False,
         )
-        decisions = {approval["tool_call_id"]: Decision(verdict, by=by, reason=reason)}
+        decisions = {approval["tool_call_id"]: decided.decision}
         self._input_signals.setdefault(lease.key, asyncio.Event())
         try:
             record = await self.runner.resume(
@@ -852,49 +721,10 @@ class TurnHandler:
         if record.outcome != "awaiting_approval":
             await self._after_turn(lease, session)
 
-    async def _event_by_id(self, conn: AsyncConnection, event_id: str | None) -> InboundEvent | None:
-        if not event_id:
-            return None
-        payload = (await conn.execute(select(inbox.c.payload).where(inbox.c.event_id == event_id))).scalar()
-        return InboundEvent.model_validate(payload) if payload else None
-
     async def enqueue_expired_approvals(self, now: Any = None) -> int:
         """Turn each timed-out approval into a `/deny` event on its session (once, any replica)."""
-        now = now or utcnow()
         async with self.engine.connect() as conn:
-            expired = (
-                (
-                    await conn.execute(
-                        select(approvals.c.id, approvals.c.session_key, runs.c.details)
-                        .select_from(approvals.join(runs, runs.c.id == approvals.c.run_id))
-                        .where(approvals.c.status == "pending", approvals.c.expires_at < now)
-                        .limit(100)
-                    )
-                )
-                .mappings()
-                .all()
-            )
-            events = []
-            for row in expired:
-                origin = await self._event_by_id(conn, (row["details"] or {}).get("origin_event_id"))
-                if origin is None:
-                    continue
-                events.append(
-                    InboundEvent(
-                        channel=origin.channel,
-                        chat_id=origin.chat_id,
-                        sender_id=APPROVAL_TIMEOUT_SENDER,
-                        thread_id=origin.thread_id,
-                        chat_type=origin.chat_type,
-                        parts=(TextPart(text=f"/deny {row['id']}"),),
-                        external_id=f"approval-timeout:{row['id']}",
-                        session_key_override=row["session_key"],
-                        metadata={
-                            "approval_timeout": True,
-                            **{k: v for k, v in origin.metadata.items() if k.startswith("reply_")},
-                        },
-                    )
-                )
+            events = await timeout_events(conn, now or utcnow())
         if not events:
             return 0
         results = await self.inbox.accept(events)
@@ -972,11 +802,7 @@ class TurnHandler:
             current = await self.store._current(conn, lease.key)
             if current is not None:
                 # A run waiting for approval cannot continue in a closed session.
-                await conn.execute(
-                    update(approvals)
-                    .where(approvals.c.session_id == current.id, approvals.c.status == "pending")
-                    .values(status="cancelled", decided_by=command, decided_at=utcnow())
-                )
+                await cancel_pending(conn, current.id, command)
             closed = await self.store.close_current(conn, lease.key)
             await Inbox.mark(conn, [row.id], "done", bump_attempts=True)
             if not event.metadata.get("silent"):
