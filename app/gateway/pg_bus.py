@@ -272,8 +272,9 @@ class PgSessionBus:
             try:
                 if self._publish_conn is None or self._publish_conn.is_closed():
                     self._publish_conn = await asyncpg.connect(self._dsn)
-                async with self._publish_conn.transaction():
-                    await self._publish_conn.executemany("SELECT pg_notify($1, $2)", batch)
+                # One round trip: asyncpg pipelines the batch and ends it with one Sync,
+                # so it runs as one implicit transaction (no BEGIN/COMMIT needed).
+                await self._publish_conn.executemany("SELECT pg_notify($1, $2)", batch)
                 return
             except asyncio.CancelledError:
                 raise
