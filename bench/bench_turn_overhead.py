@@ -1,6 +1,7 @@
 """Gateway overhead per agent turn, with a model that answers instantly, on PostgreSQL.
 
     .venv/bin/python -m bench.bench_turn_overhead [--turns 400] [--sessions 50] [--stream]
+        [--loop uvloop|asyncio]
 
 A throw-away PostgreSQL database is created and dropped. The real runtime (inbox,
 dispatcher with fenced leases, turn handler, run loop, outbox, session bus) runs with
@@ -132,8 +133,8 @@ async def main(args: argparse.Namespace) -> None:
         server.terminate()
         server.join(5)
     print(
-        f"python {platform.python_version()}, PostgreSQL, stream={args.stream}, turns={args.turns}, "
-        f"synchronous_commit={'on' if args.sync_commit else 'off'}"
+        f"python {platform.python_version()}, {args.loop}, PostgreSQL, stream={args.stream}, "
+        f"turns={args.turns}, synchronous_commit={'on' if args.sync_commit else 'off'}"
     )
     print(f"{'turn':<6} {'metric':<9} {'p50 ms':>8} {'p99 ms':>8} {'mean ms':>8}")
     for kind, (totals, overheads) in results.items():
@@ -192,4 +193,16 @@ if __name__ == "__main__":
         action="store_false",
         help="run with synchronous_commit=off to separate WAL fsync time from the rest",
     )
-    asyncio.run(main(parser.parse_args()))
+    parser.add_argument(
+        "--loop",
+        choices=("uvloop", "asyncio"),
+        default="uvloop",
+        help="event loop (default: uvloop, which `chatgate serve` runs on through uvicorn)",
+    )
+    parsed = parser.parse_args()
+    if parsed.loop == "uvloop":
+        import uvloop
+
+        uvloop.run(main(parsed))
+    else:
+        asyncio.run(main(parsed))
