@@ -1,7 +1,7 @@
 """Gateway overhead per agent turn, with a model that answers instantly, on PostgreSQL.
 
-    .venv/bin/python -m bench.bench_turn_overhead [--turns 400] [--sessions 50] [--stream]
-        [--loop uvloop|asyncio]
+    .venv/bin/python -m bench.bench_turn_overhead [--turns 400] [--sessions 50] [--history 0]
+        [--stream] [--loop uvloop|asyncio]
 
 A throw-away PostgreSQL database is created and dropped. The real runtime (inbox,
 dispatcher with fenced leases, turn handler, run loop, outbox, session bus) runs with
@@ -9,7 +9,8 @@ the OpenAI provider pointed at the fake OpenAI server of the tests, which answer
 once from its own process (so it does not compete for this process's event loop). Each
 turn is accepted into the inbox and timed until its reply is committed and the waiter
 woke up (what a `?wait=true` webhook or the CLI waits for), one turn at a time,
-round-robin over `--sessions` sessions. It also prints the CPU time this process spent
+round-robin over `--sessions` sessions (`--history`: each already holding that many
+messages, so the model's window is long). It also prints the CPU time this process spent
 per turn.
 
 Two kinds of turn: a plain answer (one model call) and a turn with one tool call
@@ -134,7 +135,8 @@ async def main(args: argparse.Namespace) -> None:
         server.join(5)
     print(
         f"python {platform.python_version()}, {args.loop}, PostgreSQL, stream={args.stream}, "
-        f"turns={args.turns}, synchronous_commit={'on' if args.sync_commit else 'off'}"
+        f"turns={args.turns}, history={args.history}, "
+        f"synchronous_commit={'on' if args.sync_commit else 'off'}"
     )
     print(f"{'turn':<6} {'metric':<9} {'p50 ms':>8} {'p99 ms':>8} {'mean ms':>8}")
     for kind, (totals, overheads) in results.items():
@@ -170,7 +172,10 @@ async def _measure(args: argparse.Namespace, fake_url: str) -> dict[str, Any]:
         channel = WebhookSettings(_env_file=None, secret="bench")  # type: ignore[call-arg]
         runtime = Runtime(settings, channel_settings={"webhook": channel}, provider=provider)
         async with runtime:
-            await _turns(runtime, provider, kind="plain", turns=30, sessions=args.sessions)  # warm-up
+            # Warm-up; with --history, enough plain turns to give each session that many
+            # messages (a turn adds two), so the model sees long windows.
+            warm = max(30, args.sessions * args.history // 2)
+            await _turns(runtime, provider, kind="plain", turns=warm, sessions=args.sessions)
             cpu = time.process_time()
             results: dict[str, Any] = {}
             for kind in ("plain", "tool"):
@@ -186,6 +191,9 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=400)
     parser.add_argument("--sessions", type=int, default=50)
+    parser.add_argument(
+        "--history", type=int, default=0, help="messages in each session before measuring (default 0)"
+    )
     parser.add_argument("--stream", action="store_true", help="stream answers (default: whole answers)")
     parser.add_argument(
         "--no-sync-commit",

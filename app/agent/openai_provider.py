@@ -244,12 +244,15 @@ class OpenAIProvider:
         model: str | None,
         on_delta: DeltaCallback | None,
     ) -> ProviderReply:
-        request: dict[str, Any] = {
-            "model": model or self.model,
-            "messages": [to_openai_message(m, vision=self.vision) for m in messages],
-        }
+        body: dict[str, Any] = {"messages": [to_openai_message(m, vision=self.vision) for m in messages]}
         if tools:
-            request["tools"] = [t.to_provider() for t in tools]
+            body["tools"] = [t.to_provider() for t in tools]
+        # The history and the tools go in `extra_body`, which the SDK sends as given
+        # (documented: it takes precedence over the named arguments). Passed as
+        # `messages=`, the SDK first walks every message against its typed schema: about
+        # 0.13 ms of event-loop time per message on every model call (11 ms for 81
+        # messages), while ours are already plain JSON in the API's shape.
+        request: dict[str, Any] = {"model": model or self.model, "messages": [], "extra_body": body}
         attempt = 0
         while True:
             emitted = False

@@ -122,17 +122,6 @@ class Inbox:
             for r in rows
         ]
 
-    async def has_pending(self, key: str) -> bool:
-        async with self.reader.connect() as conn:
-            row = (
-                await conn.execute(
-                    select(inbox.c.id)
-                    .where(inbox.c.session_key == key, inbox.c.status.in_(ACTIVE_STATUSES))
-                    .limit(1)
-                )
-            ).first()
-        return row is not None
-
     @staticmethod
     async def mark(
         conn: AsyncConnection,
