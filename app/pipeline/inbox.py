@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import bindparam, or_, select, update
+from sqlalchemy import bindparam, or_, select, union_all, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.channel import AcceptResult, Reply, WaitResult
@@ -39,10 +39,37 @@ _INSERT_NEW = {
 _ORIGINAL = select(inbox.c.event_id, inbox.c.session_key).where(
     inbox.c.channel == bindparam("ch"), inbox.c.external_id == bindparam("ext")
 )
-# What a waiter reads once the event is finished.
-_EVENT_STATUS = select(inbox.c.status, inbox.c.run_id).where(inbox.c.event_id == bindparam("e"))
-_REPLIES_OF_RUN = select(outbox).where(outbox.c.run_id == bindparam("r")).order_by(outbox.c.id)
-_REPLIES_OF_EVENT = select(outbox).where(outbox.c.event_id == bindparam("e")).order_by(outbox.c.id)
+
+
+def _status_and_replies() -> Any:
+    """What a waiter reads: the event's status and its replies, in one statement.
+
+    The replies are the outbox rows of the event's run, or of the event itself when no
+    run is linked; the outer joins give one row with no reply when there is none yet.
+    """
+    columns = (
+        inbox.c.status.label("event_status"),
+        outbox.c.id,
+        outbox.c.message_id,
+        outbox.c.payload,
+        outbox.c.status,
+    )
+    event = inbox.c.event_id == bindparam("e")
+    of_run = (
+        select(*columns)
+        .select_from(inbox.outerjoin(outbox, outbox.c.run_id == inbox.c.run_id))
+        .where(event, inbox.c.run_id.is_not(None))
+    )
+    of_event = (
+        select(*columns)
+        .select_from(inbox.outerjoin(outbox, outbox.c.event_id == inbox.c.event_id))
+        .where(event, inbox.c.run_id.is_(None))
+    )
+    both = union_all(of_run, of_event).subquery()
+    return select(both).order_by(both.c.id)
+
+
+_STATUS_AND_REPLIES = _status_and_replies()
 
 
 @dataclass(frozen=True)
@@ -192,14 +219,10 @@ class Inbox:
 
     async def _replies_if_done(self, event_id: str) -> WaitResult | None:
         async with self.reader.connect() as conn:
-            row = (await conn.execute(_EVENT_STATUS, {"e": event_id})).first()
-            if row is None or row.status in ACTIVE_STATUSES:
-                return None
-            if row.run_id is not None:
-                found = await conn.execute(_REPLIES_OF_RUN, {"r": row.run_id})
-            else:
-                found = await conn.execute(_REPLIES_OF_EVENT, {"e": event_id})
-            replies = found.mappings().all()
+            rows = (await conn.execute(_STATUS_AND_REPLIES, {"e": event_id})).mappings().all()
+        if not rows or rows[0]["event_status"] in ACTIVE_STATUSES:
+            return None
+        replies = [r for r in rows if r["id"] is not None]
         return WaitResult(
             done=True,
             replies=[
