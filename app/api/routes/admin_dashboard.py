@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 from app.api.deps import get_runtime, require_admin
 from app.db.models import utcnow
 from app.runtime import Runtime
-from app.sessions import queries
+from app.sessions import queries, stats
 from channels import KNOWN_CHANNELS
 
 router = APIRouter(prefix="/admin/api", tags=["admin dashboard"], dependencies=[Depends(require_admin)])
@@ -119,12 +119,12 @@ async def overview(
 ) -> Overview:
     """Counts, throughput, run latency, backlog and failures for the dashboard's first page."""
     since, now = _window(minutes)
-    counts = await queries.status_counts(runtime.engine)
-    stats = await queries.run_stats(runtime.engine, since=since)
-    series = await queries.activity_series(runtime.engine, since=since, until=now)
+    counts = await stats.status_counts(runtime.engine)
+    run_stats = await stats.run_stats(runtime.engine, since=since)
+    series = await stats.activity_series(runtime.engine, since=since, until=now)
     events = sum(p["events"] for p in series)
     inbox, outbox = counts["inbox"], counts["outbox"]
-    outcomes = stats["outcomes"]
+    outcomes = run_stats["outcomes"]
     return Overview(
         generated_at=now,
         window_minutes=minutes,
@@ -136,7 +136,7 @@ async def overview(
         events_in_window=events,
         events_per_minute=round(events / minutes, 2),
         events_last_minute=series[-1]["events"] if series else 0,
-        runs=RunStats(**stats),
+        runs=RunStats(**run_stats),
         backlog=Backlog(
             inbox_pending=inbox.get("pending", 0) + inbox.get("processing", 0),
             outbox_pending=outbox.get("pending", 0) + outbox.get("sending", 0),
@@ -158,7 +158,7 @@ async def timeseries(
 ) -> TimeSeries:
     """Per-minute events, runs, run latency, deliveries and failures (for the small charts)."""
     since, now = _window(minutes)
-    points = await queries.activity_series(runtime.engine, since=since, until=now)
+    points = await stats.activity_series(runtime.engine, since=since, until=now)
     return TimeSeries(since=since, until=now, points=[SeriesPoint(**p) for p in points])
 
 
@@ -218,7 +218,7 @@ async def channels(
 ) -> ChannelList:
     """Enabled adapters and every channel seen in the inbox/outbox, with their health."""
     since, _ = _window(minutes)
-    activity = await queries.channel_activity(runtime.engine, since=since)
+    activity = await stats.channel_activity(runtime.engine, since=since)
     names = sorted(set(runtime.adapters) | set(runtime.channel_settings) | set(activity))
     out = []
     for name in names:
