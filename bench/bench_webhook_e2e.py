@@ -1,7 +1,7 @@
 """End-to-end throughput and latency through the signed webhook, offline provider, PostgreSQL.
 
     .venv/bin/python -m bench.bench_webhook_e2e [--events 5000] [--sessions 1000]
-        [--servers 2] [--concurrency 64]
+        [--servers 2] [--concurrency 64] [--gc-log]
 
 Starts `--servers` chatgate processes on a throw-away PostgreSQL database, sends
 `--events` signed webhook events spread over `--sessions` sessions from this process
@@ -10,6 +10,10 @@ event is answered, and prints:
 - accept throughput and the p50/p99 latency of the 202 answer (inbox commit);
 - processing throughput (events answered per second, first accept to last reply);
 - p50/p99 end-to-end latency (event accepted → reply committed to the outbox).
+
+With `--gc-log` the servers also log their garbage-collector pauses (see
+`bench/gcprobe/sitecustomize.py`), and the script prints the full collections that
+happened while the servers were up, with their pause times.
 """
 
 from __future__ import annotations
@@ -20,7 +24,9 @@ import hashlib
 import hmac
 import json
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 import aiohttp
 from sqlalchemy import func, select
@@ -38,7 +44,7 @@ def _pct(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * p))]
 
 
-async def run(events: int, sessions: int, servers: int, concurrency: int) -> None:
+async def run(events: int, sessions: int, servers: int, concurrency: int, gc_log: Path | None) -> None:
     async with postgres_database() as url:
         env = {
             "DATABASE_URL": url,
@@ -48,6 +54,9 @@ async def run(events: int, sessions: int, servers: int, concurrency: int) -> Non
             "MAX_CONCURRENT_RUNS": "64",
             "DB_POOL_SIZE": "20",
         }
+        if gc_log is not None:
+            env["CHATGATE_GC_LOG"] = str(gc_log)
+            env["PYTHONPATH"] = str(Path(__file__).parent / "gcprobe")
         procs = [ServerProcess(env).start()]  # the first one migrates
         procs += [ServerProcess(env).start() for _ in range(servers - 1)]
         engine = create_async_engine(url)
@@ -123,6 +132,20 @@ async def run(events: int, sessions: int, servers: int, concurrency: int) -> Non
         f"processing: {len(rows) / span:7.0f} events/s   "
         f"end-to-end p50 {statistics.median(e2e):6.1f} ms   p99 {_pct(e2e, 0.99):6.1f} ms"
     )
+    if gc_log is not None:
+        _print_gc_pauses(gc_log)
+
+
+def _print_gc_pauses(directory: Path) -> None:
+    for log in sorted(directory.glob("gc-*.txt")):
+        lines = [line.split() for line in log.read_text().splitlines()]
+        full = [float(ms) for _, generation, ms in lines if generation == "2"]
+        slow = [float(ms) for _, generation, ms in lines if generation != "2"]
+        print(
+            f"server {log.stem[3:]}: {len(full)} full collections, "
+            f"{sum(full):.0f} ms in all, longest {max(full, default=0):.0f} ms; "
+            f"{len(slow)} younger ones over 3 ms"
+        )
 
 
 def main() -> None:
@@ -131,8 +154,13 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=1000)
     parser.add_argument("--servers", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--gc-log", action="store_true", help="log the servers' garbage-collector pauses")
     args = parser.parse_args()
-    asyncio.run(run(args.events, args.sessions, args.servers, args.concurrency))
+    if not args.gc_log:
+        asyncio.run(run(args.events, args.sessions, args.servers, args.concurrency, None))
+        return
+    with tempfile.TemporaryDirectory(prefix="chatgate-gc-") as directory:
+        asyncio.run(run(args.events, args.sessions, args.servers, args.concurrency, Path(directory)))
 
 
 if __name__ == "__main__":
