@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import getpass
 import json
 import sys
@@ -25,6 +26,11 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     from app.api.app import create_app
 
     app = create_app(settings)
+    # Everything imported and built so far lives as long as the process: frozen, the
+    # cyclic GC stops rescanning it. Under load a full collection otherwise walked
+    # ~180,000 objects and stalled the event loop for 100-150 ms, several times a minute.
+    gc.collect()
+    gc.freeze()
     uvicorn.run(
         app,
         host=args.host or settings.host,

@@ -64,3 +64,22 @@ def test_migrate_chat_and_sessions(tmp_path: Path) -> None:
 
     missing = _run(["sessions", "show", "cli:nobody"], db)
     assert missing.returncode == 1 and "no session" in missing.stderr
+
+
+def test_serve_freezes_what_start_up_built(tmp_path: Path) -> None:
+    # `chatgate serve` freezes the objects of start-up (modules, the app) before it hands
+    # over to uvicorn, so full GC passes under load do not rescan them. uvicorn.run is
+    # replaced by a probe in this subprocess only.
+    probe = (
+        "import gc, uvicorn\n"
+        "from app import cli\n"
+        "uvicorn.run = lambda *a, **k: print('frozen', gc.get_freeze_count())\n"
+        "cli.main(['serve'])\n"
+    )
+    env = {**os.environ, "DATABASE_URL": f"sqlite:///{tmp_path / 'serve.db'}", "LOG_LEVEL": "WARNING"}
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    frozen = int(done.stdout.split()[-1])
+    assert frozen > 10_000, done.stdout
