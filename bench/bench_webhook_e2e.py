@@ -13,7 +13,7 @@ event is answered, and prints:
 
 With `--gc-log` the servers also log their garbage-collector pauses (see
 `bench/gcprobe/sitecustomize.py`), and the script prints the full collections that
-happened while the servers were up, with their pause times.
+happened after start-up, with their pause times.
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ async def run(events: int, sessions: int, servers: int, concurrency: int, gc_log
             env["PYTHONPATH"] = str(Path(__file__).parent / "gcprobe")
         procs = [ServerProcess(env).start()]  # the first one migrates
         procs += [ServerProcess(env).start() for _ in range(servers - 1)]
+        serving_since = time.time()  # start-up's collections are not the load's
         engine = create_async_engine(url)
         latencies: list[float] = []
         queue: asyncio.Queue[int] = asyncio.Queue()
@@ -133,16 +134,17 @@ async def run(events: int, sessions: int, servers: int, concurrency: int, gc_log
         f"end-to-end p50 {statistics.median(e2e):6.1f} ms   p99 {_pct(e2e, 0.99):6.1f} ms"
     )
     if gc_log is not None:
-        _print_gc_pauses(gc_log)
+        _print_gc_pauses(gc_log, serving_since)
 
 
-def _print_gc_pauses(directory: Path) -> None:
+def _print_gc_pauses(directory: Path, since: float) -> None:
     for log in sorted(directory.glob("gc-*.txt")):
-        lines = [line.split() for line in log.read_text().splitlines()]
-        full = [float(ms) for _, generation, ms in lines if generation == "2"]
-        slow = [float(ms) for _, generation, ms in lines if generation != "2"]
+        logged = [line.split() for line in log.read_text().splitlines()]
+        recent = [(generation, float(ms)) for at, generation, ms in logged if float(at) >= since]
+        full = [ms for generation, ms in recent if generation == "2"]
+        slow = [ms for generation, ms in recent if generation != "2"]
         print(
-            f"server {log.stem[3:]}: {len(full)} full collections, "
+            f"server {log.stem[3:]} under load: {len(full)} full collections, "
             f"{sum(full):.0f} ms in all, longest {max(full, default=0):.0f} ms; "
             f"{len(slow)} younger ones over 3 ms"
         )

@@ -2,8 +2,9 @@
 
 With `CHATGATE_GC_LOG=<dir>` set, a `chatgate serve` process appends one line per
 collection of the oldest generation (and any collection over 3 ms) to
-`<dir>/gc-<pid>.txt`: when, how long, which generation. `bench_webhook_e2e --gc-log`
-uses it to show the garbage collector's pauses in the serving processes.
+`<dir>/gc-<pid>.txt`: when (unix time), which generation, how long (ms).
+`bench_webhook_e2e --gc-log` uses it to show the garbage collector's pauses in the
+serving processes.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ _DIR = os.environ.get("CHATGATE_GC_LOG")
 
 if _DIR:
     _directory: str = _DIR
-    _t0 = time.perf_counter()
     _started = [0.0]
 
     def _on_gc(phase: str, info: dict[str, Any]) -> None:
@@ -28,6 +28,6 @@ if _DIR:
         ms = (time.perf_counter() - _started[0]) * 1000
         if (info["generation"] == 2 or ms > 3) and "serve" in sys.argv:
             with open(os.path.join(_directory, f"gc-{os.getpid()}.txt"), "a") as out:
-                out.write(f"{time.perf_counter() - _t0:.2f} {info['generation']} {ms:.2f}\n")
+                out.write(f"{time.time():.3f} {info['generation']} {ms:.2f}\n")
 
     gc.callbacks.append(_on_gc)
