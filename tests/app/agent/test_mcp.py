@@ -329,7 +329,7 @@ async def test_a_killed_stdio_server_is_noticed_at_once_reported_down_and_reconn
         # tools stay registered (a run that already offered them keeps a legal structure).
         started = time.monotonic()
         down = json.loads(await call(registry, "gated__add", {"a": 1, "b": 2}))
-        assert time.monotonic() - started < 0.5
+        assert time.monotonic() - started < 2  # not the 30 s call timeout, nor a reconnect
         assert "'gated' is down" in down["error"] and "exited" in down["error"]
         assert "reconnecting" in down["error"]
         assert {"gated__add", "gated__whoami"} <= {s.name for s in registry.specs()}
