@@ -11,13 +11,13 @@ with the decision. Everything here runs inside the caller's fenced transaction.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import structlog
-from sqlalchemy import RowMapping, select, update
+from sqlalchemy import Row, RowMapping, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.agent.loop import Decision, open_calls
@@ -169,15 +169,11 @@ async def decide(
         return NoDecision(f"Usage: {command} <id>")
     run = (await conn.execute(select(runs).where(runs.c.id == approval["run_id"]))).mappings().one()
     details = dict(run["details"] or {})
-    origin = await event_by_id(conn, details.get("origin_event_id")) or event
+    origin = await _origin(conn, run, event)
     if timeout:
-        decision, status = Decision("deny", by="timeout", reason="no decision before the timeout"), "expired"
+        status, by = "expired", "timeout"
     elif rules.may_decide(origin, details.get("requester"), event):
-        allow = command == "/approve"
-        decision = Decision(
-            "allow" if allow else "deny", by=event.sender_id, reason=f"denied by {event.sender_id}"
-        )
-        status = "approved" if allow else "denied"
+        status, by = ("approved" if command == "/approve" else "denied"), event.sender_id
     else:
         refusals = [*details.get("approval_refusals", []), {"sender": event.sender_id, "command": command}]
         await conn.execute(
@@ -192,8 +188,8 @@ async def decide(
     if session.id != approval["session_id"] or approval["tool_call_id"] not in open_ids:
         await _set_status(conn, approval["id"], "cancelled", "stale")
         return NoDecision("That request is no longer pending.", session.id)
-    await _set_status(conn, approval["id"], status, decision.by)
-    return Decided(approval, run, session, origin, decision, status)
+    await _set_status(conn, approval["id"], status, by)
+    return Decided(approval, run, session, origin, _decision(status, by), status)
 
 
 async def _decided_but_unfinished(
@@ -222,14 +218,22 @@ async def _decided_but_unfinished(
     session = await store.open_current(conn, lease.key, session_channel, fence=lease.fence)
     if waiting is not None or session.id != approval["session_id"]:
         return None
-    details = dict(run["details"] or {})
-    origin = await event_by_id(conn, details.get("origin_event_id")) or event
-    by = approval["decided_by"]
-    verdict = "allow" if approval["status"] == "approved" else "deny"
-    reason = "no decision before the timeout" if approval["status"] == "expired" else f"denied by {by}"
-    return Decided(
-        approval, run, session, origin, Decision(verdict, by=by, reason=reason), approval["status"]
-    )
+    origin = await _origin(conn, run, event)
+    status = approval["status"]
+    return Decided(approval, run, session, origin, _decision(status, approval["decided_by"]), status)
+
+
+def _decision(status: str, by: str | None) -> Decision:
+    """What the run gets for a stored decision (approved, denied or expired)."""
+    if status == "expired":
+        return Decision("deny", by=by, reason="no decision before the timeout")
+    return Decision("allow" if status == "approved" else "deny", by=by, reason=f"denied by {by}")
+
+
+async def _origin(conn: AsyncConnection, run: RowMapping, event: InboundEvent) -> InboundEvent:
+    """The event whose request the run serves (the decision event if it is gone)."""
+    details = run["details"] or {}
+    return await event_by_id(conn, details.get("origin_event_id")) or event
 
 
 async def _set_status(conn: AsyncConnection, approval_id: int, status: str, by: str | None) -> None:
@@ -240,13 +244,15 @@ async def _set_status(conn: AsyncConnection, approval_id: int, status: str, by: 
     )
 
 
-async def cancel_pending(conn: AsyncConnection, session_id: int, by: str) -> None:
-    """Cancel the session's pending approvals (the session is being closed)."""
-    await conn.execute(
+async def cancel_pending(conn: AsyncConnection, session_id: int, by: str) -> Sequence[Row[Any]]:
+    """Cancel the session's pending approvals; returns their tool call ids, runs and tools."""
+    cancelled = await conn.execute(
         update(approvals)
         .where(approvals.c.session_id == session_id, approvals.c.status == "pending")
         .values(status="cancelled", decided_by=by, decided_at=utcnow())
+        .returning(approvals.c.tool_call_id, approvals.c.run_id, approvals.c.tool_name)
     )
+    return cancelled.all()
 
 
 async def event_by_id(conn: AsyncConnection, event_id: str | None) -> InboundEvent | None:

@@ -356,15 +356,7 @@ class TurnHandler:
         pending = open_calls(tail)
         if not pending:
             return []
-        now = utcnow()
-        cancelled = (
-            await conn.execute(
-                update(approvals)
-                .where(approvals.c.session_id == session.id, approvals.c.status == "pending")
-                .values(status="cancelled", decided_by=by, decided_at=now)
-                .returning(approvals.c.tool_call_id, approvals.c.run_id, approvals.c.tool_name)
-            )
-        ).all()
+        cancelled = await cancel_pending(conn, session.id, by)
         cancelled_ids = {r.tool_call_id for r in cancelled}
         for run_id in {r.run_id for r in cancelled if r.run_id is not None}:
             await self._amend_run(

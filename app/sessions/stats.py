@@ -146,52 +146,45 @@ async def activity_series(engine: AsyncEngine, *, since: datetime, until: dateti
     return list(points.values())
 
 
+def no_activity() -> dict[str, Any]:
+    """A channel's activity entry before anything happened on it."""
+    return {
+        "last_inbound_at": None,
+        "last_outbound_at": None,
+        "inbound_recent": 0,
+        "outbound_recent": 0,
+        "inbox_failed": 0,
+        "inbox_pending": 0,
+        "outbox_failed": 0,
+        "outbox_pending": 0,
+        "last_error": None,
+        "last_error_at": None,
+    }
+
+
 async def channel_activity(engine: AsyncEngine, *, since: datetime) -> dict[str, dict[str, Any]]:
     """Per channel: last inbound/outbound times, volumes since `since`, backlog and failures."""
     out: dict[str, dict[str, Any]] = {}
 
     def entry(name: str) -> dict[str, Any]:
-        return out.setdefault(
-            name,
-            {
-                "last_inbound_at": None,
-                "last_outbound_at": None,
-                "inbound_recent": 0,
-                "outbound_recent": 0,
-                "inbox_failed": 0,
-                "inbox_pending": 0,
-                "outbox_failed": 0,
-                "outbox_pending": 0,
-                "last_error": None,
-                "last_error_at": None,
-            },
-        )
+        return out.setdefault(name, no_activity())
 
     async with engine.connect() as conn:
-        for name, last, recent in (
-            await conn.execute(
-                select(
-                    inbox.c.channel,
-                    func.max(inbox.c.created_at),
-                    func.sum(case((inbox.c.created_at >= since, 1), else_=0)),
-                ).group_by(inbox.c.channel)
-            )
-        ).all():
-            e = entry(name)
-            e["last_inbound_at"] = _as_utc(last)
-            e["inbound_recent"] = int(recent or 0)
-        for name, last, recent in (
-            await conn.execute(
-                select(
-                    outbox.c.channel,
-                    func.max(outbox.c.sent_at),
-                    func.sum(case((outbox.c.sent_at >= since, 1), else_=0)),
-                ).group_by(outbox.c.channel)
-            )
-        ).all():
-            e = entry(name)
-            e["last_outbound_at"] = _as_utc(last)
-            e["outbound_recent"] = int(recent or 0)
+        # Inbound volume by when events were accepted, outbound by when replies were sent.
+        for column, direction in ((inbox.c.created_at, "inbound"), (outbox.c.sent_at, "outbound")):
+            table = column.table
+            for name, last, recent in (
+                await conn.execute(
+                    select(
+                        table.c.channel,
+                        func.max(column),
+                        func.sum(case((column >= since, 1), else_=0)),
+                    ).group_by(table.c.channel)
+                )
+            ).all():
+                e = entry(name)
+                e[f"last_{direction}_at"] = _as_utc(last)
+                e[f"{direction}_recent"] = int(recent or 0)
         for table, prefix in ((inbox, "inbox"), (outbox, "outbox")):
             for name, status, count in (
                 await conn.execute(

@@ -222,7 +222,7 @@ async def channels(
     names = sorted(set(runtime.adapters) | set(runtime.channel_settings) | set(activity))
     out = []
     for name in names:
-        act = activity.get(name) or _no_activity()
+        act = activity.get(name) or stats.no_activity()
         adapter = runtime.adapters.get(name)
         cs = runtime.channel_settings.get(name)
         enabled = adapter is not None
@@ -238,21 +238,6 @@ async def channels(
             )
         )
     return ChannelList(window_minutes=minutes, channels=out)
-
-
-def _no_activity() -> dict[str, Any]:
-    return {
-        "last_inbound_at": None,
-        "last_outbound_at": None,
-        "inbound_recent": 0,
-        "outbound_recent": 0,
-        "inbox_failed": 0,
-        "inbox_pending": 0,
-        "outbox_failed": 0,
-        "outbox_pending": 0,
-        "last_error": None,
-        "last_error_at": None,
-    }
 
 
 def _health(name: str, enabled: bool, act: dict[str, Any]) -> str:
