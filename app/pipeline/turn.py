@@ -45,6 +45,7 @@ from app.channel import ChannelSettings
 from app.db.models import approvals, messages, outbox, runs, utcnow
 from app.errors import LeaseLost
 from app.events import BusyPolicy, InboundEvent, OutboundMessage, TextPart
+from app.pipeline import fused
 from app.pipeline.approvals import (
     ApprovalRules,
     Decided,
@@ -58,7 +59,7 @@ from app.pipeline.approvals import (
 from app.pipeline.inbox import Inbox, InboxRow
 from app.sessions.lease import SessionLease, check_fence
 from app.sessions.messages import ChatMessage
-from app.sessions.store import SessionState, SessionStore
+from app.sessions.store import SessionState, SessionStore, message_values
 
 log = structlog.get_logger(__name__)
 
@@ -124,23 +125,33 @@ async def insert_outbox(
     run_id: int | None,
     event_id: str | None,
 ) -> None:
-    now = utcnow()
     await conn.execute(
-        _INSERT_OUTBOX,
-        dict(
-            message_id=message.message_id,
-            session_key=message.session_key or "",
-            session_id=session_id,
-            run_id=run_id,
-            event_id=event_id,
-            channel=message.channel,
-            chat_id=message.chat_id,
-            payload=message.model_dump(mode="json"),
-            status="pending",
-            attempts=0,
-            next_attempt_at=now,
-            created_at=now,
-        ),
+        _INSERT_OUTBOX, outbox_values(message, session_id=session_id, run_id=run_id, event_id=event_id)
+    )
+
+
+def outbox_values(
+    message: OutboundMessage,
+    *,
+    session_id: int | None,
+    run_id: int | None,
+    event_id: str | None,
+    now: datetime | None = None,
+) -> dict[str, Any]:
+    now = now or utcnow()
+    return dict(
+        message_id=message.message_id,
+        session_key=message.session_key or "",
+        session_id=session_id,
+        run_id=run_id,
+        event_id=event_id,
+        channel=message.channel,
+        chat_id=message.chat_id,
+        payload=message.model_dump(mode="json"),
+        status="pending",
+        attempts=0,
+        next_attempt_at=now,
+        created_at=now,
     )
 
 
@@ -148,6 +159,13 @@ async def insert_outbox(
 _INSERT_OUTBOX = outbox.insert()
 _INSERT_RUN = runs.insert().returning(runs.c.id)
 _UPDATE_RUN = update(runs).where(runs.c.id == bindparam("run_id_"))
+
+
+RunRow = tuple[list[str], dict[str, Any], datetime]
+"""A run row's event ids, details and start, as stored."""
+
+_Started = tuple[SessionState, int | None, RunRow | None, list[ChatMessage], list[int]]
+"""A started turn: its session, run id and row (None: no answer due), the user messages and seqs."""
 
 
 @dataclass
@@ -164,8 +182,7 @@ class _Turn:
     # A run resumed by /approve already has replies (the question): its new inbox rows are
     # not linked by run id, so waiting clients get only the replies to their own event.
     link_rows: bool = True
-    # The run row's event ids, details and start as stored (None: read them when saving).
-    run_row: tuple[list[str], dict[str, Any], datetime] | None = None
+    run_row: RunRow | None = None  # None: read it when saving
 
     @property
     def handled_ids(self) -> set[int]:
@@ -211,6 +228,8 @@ class TurnHandler:
         self.approval_rules = ApprovalRules(self.channel_settings)
         self.stop_poll = stop_poll
         self._input_signals: dict[str, asyncio.Event] = {}
+        # PostgreSQL writes a turn's start and end as one statement each (`fused`).
+        self._one_statement = engine.dialect.name == "postgresql"
 
     # --- entry points -------------------------------------------------------------
 
@@ -260,6 +279,60 @@ class TurnHandler:
         events = [r.event for r in live]
         last = events[-1]
         answer = not all(e.metadata.get("no_reply") for e in events)
+        started = None
+        if self._one_statement and answer and len(live) == 1 and live[0].attempts == 0:
+            started = await self._start_in_one_statement(lease, live[0])
+        if started is not None:
+            session, run_id, run_row, added, seqs = started
+        else:
+            session, run_id, run_row, added, seqs = await self._start(lease, live, answer)
+        await self._publish(lease.key, session.id, added, seqs)
+        if run_id is None:
+            self.inbox.wake([e.event_id for e in events])
+            return
+        turn = _Turn(
+            lease=lease,
+            session=session,
+            rows=list(live),
+            run_id=run_id,
+            origin=last,
+            reply_to=last,
+            run_row=run_row,
+        )
+        record = RunRecord(provider=self.runner.provider.name, model=self.models.get(last.channel))
+        record = await self.runner.resume(
+            self._hooks(turn), self._tool_context(turn), record, calls=(), decisions={}, model=record.model
+        )
+        if record.outcome != "awaiting_approval":
+            await self._after_turn(lease, session)
+
+    async def _start_in_one_statement(self, lease: SessionLease, row: InboxRow) -> _Started | None:
+        """The common start (see `fused.start`) on PostgreSQL; None: take the general path."""
+        event = row.event
+        channel = conversation_channel(event)
+        now = utcnow()
+        user = _user_message(event)
+        run, run_row = self._run_values(lease.key, [event], now)
+        async with self.store.reader.connect() as conn:
+            started = await fused.start(
+                conn,
+                lease,
+                inbox_id=row.id,
+                channel=channel,
+                cutoff=now - timedelta(seconds=self.store.lifecycle(channel).expire_after),
+                now=now,
+                message=message_values(user, None),
+                run=run,
+            )
+        if started is None:
+            return None
+        self.store.remember(lease.key, started.session, fence=lease.fence)
+        return started.session, started.run_id, run_row, [user], [started.seq]
+
+    async def _start(self, lease: SessionLease, live: list[InboxRow], answer: bool) -> _Started:
+        """Start a turn in a transaction: any batch, retries, repairs, a new generation."""
+        events = [r.event for r in live]
+        last = events[-1]
         async with self._fenced(lease) as conn:
             await Inbox.mark(conn, [r.id for r in live], "processing", bump_attempts=True)
             if any(r.attempts for r in live):
@@ -287,54 +360,36 @@ class TurnHandler:
             added = [*repairs, *new_user]
             seqs = await self.store.append(conn, session.id, added)
             run_id: int | None = None
-            run_row: tuple[list[str], dict[str, Any], datetime] | None = None
+            run_row: RunRow | None = None
             if answer:
-                run_id, run_row = await self._insert_run(conn, session, lease.key, events)
+                run, run_row = self._run_values(lease.key, events, utcnow())
+                run_id = int(
+                    (await conn.execute(_INSERT_RUN, {**run, "session_id": session.id})).scalar_one()
+                )
             else:
                 await Inbox.mark(conn, [r.id for r in live], "done")
-        await self._publish(lease.key, session.id, added, seqs)
-        if run_id is None:
-            self.inbox.wake([e.event_id for e in events])
-            return
-        turn = _Turn(
-            lease=lease,
-            session=session,
-            rows=list(live),
-            run_id=run_id,
-            origin=last,
-            reply_to=last,
-            run_row=run_row,
-        )
-        record = RunRecord(provider=self.runner.provider.name, model=self.models.get(last.channel))
-        record = await self.runner.resume(
-            self._hooks(turn), self._tool_context(turn), record, calls=(), decisions={}, model=record.model
-        )
-        if record.outcome != "awaiting_approval":
-            await self._after_turn(lease, session)
+        return session, run_id, run_row, added, seqs
 
-    async def _insert_run(
-        self, conn: AsyncConnection, session: SessionState, key: str, events: Sequence[InboundEvent]
-    ) -> tuple[int, tuple[list[str], dict[str, Any], datetime]]:
+    def _run_values(
+        self, key: str, events: Sequence[InboundEvent], now: datetime
+    ) -> tuple[dict[str, Any], RunRow]:
+        """A new run row's values but its session id, and what the turn keeps of them."""
         event_ids = [e.event_id for e in events]
         details = {"origin_event_id": events[-1].event_id, "requester": events[-1].sender_id}
-        started_at = utcnow()
-        run_id = (
-            await conn.execute(
-                _INSERT_RUN,
-                dict(
-                    session_id=session.id,
-                    session_key=key,
-                    event_ids=event_ids,
-                    provider=self.runner.provider.name,
-                    model=self.models.get(events[-1].channel),
-                    tool_calls=[],
-                    started_at=started_at,
-                    outcome="running",
-                    details=details,
-                ),
-            )
-        ).scalar_one()
-        return int(run_id), (event_ids, details, started_at)
+        values = dict(
+            session_key=key,
+            event_ids=event_ids,
+            provider=self.runner.provider.name,
+            model=self.models.get(events[-1].channel),
+            tool_calls=[],
+            started_at=now,
+            outcome="running",
+            details=details,
+            iterations=0,
+            prompt_tokens=0,
+            completion_tokens=0,
+        )
+        return values, (event_ids, details, now)
 
     async def _close_open_group(
         self, conn: AsyncConnection, session: SessionState, *, reason: str, by: str = "superseded"
@@ -470,14 +525,38 @@ class TurnHandler:
         lease, session = turn.lease, turn.session
         reply = reply_for(reply_to, final.content or "")
         rows = [*turn.rows, *extra]
-        async with self._fenced(lease) as conn:
-            seqs = await self.store.append(conn, session.id, [final], run_id=turn.run_id)
-            await insert_outbox(
-                conn, reply, session_id=session.id, run_id=turn.run_id, event_id=reply_to.event_id
-            )
-            link = turn.run_id if turn.link_rows else None
-            await Inbox.mark(conn, [r.id for r in rows], "done", run_id=link)
-            await self._save_run(conn, turn, record, finished=True)
+        link = turn.run_id if turn.link_rows else None
+        if self._one_statement:
+            if turn.run_row is None:
+                async with self.store.reader.connect() as conn:
+                    await self._read_run_row(conn, turn)
+            now = utcnow()
+            trace = self._run_trace(turn, record, finished=True, now=now)
+            async with self.store.reader.connect() as conn:
+                seq = await fused.finish(
+                    conn,
+                    lease,
+                    session_id=session.id,
+                    now=now,
+                    message=message_values(final, turn.run_id),
+                    reply=outbox_values(
+                        reply, session_id=session.id, run_id=turn.run_id, event_id=reply_to.event_id, now=now
+                    ),
+                    inbox_ids=[r.id for r in rows],
+                    link=link,
+                    run_id=turn.run_id,
+                    trace=trace,
+                )
+            self._run_saved(turn, record, trace, finished=True)
+            seqs = [seq]
+        else:
+            async with self._fenced(lease) as conn:
+                seqs = await self.store.append(conn, session.id, [final], run_id=turn.run_id)
+                await insert_outbox(
+                    conn, reply, session_id=session.id, run_id=turn.run_id, event_id=reply_to.event_id
+                )
+                await Inbox.mark(conn, [r.id for r in rows], "done", run_id=link)
+                await self._save_run(conn, turn, record, finished=True)
         self.inbox.wake([r.event_id for r in rows])
         self.on_outbox()
         await self._publish(lease.key, session.id, [final], seqs, run_id=turn.run_id)
@@ -486,17 +565,25 @@ class TurnHandler:
         self, conn: AsyncConnection, turn: _Turn, record: RunRecord, *, finished: bool
     ) -> None:
         if turn.run_row is None:
-            stored = (
-                await conn.execute(
-                    select(runs.c.event_ids, runs.c.details, runs.c.started_at).where(
-                        runs.c.id == turn.run_id
-                    )
-                )
-            ).one()
-            turn.run_row = (list(stored.event_ids or []), dict(stored.details or {}), stored.started_at)
+            await self._read_run_row(conn, turn)
+        values = self._run_trace(turn, record, finished=finished, now=utcnow())
+        await conn.execute(_UPDATE_RUN, {**values, "run_id_": turn.run_id})
+        self._run_saved(turn, record, values, finished=finished)
+
+    @staticmethod
+    async def _read_run_row(conn: AsyncConnection, turn: _Turn) -> None:
+        stored = (
+            await conn.execute(
+                select(runs.c.event_ids, runs.c.details, runs.c.started_at).where(runs.c.id == turn.run_id)
+            )
+        ).one()
+        turn.run_row = (list(stored.event_ids or []), dict(stored.details or {}), stored.started_at)
+
+    @staticmethod
+    def _run_trace(turn: _Turn, record: RunRecord, *, finished: bool, now: datetime) -> dict[str, Any]:
+        """The run row's new values (`turn.run_row` must be known)."""
+        assert turn.run_row is not None
         stored_ids, stored_details, started_at = turn.run_row
-        event_ids = [*stored_ids, *(r.event_id for r in turn.rows if r.event_id not in stored_ids)]
-        details = {**stored_details, **record.trace_details()}
         values: dict[str, Any] = dict(
             model=record.model,
             tool_calls=record.tool_calls,
@@ -505,15 +592,17 @@ class TurnHandler:
             completion_tokens=record.completion_tokens,
             outcome=record.outcome,
             error=record.error,
-            details=details,
-            event_ids=event_ids,
+            details={**stored_details, **record.trace_details()},
+            event_ids=[*stored_ids, *(r.event_id for r in turn.rows if r.event_id not in stored_ids)],
         )
         if finished:
-            now = utcnow()
             values["finished_at"] = now
             values["duration_ms"] = round((now - started_at).total_seconds() * 1000)
-        await conn.execute(_UPDATE_RUN, {**values, "run_id_": turn.run_id})
-        turn.run_row = (event_ids, details, started_at)
+        return values
+
+    def _run_saved(self, turn: _Turn, record: RunRecord, values: dict[str, Any], *, finished: bool) -> None:
+        assert turn.run_row is not None
+        turn.run_row = (values["event_ids"], values["details"], turn.run_row[2])
         if finished and self.on_run_finished is not None:
             self.on_run_finished(record.outcome, values["duration_ms"] / 1000, record.provider)
 

@@ -92,10 +92,24 @@ def message_from_row(row: RowMapping) -> ChatMessage:
     )
 
 
+def message_values(m: ChatMessage, run_id: int | None) -> dict[str, Any]:
+    """A message row's own columns (not its session, seq and time)."""
+    return {
+        "role": m.role,
+        "content": m.content,
+        "parts": list(m.parts) if m.parts else None,
+        "tool_calls": list(m.tool_calls) if m.tool_calls else None,
+        "tool_call_id": m.tool_call_id,
+        "name": m.name,
+        "event_id": m.event_id,
+        "run_id": run_id,
+    }
+
+
 # Built once with bound parameters: they run on every turn.
 # The newest message may leave a group open: a tool result, or an assistant message whose
 # tool_calls is anything but JSON null / [] (unexpected renderings count as "may").
-_TAIL_OPEN = (
+TAIL_OPEN = (
     select(messages.c.id)
     .where(
         messages.c.session_id == sessions.c.id,
@@ -104,15 +118,15 @@ _TAIL_OPEN = (
             messages.c.role == "tool",
             and_(
                 messages.c.role == "assistant",
-                func.coalesce(cast(messages.c.tool_calls, String), "null").not_in(["null", "[]"]),
+                func.coalesce(cast(messages.c.tool_calls, String), "null") != "null",
+                func.coalesce(cast(messages.c.tool_calls, String), "null") != "[]",
             ),
         ),
     )
     .exists()
-    .label("tail_open")
 )
 _CURRENT = (
-    select(sessions, _TAIL_OPEN)
+    select(sessions, TAIL_OPEN.label("tail_open"))
     .join(session_keys, session_keys.c.current_session_id == sessions.c.id)
     .where(session_keys.c.key == bindparam("k"))
 )
@@ -177,18 +191,21 @@ class SessionStore:
         now = now or utcnow()
         if fence is None:
             return await self._open_current(conn, key, channel, now, key_row=False)
-        if not self.cache.pinned(key):
-            self.cache.pin(key)
         current = self.cache.get(key, fence=fence)
         if (
             current is None
             or (now - current.last_active_at).total_seconds() > self.lifecycle(current.channel).expire_after
         ):
             current = await self._open_current(conn, key, channel, now, key_row=True)
-        # The caller is about to append: remember it as active now; the cached copy no
-        # longer knows the tail.
-        self.cache.put(key, replace(current, last_active_at=now, tail_open=None), fence=fence)
+        # The caller is about to append: remember it as active now.
+        self.remember(key, replace(current, last_active_at=now), fence=fence)
         return current
+
+    def remember(self, key: str, state: SessionState, *, fence: int) -> None:
+        """Cache `state`, just written under the lease `fence`, as `open_current` does."""
+        if not self.cache.pinned(key):
+            self.cache.pin(key)
+        self.cache.put(key, replace(state, tail_open=None), fence=fence)
 
     def release(self, key: str) -> None:
         """The worker let go of the key: its state may be evicted (it is stale anyway)."""
@@ -296,19 +313,7 @@ class SessionStore:
         next_seq = (await conn.execute(_BUMP_SEQ, {"sid": session_id, "n": n, "now": now})).scalar_one()
         first = next_seq - n
         rows = [
-            {
-                "session_id": session_id,
-                "seq": first + i,
-                "role": m.role,
-                "content": m.content,
-                "parts": list(m.parts) if m.parts else None,
-                "tool_calls": list(m.tool_calls) if m.tool_calls else None,
-                "tool_call_id": m.tool_call_id,
-                "name": m.name,
-                "event_id": m.event_id,
-                "run_id": run_id,
-                "created_at": now,
-            }
+            {**message_values(m, run_id), "session_id": session_id, "seq": first + i, "created_at": now}
             for i, m in enumerate(new_messages)
         ]
         await conn.execute(_INSERT_MESSAGES, rows)

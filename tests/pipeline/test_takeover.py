@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from typing import Any
 
 import httpx
+from sqlalchemy import select
 
-from app.db.models import session_keys, utcnow
+from app.db.models import messages, outbox, runs, session_keys, utcnow
 from app.events import InboundEvent
+from app.sessions import lease as leases
+from app.sessions.messages import ChatMessage
+from app.sessions.store import message_from_row
+from tests.app.agent.test_agent_e2e import openai_settings
 from tests.conftest import ServeApp
+from tests.fakes.openai_server import FakeOpenAI, Reply, text
+from tests.pipeline.test_approvals import history_is_legal, rows
+from tests.pipeline.test_steer import inbox_rows, send, wait_until
 
 
 async def test_expired_lease_of_a_dead_replica_is_taken_over_and_counted(serve: ServeApp) -> None:
@@ -41,3 +50,58 @@ async def test_expired_lease_of_a_dead_replica_is_taken_over_and_counted(serve: 
         assert detail.json()["lease"]["fence"] == 8
         metrics = (await client.get(f"{srv.url}/metrics")).text
         assert "chatgate_lease_takeovers_total 1.0" in metrics
+
+
+async def test_a_turn_whose_lease_was_taken_over_during_the_model_call_writes_nothing(
+    serve: ServeApp,
+) -> None:
+    """The end of a turn (answer, outbox row, inbox status, run trace) is fenced as one.
+
+    The lease is taken over while the model thinks; the late answer must leave no trace.
+    Once the key is free again the event is retried and answered exactly once.
+    """
+    hold = asyncio.Event()
+    async with FakeOpenAI(default=text("answer after the retry")) as fake:
+        fake.enqueue(text("first answer"), Reply(content="late answer", hold=hold))
+        async with serve(**openai_settings(fake)) as srv:
+            engine = srv.runtime.engine
+            await send(srv, "first", wait=True)  # the session exists: a turn's common start
+            second = await send(srv, "second")
+            await fake.wait_requests(2)
+            key = (await inbox_rows(srv))[0]["session_key"]
+            # Another replica takes the key over (its clock is past this worker's lease).
+            later = utcnow() + timedelta(seconds=srv.runtime.settings.lease_ttl_seconds + 1)
+            intruder = await leases.acquire(engine, key, "another-replica", ttl=30, now=later)
+            assert intruder is not None
+            hold.set()
+
+            async def worker_gave_up() -> bool:
+                return key not in srv.runtime.dispatcher.busy_keys
+
+            await wait_until(worker_gave_up)
+            assert [m.content for m in await history(srv)] == ["first", "first answer", "second"]
+            async with engine.connect() as conn:
+                replies = (await conn.execute(select(outbox.c.payload))).scalars().all()
+            assert [p["parts"][0]["text"] for p in replies] == ["first answer"]
+            ibx = await inbox_rows(srv)
+            assert [r["status"] for r in ibx] == ["done", "processing"]
+            assert [r["outcome"] for r in await rows(srv, runs)] == ["ok", "running"]
+
+            # The other replica lets go without finishing: the event is retried here.
+            await leases.release(engine, intruder)
+            answered = await srv.runtime.inbox.wait_for_replies(second["event_id"], 10)
+            assert [r.text for r in answered.replies] == ["answer after the retry"]
+            await history_is_legal(srv)
+            assert [m.content for m in await history(srv)] == [
+                "first",
+                "first answer",
+                "second",
+                "answer after the retry",
+            ]
+            assert [r["outcome"] for r in await rows(srv, runs)] == ["ok", "crashed", "ok"]
+
+
+async def history(srv: Any) -> list[ChatMessage]:
+    async with srv.runtime.engine.connect() as conn:
+        found = (await conn.execute(select(messages).order_by(messages.c.id))).mappings().all()
+    return [message_from_row(r) for r in found]

@@ -1,0 +1,189 @@
+"""PostgreSQL's one-statement turn start and end (`app.pipeline.fused`), at the statement level.
+
+The whole suite runs turns through them on PostgreSQL and through the transaction path on
+SQLite; these tests pin the cases the statements must refuse: a lost lease writes nothing,
+and a start that is not the common case writes nothing and leaves the general path to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select, update
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.db.engine import autocommit, create_engine
+from app.db.migrate import upgrade
+from app.db.models import inbox, messages, outbox, runs, sessions, utcnow
+from app.errors import LeaseLost
+from app.events import InboundEvent
+from app.pipeline import fused
+from app.pipeline.inbox import Inbox
+from app.sessions import lease as leases
+from app.sessions.lease import SessionLease
+from app.sessions.messages import ChatMessage
+from app.sessions.store import Lifecycle, SessionStore, message_values
+from tests.conftest import make_settings
+
+KEY = "webhook:c"
+
+
+@pytest.fixture
+async def pg(pg_url: str) -> AsyncIterator[AsyncEngine]:
+    await upgrade(pg_url)
+    engine = create_engine(make_settings(pg_url))
+    yield engine
+    await engine.dispose()
+
+
+async def _with_session(engine: AsyncEngine, *history: ChatMessage) -> tuple[SessionStore, SessionLease, int]:
+    """A key with an open session holding `history`, its lease, and a new pending event's row id."""
+    store = SessionStore(engine, Lifecycle())
+    lease = await leases.acquire(engine, KEY, "me", ttl=30)
+    assert lease is not None
+    async with engine.begin() as conn:
+        await leases.check_fence(conn, lease)
+        session = await store.open_current(conn, KEY, "webhook")
+        await store.append(conn, session.id, list(history))
+    inbox_ = Inbox(engine)
+    [accepted] = await inbox_.accept([InboundEvent.from_text("webhook", "c", "u", "hello")])
+    [row] = await inbox_.next_rows(KEY, limit=1)
+    assert row.event_id == accepted.event_id
+    return store, lease, row.id
+
+
+async def _start(engine: AsyncEngine, lease: SessionLease, inbox_id: int, **overrides: Any) -> Any:
+    now = utcnow()
+    args: dict[str, Any] = dict(
+        inbox_id=inbox_id,
+        channel="webhook",
+        cutoff=now - timedelta(hours=24),
+        now=now,
+        message=message_values(ChatMessage(role="user", content="hello", event_id="e1"), None),
+        run=dict(
+            session_key=KEY,
+            event_ids=["e1"],
+            provider="offline",
+            model=None,
+            tool_calls=[],
+            started_at=now,
+            outcome="running",
+            details={},
+            iterations=0,
+            prompt_tokens=0,
+            completion_tokens=0,
+        ),
+    )
+    args.update(overrides)
+    async with autocommit(engine).connect() as conn:
+        return await fused.start(conn, lease, **args)
+
+
+async def _counts(engine: AsyncEngine) -> dict[str, Any]:
+    async with engine.connect() as conn:
+        return {
+            "messages": (await conn.execute(select(func.count()).select_from(messages))).scalar_one(),
+            "runs": (await conn.execute(select(func.count()).select_from(runs))).scalar_one(),
+            "outbox": (await conn.execute(select(func.count()).select_from(outbox))).scalar_one(),
+            "inbox": (await conn.execute(select(inbox.c.status, inbox.c.attempts))).all(),
+            "next_seq": (await conn.execute(select(sessions.c.next_seq))).scalars().all(),
+        }
+
+
+ANSWERED = (ChatMessage(role="user", content="hi"), ChatMessage(role="assistant", content="hello"))
+
+
+async def test_the_common_start_writes_message_run_and_inbox_status_together(pg: AsyncEngine) -> None:
+    store, lease, row_id = await _with_session(pg, *ANSWERED)
+    started = await _start(pg, lease, row_id)
+    assert started is not None
+    assert started.seq == 3 and started.session.next_seq == 4 and started.session.status == "active"
+    after = await _counts(pg)
+    assert after["messages"] == 3 and after["runs"] == 1
+    assert after["inbox"] == [("processing", 1)]
+    [stored] = [m for m in await store.all_messages(started.session.id) if m.seq == 3]
+    assert (stored.role, stored.content, stored.event_id) == ("user", "hello", "e1")
+    async with pg.connect() as conn:
+        run = (await conn.execute(select(runs))).mappings().one()
+    assert run["id"] == started.run_id and run["session_id"] == started.session.id
+
+
+async def test_a_lost_lease_writes_nothing_at_the_start_or_the_end(pg: AsyncEngine) -> None:
+    _, lease, row_id = await _with_session(pg, *ANSWERED)
+    started = await _start(pg, lease, row_id)
+    assert started is not None
+    later = utcnow() + timedelta(seconds=31)
+    assert await leases.acquire(pg, KEY, "another", ttl=30, now=later) is not None
+    before = await _counts(pg)
+    with pytest.raises(LeaseLost):
+        await _start(pg, lease, row_id)
+    now = utcnow()
+    with pytest.raises(LeaseLost):
+        async with autocommit(pg).connect() as conn:
+            await fused.finish(
+                conn,
+                lease,
+                session_id=started.session.id,
+                now=now,
+                message=message_values(ChatMessage(role="assistant", content="late"), started.run_id),
+                reply=dict(
+                    message_id="m1",
+                    session_key=KEY,
+                    session_id=started.session.id,
+                    run_id=started.run_id,
+                    event_id="e1",
+                    channel="webhook",
+                    chat_id="c",
+                    payload={},
+                    status="pending",
+                    attempts=0,
+                    next_attempt_at=now,
+                    created_at=now,
+                ),
+                inbox_ids=[row_id],
+                link=started.run_id,
+                run_id=started.run_id,
+                trace={"outcome": "ok", "tool_calls": [], "details": {}, "event_ids": ["e1"]},
+            )
+    assert await _counts(pg) == before
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["new key", "open tool-call group", "expired", "other channel"],
+)
+async def test_anything_but_the_common_start_writes_nothing(pg: AsyncEngine, case: str) -> None:
+    overrides: dict[str, Any] = {}
+    if case == "new key":
+        lease = await leases.acquire(pg, KEY, "me", ttl=30)
+        assert lease is not None
+        await Inbox(pg).accept([InboundEvent.from_text("webhook", "c", "u", "hello")])
+        async with pg.connect() as conn:
+            row_id = (await conn.execute(select(inbox.c.id))).scalar_one()
+    elif case == "open tool-call group":
+        call = {"id": "call_1", "type": "function", "function": {"name": "t", "arguments": "{}"}}
+        _, lease, row_id = await _with_session(
+            pg, ChatMessage(role="user", content="hi"), ChatMessage(role="assistant", tool_calls=(call,))
+        )
+    else:
+        _, lease, row_id = await _with_session(pg, *ANSWERED)
+        if case == "expired":
+            overrides["cutoff"] = utcnow() + timedelta(seconds=1)
+        else:
+            overrides["channel"] = "telegram"
+    before = await _counts(pg)
+    assert await _start(pg, lease, row_id, **overrides) is None
+    assert await _counts(pg) == before
+
+
+async def test_a_suspended_session_is_reactivated_by_the_common_start(pg: AsyncEngine) -> None:
+    _, lease, row_id = await _with_session(pg, *ANSWERED)
+    async with pg.begin() as conn:
+        await conn.execute(update(sessions).values(status="suspended"))
+    started = await _start(pg, lease, row_id)
+    assert started is not None and started.session.status == "active"
+    async with pg.connect() as conn:
+        assert (await conn.execute(select(sessions.c.status))).scalar_one() == "active"
