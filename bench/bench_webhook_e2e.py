@@ -9,7 +9,11 @@ Starts `--servers` chatgate processes on a throw-away PostgreSQL database, sends
 event is answered, and prints:
 - accept throughput and the p50/p99 latency of the 202 answer (inbox commit);
 - processing throughput (events answered per second, first accept to last reply);
-- p50/p99 end-to-end latency (event accepted → reply committed to the outbox).
+- p50/p99 end-to-end latency (event accepted → reply committed to the outbox);
+- CPU seconds per event of the server processes and of PostgreSQL, from the first request
+  until every event is done: less noisy than throughput on a shared machine. A backend
+  that exits during the run drops out of the PostgreSQL sum (the servers' pools keep
+  theirs).
 
 With `--gc-log` the servers also log their garbage-collector pauses (see
 `bench/gcprobe/sitecustomize.py`), and the script prints the full collections that
@@ -23,6 +27,7 @@ import asyncio
 import hashlib
 import hmac
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -60,6 +65,7 @@ async def run(events: int, sessions: int, servers: int, concurrency: int, gc_log
         procs = [ServerProcess(env).start()]  # the first one migrates
         procs += [ServerProcess(env).start() for _ in range(servers - 1)]
         serving_since = time.time()  # start-up's collections are not the load's
+        cpu_before = {"servers": _cpu_seconds(procs), "postgres": _postgres_cpu_seconds()}
         engine = create_async_engine(url)
         latencies: list[float] = []
         queue: asyncio.Queue[int] = asyncio.Queue()
@@ -107,6 +113,10 @@ async def run(events: int, sessions: int, servers: int, concurrency: int, gc_log
                 if done >= events:
                     break
                 await asyncio.sleep(0.2)
+            cpu = {
+                "servers": _cpu_seconds(procs) - cpu_before["servers"],
+                "postgres": _postgres_cpu_seconds() - cpu_before["postgres"],
+            }
             async with engine.connect() as conn:
                 rows = (
                     await conn.execute(
@@ -133,8 +143,41 @@ async def run(events: int, sessions: int, servers: int, concurrency: int, gc_log
         f"processing: {len(rows) / span:7.0f} events/s   "
         f"end-to-end p50 {statistics.median(e2e):6.1f} ms   p99 {_pct(e2e, 0.99):6.1f} ms"
     )
+    print(
+        f"CPU per event: servers {cpu['servers'] / events * 1000:.2f} ms, "
+        f"PostgreSQL {cpu['postgres'] / events * 1000:.2f} ms (accept and processing)"
+    )
     if gc_log is not None:
         _print_gc_pauses(gc_log, serving_since)
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _process_cpu(pid: int) -> float:
+    """User and system CPU seconds of a live process (Linux /proc)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def _cpu_seconds(procs: list[ServerProcess]) -> float:
+    return sum(_process_cpu(p.proc.pid) for p in procs if p.proc is not None)
+
+
+def _postgres_cpu_seconds() -> float:
+    """CPU seconds of the PostgreSQL processes alive now (backends of the servers included)."""
+    total = 0.0
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "comm").read_text().startswith("postgres"):
+                    total += _process_cpu(int(entry.name))
+            except OSError:
+                continue
+    return total
 
 
 def _print_gc_pauses(directory: Path, since: float) -> None:

@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.db.engine import autocommit
 from app.db.models import INBOX_UNFINISHED, inbox, session_keys, utcnow
-from app.db.upsert import insert_ignore
+from app.db.upsert import insert_for, insert_ignore
 from app.errors import LeaseLost
 
 
@@ -34,18 +34,28 @@ _K = session_keys.c
 _MINE = and_(_K.key == bindparam("k"), _K.lease_owner == bindparam("o"), _K.lease_fence == bindparam("f"))
 
 
-def _take_statement(condition: Any) -> Any:
+def _take_free_or_new(dialect_name: str) -> Any:
+    """Create the key's row holding our lease, or take the existing row's free lease: one statement."""
+    owner: Any = bindparam("o")
+    expires: Any = bindparam("exp")
     return (
-        update(session_keys)
-        .where(_K.key == bindparam("k"), condition)
-        .values(lease_owner=bindparam("o"), lease_fence=_K.lease_fence + 1, lease_expires_at=bindparam("exp"))
+        insert_for(dialect_name, session_keys)
+        .values(key=bindparam("k"), lease_owner=owner, lease_fence=1, lease_expires_at=expires)
+        .on_conflict_do_update(
+            index_elements=["key"],
+            set_={"lease_owner": owner, "lease_fence": _K.lease_fence + 1, "lease_expires_at": expires},
+            where=or_(_K.lease_owner.is_(None), _K.lease_owner == owner),
+        )
         .returning(_K.lease_fence)
     )
 
 
-_TAKE_FREE = _take_statement(or_(_K.lease_owner.is_(None), _K.lease_owner == bindparam("o")))
-_TAKE_EXPIRED = _take_statement(
-    and_(_K.lease_owner != bindparam("o"), _K.lease_expires_at < bindparam("now"))
+_TAKE = {name: _take_free_or_new(name) for name in ("postgresql", "sqlite")}
+_TAKE_EXPIRED = (
+    update(session_keys)
+    .where(_K.key == bindparam("k"), _K.lease_owner != bindparam("o"), _K.lease_expires_at < bindparam("now"))
+    .values(lease_owner=bindparam("o"), lease_fence=_K.lease_fence + 1, lease_expires_at=bindparam("exp"))
+    .returning(_K.lease_fence)
 )
 _RENEW = update(session_keys).where(_MINE).values(lease_expires_at=bindparam("exp"))
 _UNFINISHED = (
@@ -70,17 +80,14 @@ async def acquire(
 ) -> SessionLease | None:
     """Take the key's lease if it is free, expired or already ours; None if held.
 
-    The common case (the key exists and is free) is one statement; creating the key's
-    row and taking an expired lease over (`took_over`) are the slower paths.
+    Taking a free lease is one statement, whether the key's row exists or is created by
+    it (an upsert); taking an expired lease over (`took_over`) is the slower path.
     """
     now = now or utcnow()
     params = {"k": key, "o": owner, "exp": now + timedelta(seconds=ttl), "now": now}
     # Each statement is atomic on its own: no transaction around them (no BEGIN/COMMIT).
     async with autocommit(engine).connect() as conn:
-        fence = (await conn.execute(_TAKE_FREE, params)).scalar()
-        if fence is None:
-            await ensure_key(conn, key)
-            fence = (await conn.execute(_TAKE_FREE, params)).scalar()
+        fence = (await conn.execute(_TAKE[conn.dialect.name], params)).scalar()
         if fence is not None:
             return SessionLease(key, owner, fence)
         fence = (await conn.execute(_TAKE_EXPIRED, params)).scalar()

@@ -16,9 +16,12 @@ from app.sessions.store import Lifecycle, SessionStore
 
 
 async def test_a_held_lease_is_not_given_to_another_owner(engine: AsyncEngine) -> None:
-    a = await leases.acquire(engine, "k", "worker-a", ttl=30)
-    assert a is not None
+    a = await leases.acquire(engine, "k", "worker-a", ttl=30)  # a new key: its row is created
+    assert a is not None and a.fence == 1
     assert await leases.acquire(engine, "k", "worker-b", ttl=30) is None
+    again = await leases.acquire(engine, "k", "worker-a", ttl=30)  # ours already: a new fence
+    assert again is not None and again.fence == 2
+    a = again
     await leases.release(engine, a)
     b = await leases.acquire(engine, "k", "worker-b", ttl=30)
     assert b is not None and b.fence == a.fence + 1
