@@ -96,6 +96,15 @@ class Consolidator:
         self.limits = limits
 
     async def __call__(self, lease: SessionLease, session: SessionState) -> None:
+        """After a turn: consolidate if due. `session` is as the turn left it.
+
+        Its `next_seq` is exact (the turn appended last, under the lease) and its
+        `last_consolidated` at most the stored one (only consolidation moves it, forward,
+        under the same lease), so the pending count read from it is at least the real one:
+        at most `keep_messages` of them means nothing is due, without asking the database.
+        """
+        if session.next_seq - 1 - session.last_consolidated <= self.limits.keep_messages:
+            return
         await self.consolidate(lease, session.id)
 
     async def _fresh(self, session_id: int) -> tuple[str, int, int, int]:

@@ -19,7 +19,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -304,7 +304,7 @@ class TurnHandler:
             self._hooks(turn), self._tool_context(turn), record, calls=(), decisions={}, model=record.model
         )
         if record.outcome != "awaiting_approval":
-            await self._after_turn(lease, session)
+            await self._after_turn(lease, turn.session)
 
     async def _start_in_one_statement(self, lease: SessionLease, row: InboxRow) -> _Started | None:
         """The common start (see `fused.start`) on PostgreSQL; None: take the general path."""
@@ -557,6 +557,8 @@ class TurnHandler:
                 )
                 await Inbox.mark(conn, [r.id for r in rows], "done", run_id=link)
                 await self._save_run(conn, turn, record, finished=True)
+        # The answer is the session's newest message: the after-turn hooks count from it.
+        turn.session = replace(session, next_seq=seqs[-1] + 1)
         self.inbox.wake([r.event_id for r in rows])
         self.on_outbox()
         await self._publish(lease.key, session.id, [final], seqs, run_id=turn.run_id)
@@ -800,7 +802,7 @@ class TurnHandler:
         finally:
             self._input_signals.pop(lease.key, None)
         if record.outcome != "awaiting_approval":
-            await self._after_turn(lease, session)
+            await self._after_turn(lease, turn.session)
 
     async def enqueue_expired_approvals(self, now: Any = None) -> int:
         """Turn each timed-out approval into a `/deny` event on its session (once, any replica)."""

@@ -10,11 +10,13 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import timedelta
+from typing import Any
 
 import httpx
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from sqlalchemy import event as sa_event
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -382,3 +384,29 @@ async def test_hypothesis_histories_consolidate_legally_in_the_database(
         event("consolidated" if lc else "nothing due")
         if lc:
             assert legal(stored, lc)
+
+
+async def test_the_after_turn_hook_asks_nothing_while_at_most_keep_messages_are_pending(
+    engine: AsyncEngine,
+) -> None:
+    store = SessionStore(engine, Lifecycle())
+    lease, session = await open_session(engine, store, "webhook:hook")
+    consolidator = Consolidator(engine, ExtractiveSummarizer(), tiny(4))  # due from 5 pending
+    statements: list[str] = []
+
+    def seen(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        statements.append(statement)
+
+    sa_event.listen(engine.sync_engine, "before_cursor_execute", seen)
+    turn = [ChatMessage(role=r, content="hello") for r in ("user", "assistant")]
+    await append(engine, store, lease, session.id, turn * 2)
+    statements.clear()
+    await consolidator(lease, replace(session, next_seq=5))  # as the turn left it: 4 pending
+    assert statements == []
+    lc, _ = await db_state(engine, session.id)
+    assert lc == 0
+    await append(engine, store, lease, session.id, turn)
+    await consolidator(lease, replace(session, next_seq=7))  # 6 pending: due
+    assert statements
+    lc, history = await db_state(engine, session.id)
+    assert lc == 2 and legal(history, lc)
