@@ -23,7 +23,20 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, Table, bindparam, func, insert, literal, or_, select, true, update
+from sqlalchemy import (
+    BigInteger,
+    Table,
+    and_,
+    bindparam,
+    func,
+    insert,
+    literal,
+    or_,
+    select,
+    true,
+    union_all,
+    update,
+)
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
@@ -175,64 +188,124 @@ FINISH = _finish_statement()
 
 
 def _start_statement() -> Any:
-    """The start of a turn in the common case; writes nothing unless the case applies.
+    """The start of a turn in the common cases; writes nothing when neither applies.
 
-    The case: the key's current session is open, of the event's channel, active since
-    `cutoff`, and its newest message leaves no tool-call group open. Then it is marked
-    active and the user message, the run row and the inbox row's `processing` are
-    written. Otherwise (`held` but no session) the caller takes the general path.
+    Continue: the key's current session is open, of the event's channel, active since
+    `cutoff`, and its newest message leaves no tool-call group open. It is marked active.
+    Open: the key has no open session active since `cutoff` (none yet, closed by /new, or
+    idle too long: then it is expired here). A new generation is created and made current.
+    Either way the user message, the run row and the inbox row's `processing` are written.
+    Otherwise (`held` but no session: another channel's session, an open tool-call group)
+    the caller takes the general path.
+
+    The fence is a locking read here, not an update: the key's row is updated once, to
+    point at a new generation (one statement may not update a row twice).
     """
-    fence = _fence()
+    fence = (
+        select(_K.key)
+        .where(_K.key == bindparam("k"), _K.lease_owner == bindparam("o"), _K.lease_fence == bindparam("f"))
+        .with_for_update()
+        .cte("fence")
+        .prefix_with("MATERIALIZED")
+    )
     held = select(fence.c.key).exists()
+    now: Any = bindparam("now", type_=sessions.c.created_at.type)
     current = select(_K.current_session_id).where(_K.key == bindparam("k")).scalar_subquery()
+    is_open = or_(sessions.c.status == "active", sessions.c.status == "suspended")
     bump = (
         update(sessions)
         .where(
             sessions.c.id == current,
-            or_(sessions.c.status == "active", sessions.c.status == "suspended"),
+            is_open,
             sessions.c.channel == bindparam("chan"),
             sessions.c.last_active_at >= bindparam("cutoff"),
             ~TAIL_OPEN,
             held,
         )
-        .values(
-            next_seq=sessions.c.next_seq + 1,
-            status="active",
-            last_active_at=bindparam("now"),
-            updated_at=bindparam("now"),
-        )
+        .values(next_seq=sessions.c.next_seq + 1, status="active", last_active_at=now, updated_at=now)
         .returning(*sessions.c)
         .cte("bump")
     )
-    usable = select(bump.c.id).exists()
-    message = _insert_message(bump)
+    live = select(sessions.c.id).where(
+        sessions.c.id == current, is_open, sessions.c.last_active_at >= bindparam("cutoff")
+    )
+    due = and_(held, ~live.exists())  # a new generation
+    expire = (
+        update(sessions)
+        .where(sessions.c.id == current, is_open, due)
+        .values(status="expired", closed_at=now, updated_at=now)
+        .returning(sessions.c.id)
+        .cte("expire")
+    )
+    generation = select(func.coalesce(func.max(sessions.c.generation), 0) + 1).where(
+        sessions.c.key == bindparam("k")
+    )
+    created = (
+        insert(sessions)
+        .from_select(
+            list(_NEW_SESSION),
+            select(
+                bindparam("k", type_=sessions.c.key.type),
+                generation.scalar_subquery(),
+                bindparam("chan", type_=sessions.c.channel.type),
+                literal("active"),
+                literal(0),
+                literal(2),  # the user message is seq 1
+                now,
+                now,
+                now,
+                bindparam("meta", type_=sessions.c.metadata.type),
+            ).where(due),
+        )
+        .returning(*sessions.c)
+        .cte("created")
+    )
+    point = (
+        update(session_keys)
+        .where(_K.key == bindparam("k"), select(created.c.id).exists())
+        .values(current_session_id=select(created.c.id).scalar_subquery())
+        .returning(_K.key)
+        .cte("point")
+    )
+    opened = union_all(select(bump), select(created)).cte("opened")
+    message = _insert_message(opened)
     run = (
         insert(runs)
-        .from_select(
-            list(_RUN_FIELDS),
-            select(
-                bump.c.id,
-                *_params(runs, "r_", _RUN_FIELDS[1:]),
-            ),
-        )
+        .from_select(list(_RUN_FIELDS), select(opened.c.id, *_params(runs, "r_", _RUN_FIELDS[1:])))
         .returning(runs.c.id)
         .cte("run")
     )
     processing = (
         update(inbox)
-        .where(inbox.c.id == bindparam("inbox_id"), usable)
-        .values(status="processing", attempts=inbox.c.attempts + 1, updated_at=bindparam("now"))
+        .where(inbox.c.id == bindparam("inbox_id"), select(opened.c.id).exists())
+        .values(status="processing", attempts=inbox.c.attempts + 1, updated_at=now)
         .returning(inbox.c.id)
         .cte("processing")
     )
-    one = select(literal(1).label("one")).subquery("one")  # a row even when `bump` has none
+    one = select(literal(1).label("one")).subquery("one")  # a row even when nothing opened
     return select(
         _count(fence, "held"),
-        *[bump.c[c.name] for c in sessions.c],
+        *[opened.c[c.name] for c in sessions.c],
         select(message.c.seq).scalar_subquery().label("seq"),
         select(run.c.id).scalar_subquery().label("run_id"),
         _count(processing, "processing"),
-    ).select_from(one.outerjoin(bump, true()))
+        _count(expire, "expired"),
+        _count(point, "pointed"),
+    ).select_from(one.outerjoin(opened, true()))
+
+
+_NEW_SESSION = (
+    "key",
+    "generation",
+    "channel",
+    "status",
+    "last_consolidated",
+    "next_seq",
+    "created_at",
+    "updated_at",
+    "last_active_at",
+    "metadata",
+)
 
 
 START = _start_statement()
@@ -262,7 +335,7 @@ async def start(
 ) -> Started | None:
     """Start a turn of one new event in one statement (see `_start_statement`).
 
-    None when the common case does not apply and nothing was written; raises `LeaseLost`
+    None when neither common case applies and nothing was written; raises `LeaseLost`
     when the lease is no longer ours (nothing was written either).
     """
     params: dict[str, Any] = {
@@ -271,6 +344,7 @@ async def start(
         "chan": channel,
         "cutoff": cutoff,
         "now": now,
+        "meta": {},
     }
     params.update({"m_" + name: message.get(name) for name in _MESSAGE_FIELDS})
     params.update({"r_" + name: run[name] for name in _RUN_FIELDS[1:]})

@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db.engine import autocommit, create_engine
 from app.db.migrate import upgrade
-from app.db.models import inbox, messages, outbox, runs, sessions, utcnow
+from app.db.models import inbox, messages, outbox, runs, session_keys, sessions, utcnow
 from app.errors import LeaseLost
 from app.events import InboundEvent
 from app.pipeline import fused
@@ -120,6 +120,8 @@ async def test_a_lost_lease_writes_nothing_at_the_start_or_the_end(pg: AsyncEngi
     before = await _counts(pg)
     with pytest.raises(LeaseLost):
         await _start(pg, lease, row_id)
+    with pytest.raises(LeaseLost):  # nor would it open a new generation
+        await _start(pg, lease, row_id, cutoff=utcnow() + timedelta(seconds=1))
     now = utcnow()
     with pytest.raises(LeaseLost):
         async with autocommit(pg).connect() as conn:
@@ -151,11 +153,24 @@ async def test_a_lost_lease_writes_nothing_at_the_start_or_the_end(pg: AsyncEngi
     assert await _counts(pg) == before
 
 
-@pytest.mark.parametrize(
-    "case",
-    ["new key", "open tool-call group", "expired", "other channel"],
-)
-async def test_anything_but_the_common_start_writes_nothing(pg: AsyncEngine, case: str) -> None:
+@pytest.mark.parametrize("case", ["open tool-call group", "other channel"])
+async def test_anything_but_the_common_starts_writes_nothing(pg: AsyncEngine, case: str) -> None:
+    overrides: dict[str, Any] = {}
+    if case == "open tool-call group":
+        call = {"id": "call_1", "type": "function", "function": {"name": "t", "arguments": "{}"}}
+        _, lease, row_id = await _with_session(
+            pg, ChatMessage(role="user", content="hi"), ChatMessage(role="assistant", tool_calls=(call,))
+        )
+    else:
+        _, lease, row_id = await _with_session(pg, *ANSWERED)
+        overrides["channel"] = "telegram"
+    before = await _counts(pg)
+    assert await _start(pg, lease, row_id, **overrides) is None
+    assert await _counts(pg) == before
+
+
+@pytest.mark.parametrize("case", ["new key", "idle too long", "closed by /new"])
+async def test_a_key_without_a_live_session_opens_a_new_generation(pg: AsyncEngine, case: str) -> None:
     overrides: dict[str, Any] = {}
     if case == "new key":
         lease = await leases.acquire(pg, KEY, "me", ttl=30)
@@ -163,20 +178,33 @@ async def test_anything_but_the_common_start_writes_nothing(pg: AsyncEngine, cas
         await Inbox(pg).accept([InboundEvent.from_text("webhook", "c", "u", "hello")])
         async with pg.connect() as conn:
             row_id = (await conn.execute(select(inbox.c.id))).scalar_one()
-    elif case == "open tool-call group":
-        call = {"id": "call_1", "type": "function", "function": {"name": "t", "arguments": "{}"}}
-        _, lease, row_id = await _with_session(
-            pg, ChatMessage(role="user", content="hi"), ChatMessage(role="assistant", tool_calls=(call,))
-        )
     else:
-        _, lease, row_id = await _with_session(pg, *ANSWERED)
-        if case == "expired":
+        store, lease, row_id = await _with_session(pg, *ANSWERED)
+        if case == "idle too long":
             overrides["cutoff"] = utcnow() + timedelta(seconds=1)
         else:
-            overrides["channel"] = "telegram"
-    before = await _counts(pg)
-    assert await _start(pg, lease, row_id, **overrides) is None
-    assert await _counts(pg) == before
+            async with pg.begin() as conn:
+                await leases.check_fence(conn, lease)
+                await store.close_current(conn, KEY)
+    started = await _start(pg, lease, row_id, **overrides)
+    assert started is not None
+    generation = 1 if case == "new key" else 2
+    assert (started.session.generation, started.session.status, started.seq) == (generation, "active", 1)
+    assert started.session.next_seq == 2
+    async with pg.connect() as conn:
+        found = (await conn.execute(select(sessions).order_by(sessions.c.id))).mappings().all()
+        current = (await conn.execute(select(session_keys.c.current_session_id))).scalar_one()
+        run = (await conn.execute(select(runs))).mappings().one()
+    assert [(r["generation"], r["status"]) for r in found] == [
+        *([] if case == "new key" else [(1, "expired")]),
+        (generation, "active"),
+    ]
+    assert all(r["closed_at"] is not None for r in found if r["status"] == "expired")
+    assert current == started.session.id == run["session_id"] == found[-1]["id"]
+    after = await _counts(pg)
+    assert after["inbox"] == [("processing", 1)]
+    [first] = await SessionStore(pg, Lifecycle()).all_messages(started.session.id)
+    assert (first.seq, first.role, first.content) == (1, "user", "hello")
 
 
 async def test_a_suspended_session_is_reactivated_by_the_common_start(pg: AsyncEngine) -> None:
