@@ -31,7 +31,9 @@ class Settings(BaseSettings):
         "sqlite+aiosqlite:///./chatgate.db",
         description="SQLAlchemy URL; postgresql://… is used through asyncpg.",
     )
-    db_pool_size: int = Field(10, description="Connections per process (PostgreSQL).")
+    db_pool_size: int = Field(
+        20, description="Connections per process at most (PostgreSQL); opened as needed, then kept."
+    )
     auto_migrate: bool = Field(True, description="Run migrations to head at start-up.")
     db_connect_retry_seconds: float = Field(
         30.0, description="How long start-up waits for the database to accept connections."

@@ -30,7 +30,11 @@ def create_engine(settings: Settings) -> AsyncEngine:
             cur.close()
 
         return engine
-    engine = create_async_engine(url, pool_size=settings.db_pool_size, max_overflow=settings.db_pool_size)
+    # No overflow: overflow connections are closed whenever the pool is full again, and
+    # under steady load that meant a new connection (and every statement prepared anew
+    # on it) several times a second. The pool opens up to `db_pool_size` connections as
+    # needed and keeps them.
+    engine = create_async_engine(url, pool_size=settings.db_pool_size, max_overflow=0)
     _ping_idle_connections(engine, IDLE_PING_SECONDS)
     return engine
 

@@ -16,7 +16,7 @@ from tests.support.webhook import post_webhook
 
 @pytest.mark.parametrize("sessions", [10])
 async def test_more_runs_overlap_than_the_pool_has_connections(pg_url: str, sessions: int) -> None:
-    # db_pool_size=1 → at most 2 connections (pool + overflow) in this process.
+    # db_pool_size=1 → one connection in this process.
     settings = make_settings(pg_url, db_pool_size=1, max_concurrent_runs=sessions)
     provider = RecordingProvider(delay=0.5)
     app = create_app(settings, channel_settings={"webhook": webhook_settings()}, provider=provider)
@@ -35,5 +35,5 @@ async def test_more_runs_overlap_than_the_pool_has_connections(pg_url: str, sess
         )
     assert all(r.status_code == 200 and r.json()["replies"] for r in replies)
     assert provider.max_active > 2, (
-        f"only {provider.max_active} model calls overlapped with a 2-connection pool"
+        f"only {provider.max_active} model calls overlapped with a 1-connection pool"
     )
