@@ -38,6 +38,8 @@ from app.sessions.window import is_legal_provider_input, trim_to_legal_window
 log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
+A = TypeVar("A")
+B = TypeVar("B")
 
 ContextSource = Callable[[ToolContext], Awaitable[str | None]]
 """Adds text to the system message of a run (recalled memory, operator facts …)."""
@@ -212,9 +214,15 @@ class AgentRunner:
             if pending:
                 await self._run_calls(hooks, tool_ctx, record, pending, decisions)
                 await self._boundary(hooks)
-            system = ChatMessage(role="system", content=await self._system_text(tool_ctx))
+            # The first window is read while the context sources (memory recall) are: two
+            # reads on two pooled connections, one round trip of waiting.
+            text, first = await _both(self._system_text(tool_ctx), hooks.load_window())
+            system = ChatMessage(role="system", content=text)
+            history: list[ChatMessage] | None = first
             while record.iterations < self.max_iterations:
-                window = self._prepare(await hooks.load_window())
+                if history is None:
+                    history = await hooks.load_window()
+                window, history = self._prepare(history), None
                 started = time.monotonic()
                 reply = await self._guard(
                     hooks,
@@ -382,3 +390,12 @@ class AgentRunner:
             if extra:
                 parts.append(extra)
         return "\n\n".join(parts)
+
+
+async def _both(first: Awaitable[A], second: Awaitable[B]) -> tuple[A, B]:
+    """Await two reads concurrently; if either failed, raise its error once both ended."""
+    one, two = await asyncio.gather(first, second, return_exceptions=True)
+    for result in (one, two):
+        if isinstance(result, BaseException):
+            raise result
+    return cast(A, one), cast(B, two)
