@@ -193,7 +193,7 @@ def _start_statement() -> Any:
     Continue: the key's current session is open, of the event's channel, active since
     `cutoff`, and its newest message leaves no tool-call group open. It is marked active.
     Open: the key has no open session active since `cutoff` (none yet, closed by /new, or
-    idle too long: then it is expired here). A new generation is created and made current.
+    of this channel and idle too long: then it is expired here). A new generation is created and made current.
     Either way the user message, the run row and the inbox row's `processing` are written.
     Otherwise (`held` but no session: another channel's session, an open tool-call group)
     the caller takes the general path.
@@ -226,8 +226,13 @@ def _start_statement() -> Any:
         .returning(*sessions.c)
         .cte("bump")
     )
+    # An open current session counts as live unless it is of this channel and idle since
+    # before `cutoff` (the cutoff is this channel's lifecycle; another channel's session
+    # is left to the general path).
     live = select(sessions.c.id).where(
-        sessions.c.id == current, is_open, sessions.c.last_active_at >= bindparam("cutoff")
+        sessions.c.id == current,
+        is_open,
+        or_(sessions.c.channel != bindparam("chan"), sessions.c.last_active_at >= bindparam("cutoff")),
     )
     due = and_(held, ~live.exists())  # a new generation
     expire = (

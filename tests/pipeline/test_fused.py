@@ -153,7 +153,7 @@ async def test_a_lost_lease_writes_nothing_at_the_start_or_the_end(pg: AsyncEngi
     assert await _counts(pg) == before
 
 
-@pytest.mark.parametrize("case", ["open tool-call group", "other channel"])
+@pytest.mark.parametrize("case", ["open tool-call group", "other channel", "other channel, idle"])
 async def test_anything_but_the_common_starts_writes_nothing(pg: AsyncEngine, case: str) -> None:
     overrides: dict[str, Any] = {}
     if case == "open tool-call group":
@@ -164,6 +164,8 @@ async def test_anything_but_the_common_starts_writes_nothing(pg: AsyncEngine, ca
     else:
         _, lease, row_id = await _with_session(pg, *ANSWERED)
         overrides["channel"] = "telegram"
+        if case == "other channel, idle":  # idle by telegram's lifecycle: not ours to expire
+            overrides["cutoff"] = utcnow() + timedelta(seconds=1)
     before = await _counts(pg)
     assert await _start(pg, lease, row_id, **overrides) is None
     assert await _counts(pg) == before
