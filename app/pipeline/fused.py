@@ -2,15 +2,17 @@
 
 A turn writes twice: when it starts (inbox rows to `processing`, the user message, the run
 row) and when it ends (the answer, its outbox row, inbox rows to `done`, the run trace).
-Done as a transaction that is eight round trips each: BEGIN, the fence check, five
-writes, COMMIT. Each round trip costs the gateway about as much CPU as the rest of the
-statement's work (`bench/RESULTS.md`), so on PostgreSQL each commit is one statement of
-data-modifying CTEs instead. One statement is one transaction, so it stays all or nothing.
+Done as a transaction that is about eight round trips each: BEGIN, the fence check, the
+writes, COMMIT, and most of the gateway's CPU per event went into executing statements
+(`bench/RESULTS.md`). On PostgreSQL each is one statement of data-modifying CTEs instead.
+One statement is one transaction, so it stays all or nothing.
 
-The fence check is the first CTE (`UPDATE session_keys … RETURNING`, which row-locks the
-key like `check_fence`) and every write is conditioned on its row, so a worker whose lease
-was taken over writes nothing and learns it from the result. PostgreSQL runs the CTEs on
-one snapshot; none of them reads a row another one writes, except through RETURNING.
+The fence check is the first CTE: the `check_fence` update at the end of a turn, a
+locking read (`FOR UPDATE`) at its start. Either row-locks the key's row, so a takeover
+happened before (then the CTE has no row) or waits for the commit. Every write is
+conditioned on that row, so a worker whose lease was taken over writes nothing and
+learns it from the result. All CTEs read the rows as they were before the statement;
+what one writes, another sees only through its RETURNING.
 
 SQLite has no data-modifying CTEs: there the same writes run one by one in a transaction
 (`app.pipeline.turn`), which is what the tests compare this against on both backends.
