@@ -133,6 +133,11 @@ def _insert_message(bump: Any) -> Any:
 
 
 def _count(cte: Any, label: str) -> Any:
+    """How many rows `cte` returned.
+
+    Every CTE is counted in the result. SQLAlchemy leaves out a CTE that nothing refers
+    to, and PostgreSQL runs each data-modifying CTE regardless.
+    """
     return select(func.count()).select_from(cte).scalar_subquery().label(label)
 
 
