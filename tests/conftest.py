@@ -30,13 +30,18 @@ async def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterato
         yield url
 
 
+async def _migrated_engine(url: str) -> AsyncIterator[AsyncEngine]:
+    await upgrade(url)
+    eng = create_engine(make_settings(url))
+    yield eng
+    await eng.dispose()
+
+
 @pytest.fixture
 async def engine(db_url: str) -> AsyncIterator[AsyncEngine]:
     """A migrated database engine on both backends, for tests below the HTTP app."""
-    await upgrade(db_url)
-    eng = create_engine(make_settings(db_url))
-    yield eng
-    await eng.dispose()
+    async for eng in _migrated_engine(db_url):
+        yield eng
 
 
 @pytest.fixture
@@ -44,6 +49,13 @@ async def pg_url(tmp_path: Path) -> AsyncIterator[str]:
     """A fresh PostgreSQL database (for tests that are about PostgreSQL only)."""
     async with database("postgres", tmp_path) as url:
         yield url
+
+
+@pytest.fixture
+async def pg_engine(pg_url: str) -> AsyncIterator[AsyncEngine]:
+    """A migrated engine on a fresh PostgreSQL database only."""
+    async for eng in _migrated_engine(pg_url):
+        yield eng
 
 
 def make_settings(db_url: str, **overrides: Any) -> Settings:

@@ -40,6 +40,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -323,8 +324,15 @@ _NEW_SESSION = (
 START = _start_statement()
 
 
-def _lease(lease: SessionLease) -> dict[str, Any]:
-    return {"k": lease.key, "o": lease.owner, "f": lease.fence}
+async def _execute_fenced(
+    conn: AsyncConnection, statement: Any, lease: SessionLease, params: dict[str, Any]
+) -> RowMapping:
+    """Run `statement` with the lease's parameters; `LeaseLost` when its fence had no row."""
+    params.update(k=lease.key, o=lease.owner, f=lease.fence)
+    row = (await conn.execute(statement, params)).mappings().one()
+    if row["held"] != 1:
+        raise LeaseLost(lease.key, lease.fence)
+    return row
 
 
 @dataclass(frozen=True)
@@ -351,7 +359,6 @@ async def start(
     when the lease is no longer ours (nothing was written either).
     """
     params: dict[str, Any] = {
-        **_lease(lease),
         "inbox_id": inbox_id,
         "chan": channel,
         "cutoff": cutoff,
@@ -360,9 +367,7 @@ async def start(
     }
     params.update({"m_" + name: message.get(name) for name in _MESSAGE_FIELDS})
     params.update({"r_" + name: run[name] for name in _RUN_FIELDS[1:]})
-    row = (await conn.execute(START, params)).mappings().one()
-    if row["held"] != 1:
-        raise LeaseLost(lease.key, lease.fence)
+    row = await _execute_fenced(conn, START, lease, params)
     if row["id"] is None:
         return None
     session = replace(SessionState.from_row(row), tail_open=False)
@@ -387,7 +392,6 @@ async def finish(
     Raises `LeaseLost`, having written nothing, when the lease is no longer ours.
     """
     params: dict[str, Any] = {
-        **_lease(lease),
         "sid": session_id,
         "now": now,
         "inbox_ids": list(inbox_ids),
@@ -397,9 +401,7 @@ async def finish(
     params.update({"m_" + name: message.get(name) for name in _MESSAGE_FIELDS})
     params.update({"o_" + name: reply[name] for name in _OUTBOX_FIELDS})
     params.update({"r_" + name: trace.get(name) for name in _RUN_TRACE})
-    row = (await conn.execute(FINISH, params)).one()
-    if row.held != 1:
-        raise LeaseLost(lease.key, lease.fence)
-    if row.seq is None:
+    row = await _execute_fenced(conn, FINISH, lease, params)
+    if row["seq"] is None:
         raise RuntimeError(f"session {session_id} of {lease.key!r} is gone")
-    return int(row.seq)
+    return int(row["seq"])

@@ -527,12 +527,11 @@ class TurnHandler:
         rows = [*turn.rows, *extra]
         link = turn.run_id if turn.link_rows else None
         if self._one_statement:
-            if turn.run_row is None:
-                async with self.store.reader.connect() as conn:
-                    await self._read_run_row(conn, turn)
-            now = utcnow()
-            trace = self._run_trace(turn, record, finished=True, now=now)
             async with self.store.reader.connect() as conn:
+                if turn.run_row is None:  # a resumed run: its row was not read by this turn
+                    await self._read_run_row(conn, turn)
+                now = utcnow()
+                trace = self._run_trace(turn, record, finished=True, now=now)
                 seq = await fused.finish(
                     conn,
                     lease,

@@ -7,7 +7,6 @@ and a start that is not the common case writes nothing and leaves the general pa
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
@@ -15,8 +14,7 @@ import pytest
 from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.db.engine import autocommit, create_engine
-from app.db.migrate import upgrade
+from app.db.engine import autocommit
 from app.db.models import inbox, messages, outbox, runs, session_keys, sessions, utcnow
 from app.errors import LeaseLost
 from app.events import InboundEvent
@@ -26,17 +24,8 @@ from app.sessions import lease as leases
 from app.sessions.lease import SessionLease
 from app.sessions.messages import ChatMessage
 from app.sessions.store import Lifecycle, SessionStore, message_values
-from tests.conftest import make_settings
 
 KEY = "webhook:c"
-
-
-@pytest.fixture
-async def pg(pg_url: str) -> AsyncIterator[AsyncEngine]:
-    await upgrade(pg_url)
-    engine = create_engine(make_settings(pg_url))
-    yield engine
-    await engine.dispose()
 
 
 async def _with_session(engine: AsyncEngine, *history: ChatMessage) -> tuple[SessionStore, SessionLease, int]:
@@ -96,35 +85,35 @@ async def _counts(engine: AsyncEngine) -> dict[str, Any]:
 ANSWERED = (ChatMessage(role="user", content="hi"), ChatMessage(role="assistant", content="hello"))
 
 
-async def test_the_common_start_writes_message_run_and_inbox_status_together(pg: AsyncEngine) -> None:
-    store, lease, row_id = await _with_session(pg, *ANSWERED)
-    started = await _start(pg, lease, row_id)
+async def test_the_common_start_writes_message_run_and_inbox_status_together(pg_engine: AsyncEngine) -> None:
+    store, lease, row_id = await _with_session(pg_engine, *ANSWERED)
+    started = await _start(pg_engine, lease, row_id)
     assert started is not None
     assert started.seq == 3 and started.session.next_seq == 4 and started.session.status == "active"
-    after = await _counts(pg)
+    after = await _counts(pg_engine)
     assert after["messages"] == 3 and after["runs"] == 1
     assert after["inbox"] == [("processing", 1)]
     [stored] = [m for m in await store.all_messages(started.session.id) if m.seq == 3]
     assert (stored.role, stored.content, stored.event_id) == ("user", "hello", "e1")
-    async with pg.connect() as conn:
+    async with pg_engine.connect() as conn:
         run = (await conn.execute(select(runs))).mappings().one()
     assert run["id"] == started.run_id and run["session_id"] == started.session.id
 
 
-async def test_a_lost_lease_writes_nothing_at_the_start_or_the_end(pg: AsyncEngine) -> None:
-    _, lease, row_id = await _with_session(pg, *ANSWERED)
-    started = await _start(pg, lease, row_id)
+async def test_a_lost_lease_writes_nothing_at_the_start_or_the_end(pg_engine: AsyncEngine) -> None:
+    _, lease, row_id = await _with_session(pg_engine, *ANSWERED)
+    started = await _start(pg_engine, lease, row_id)
     assert started is not None
     later = utcnow() + timedelta(seconds=31)
-    assert await leases.acquire(pg, KEY, "another", ttl=30, now=later) is not None
-    before = await _counts(pg)
+    assert await leases.acquire(pg_engine, KEY, "another", ttl=30, now=later) is not None
+    before = await _counts(pg_engine)
     with pytest.raises(LeaseLost):
-        await _start(pg, lease, row_id)
+        await _start(pg_engine, lease, row_id)
     with pytest.raises(LeaseLost):  # nor would it open a new generation
-        await _start(pg, lease, row_id, cutoff=utcnow() + timedelta(seconds=1))
+        await _start(pg_engine, lease, row_id, cutoff=utcnow() + timedelta(seconds=1))
     now = utcnow()
     with pytest.raises(LeaseLost):
-        async with autocommit(pg).connect() as conn:
+        async with autocommit(pg_engine).connect() as conn:
             await fused.finish(
                 conn,
                 lease,
@@ -150,50 +139,49 @@ async def test_a_lost_lease_writes_nothing_at_the_start_or_the_end(pg: AsyncEngi
                 run_id=started.run_id,
                 trace={"outcome": "ok", "tool_calls": [], "details": {}, "event_ids": ["e1"]},
             )
-    assert await _counts(pg) == before
+    assert await _counts(pg_engine) == before
 
 
 @pytest.mark.parametrize("case", ["open tool-call group", "other channel", "other channel, idle"])
-async def test_anything_but_the_common_starts_writes_nothing(pg: AsyncEngine, case: str) -> None:
+async def test_anything_but_the_common_starts_writes_nothing(pg_engine: AsyncEngine, case: str) -> None:
     overrides: dict[str, Any] = {}
     if case == "open tool-call group":
         call = {"id": "call_1", "type": "function", "function": {"name": "t", "arguments": "{}"}}
-        _, lease, row_id = await _with_session(
-            pg, ChatMessage(role="user", content="hi"), ChatMessage(role="assistant", tool_calls=(call,))
-        )
+        asked = ChatMessage(role="assistant", tool_calls=(call,))
+        _, lease, row_id = await _with_session(pg_engine, ChatMessage(role="user", content="hi"), asked)
     else:
-        _, lease, row_id = await _with_session(pg, *ANSWERED)
+        _, lease, row_id = await _with_session(pg_engine, *ANSWERED)
         overrides["channel"] = "telegram"
         if case == "other channel, idle":  # idle by telegram's lifecycle: not ours to expire
             overrides["cutoff"] = utcnow() + timedelta(seconds=1)
-    before = await _counts(pg)
-    assert await _start(pg, lease, row_id, **overrides) is None
-    assert await _counts(pg) == before
+    before = await _counts(pg_engine)
+    assert await _start(pg_engine, lease, row_id, **overrides) is None
+    assert await _counts(pg_engine) == before
 
 
 @pytest.mark.parametrize("case", ["new key", "idle too long", "closed by /new"])
-async def test_a_key_without_a_live_session_opens_a_new_generation(pg: AsyncEngine, case: str) -> None:
+async def test_a_key_without_a_live_session_opens_a_new_generation(pg_engine: AsyncEngine, case: str) -> None:
     overrides: dict[str, Any] = {}
     if case == "new key":
-        lease = await leases.acquire(pg, KEY, "me", ttl=30)
+        lease = await leases.acquire(pg_engine, KEY, "me", ttl=30)
         assert lease is not None
-        await Inbox(pg).accept([InboundEvent.from_text("webhook", "c", "u", "hello")])
-        async with pg.connect() as conn:
+        await Inbox(pg_engine).accept([InboundEvent.from_text("webhook", "c", "u", "hello")])
+        async with pg_engine.connect() as conn:
             row_id = (await conn.execute(select(inbox.c.id))).scalar_one()
     else:
-        store, lease, row_id = await _with_session(pg, *ANSWERED)
+        store, lease, row_id = await _with_session(pg_engine, *ANSWERED)
         if case == "idle too long":
             overrides["cutoff"] = utcnow() + timedelta(seconds=1)
         else:
-            async with pg.begin() as conn:
+            async with pg_engine.begin() as conn:
                 await leases.check_fence(conn, lease)
                 await store.close_current(conn, KEY)
-    started = await _start(pg, lease, row_id, **overrides)
+    started = await _start(pg_engine, lease, row_id, **overrides)
     assert started is not None
     generation = 1 if case == "new key" else 2
     assert (started.session.generation, started.session.status, started.seq) == (generation, "active", 1)
     assert started.session.next_seq == 2
-    async with pg.connect() as conn:
+    async with pg_engine.connect() as conn:
         found = (await conn.execute(select(sessions).order_by(sessions.c.id))).mappings().all()
         current = (await conn.execute(select(session_keys.c.current_session_id))).scalar_one()
         run = (await conn.execute(select(runs))).mappings().one()
@@ -203,17 +191,17 @@ async def test_a_key_without_a_live_session_opens_a_new_generation(pg: AsyncEngi
     ]
     assert all(r["closed_at"] is not None for r in found if r["status"] == "expired")
     assert current == started.session.id == run["session_id"] == found[-1]["id"]
-    after = await _counts(pg)
+    after = await _counts(pg_engine)
     assert after["inbox"] == [("processing", 1)]
-    [first] = await SessionStore(pg, Lifecycle()).all_messages(started.session.id)
+    [first] = await SessionStore(pg_engine, Lifecycle()).all_messages(started.session.id)
     assert (first.seq, first.role, first.content) == (1, "user", "hello")
 
 
-async def test_a_suspended_session_is_reactivated_by_the_common_start(pg: AsyncEngine) -> None:
-    _, lease, row_id = await _with_session(pg, *ANSWERED)
-    async with pg.begin() as conn:
+async def test_a_suspended_session_is_reactivated_by_the_common_start(pg_engine: AsyncEngine) -> None:
+    _, lease, row_id = await _with_session(pg_engine, *ANSWERED)
+    async with pg_engine.begin() as conn:
         await conn.execute(update(sessions).values(status="suspended"))
-    started = await _start(pg, lease, row_id)
+    started = await _start(pg_engine, lease, row_id)
     assert started is not None and started.session.status == "active"
-    async with pg.connect() as conn:
+    async with pg_engine.connect() as conn:
         assert (await conn.execute(select(sessions.c.status))).scalar_one() == "active"

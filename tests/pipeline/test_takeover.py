@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
-from typing import Any
 
 import httpx
 from sqlalchemy import select
 
-from app.db.models import messages, outbox, runs, session_keys, utcnow
+from app.db.models import outbox, runs, session_keys, utcnow
 from app.events import InboundEvent
 from app.sessions import lease as leases
-from app.sessions.messages import ChatMessage
-from app.sessions.store import message_from_row
 from tests.app.agent.test_agent_e2e import openai_settings
 from tests.conftest import ServeApp
 from tests.fakes.openai_server import FakeOpenAI, Reply, text
@@ -79,7 +76,8 @@ async def test_a_turn_whose_lease_was_taken_over_during_the_model_call_writes_no
                 return key not in srv.runtime.dispatcher.busy_keys
 
             await wait_until(worker_gave_up)
-            assert [m.content for m in await history(srv)] == ["first", "first answer", "second"]
+            written = await history_is_legal(srv, key)
+            assert [m.content for m in written] == ["first", "first answer", "second"]
             async with engine.connect() as conn:
                 replies = (await conn.execute(select(outbox.c.payload))).scalars().all()
             assert [p["parts"][0]["text"] for p in replies] == ["first answer"]
@@ -91,17 +89,10 @@ async def test_a_turn_whose_lease_was_taken_over_during_the_model_call_writes_no
             await leases.release(engine, intruder)
             answered = await srv.runtime.inbox.wait_for_replies(second["event_id"], 10)
             assert [r.text for r in answered.replies] == ["answer after the retry"]
-            await history_is_legal(srv)
-            assert [m.content for m in await history(srv)] == [
+            assert [m.content for m in await history_is_legal(srv, key)] == [
                 "first",
                 "first answer",
                 "second",
                 "answer after the retry",
             ]
             assert [r["outcome"] for r in await rows(srv, runs)] == ["ok", "crashed", "ok"]
-
-
-async def history(srv: Any) -> list[ChatMessage]:
-    async with srv.runtime.engine.connect() as conn:
-        found = (await conn.execute(select(messages).order_by(messages.c.id))).mappings().all()
-    return [message_from_row(r) for r in found]
