@@ -13,7 +13,9 @@ event is answered, and prints:
 - CPU seconds per event of the server processes and of PostgreSQL, from the first request
   until every event is done: less noisy than throughput on a shared machine. A backend
   that exits during the run drops out of the PostgreSQL sum (the servers' pools keep
-  theirs).
+  theirs);
+- lease acquisitions and committed PostgreSQL transactions per event (each acquisition
+  bumps a key's fence; transactions from `pg_stat_database`).
 
 With `--gc-log` the servers also log their garbage-collector pauses (see
 `bench/gcprobe/sitecustomize.py`), and the script prints the full collections that
@@ -34,10 +36,10 @@ import time
 from pathlib import Path
 
 import aiohttp
-from sqlalchemy import func, select
-from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy import func, select, text
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from app.db.models import inbox, outbox
+from app.db.models import inbox, outbox, session_keys
 from tests.support.db import postgres_database
 from tests.support.servers import ServerProcess
 
@@ -67,6 +69,7 @@ async def run(events: int, sessions: int, servers: int, concurrency: int, gc_log
         serving_since = time.time()  # start-up's collections are not the load's
         cpu_before = {"servers": _cpu_seconds(procs), "postgres": _postgres_cpu_seconds()}
         engine = create_async_engine(url)
+        commits_before = await _commits(engine)
         latencies: list[float] = []
         queue: asyncio.Queue[int] = asyncio.Queue()
         for i in range(events):
@@ -117,7 +120,11 @@ async def run(events: int, sessions: int, servers: int, concurrency: int, gc_log
                 "servers": _cpu_seconds(procs) - cpu_before["servers"],
                 "postgres": _postgres_cpu_seconds() - cpu_before["postgres"],
             }
+            commits = await _commits(engine) - commits_before
             async with engine.connect() as conn:
+                acquisitions = (
+                    await conn.execute(select(func.coalesce(func.sum(session_keys.c.lease_fence), 0)))
+                ).scalar_one()
                 rows = (
                     await conn.execute(
                         select(inbox.c.created_at, outbox.c.created_at).join(
@@ -147,8 +154,25 @@ async def run(events: int, sessions: int, servers: int, concurrency: int, gc_log
         f"CPU per event: servers {cpu['servers'] / events * 1000:.2f} ms, "
         f"PostgreSQL {cpu['postgres'] / events * 1000:.2f} ms (accept and processing)"
     )
+    print(
+        f"per event: {acquisitions / events:.2f} lease acquisitions, "
+        f"{commits / events:.2f} committed transactions"
+    )
     if gc_log is not None:
         _print_gc_pauses(gc_log, serving_since)
+
+
+async def _commits(engine: AsyncEngine) -> int:
+    """Committed transactions of this database so far (the statistics lag by up to ~0.5 s)."""
+    async with engine.connect() as conn:
+        await conn.execute(text("SELECT pg_stat_clear_snapshot()"))
+        return int(
+            (
+                await conn.execute(
+                    text("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")
+                )
+            ).scalar_one()
+        )
 
 
 _TICK = os.sysconf("SC_CLK_TCK")

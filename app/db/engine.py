@@ -6,7 +6,7 @@ import time
 import weakref
 from typing import Any
 
-from sqlalchemy import event
+from sqlalchemy import event, func, true
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
@@ -83,3 +83,19 @@ def autocommit(engine: AsyncEngine) -> AsyncEngine:
     if found is None:
         found = _AUTOCOMMIT[engine] = engine.execution_options(isolation_level="AUTOCOMMIT")
     return found
+
+
+def lax_commit() -> Any:
+    """PostgreSQL: a column that makes its statement's transaction commit without a WAL flush.
+
+    `set_config('synchronous_commit', 'off', true)` evaluated by the statement itself: no
+    extra round trip, and it lasts to the end of that transaction only. Put it in the
+    RETURNING (or select list) of a write whose loss in a *database* crash is harmless
+    because it is redone: a lease taken or given up, the start of a turn (its inbox row
+    is still pending then, so the event is handled again). PostgreSQL writes the WAL in
+    order, so the next synchronous commit of any transaction (a turn's end, which records
+    the answer and marks the event done, or an accepted event) flushes these as well:
+    nothing that has left the system (an acknowledged event, a delivered reply) depends
+    on an unflushed commit. A crash of our own process loses nothing committed.
+    """
+    return func.set_config("synchronous_commit", "off", true()).label("lax_commit")

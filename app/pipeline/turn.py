@@ -240,9 +240,9 @@ class TurnHandler:
             signal.set()
 
     @asynccontextmanager
-    async def _fenced(self, lease: SessionLease) -> AsyncIterator[AsyncConnection]:
+    async def _fenced(self, lease: SessionLease, *, lax: bool = False) -> AsyncIterator[AsyncConnection]:
         async with self.engine.begin() as conn:
-            await check_fence(conn, lease)
+            await check_fence(conn, lease, lax=lax)
             yield conn
 
     async def handle(self, lease: SessionLease, rows: Sequence[InboxRow]) -> None:
@@ -471,7 +471,11 @@ class TurnHandler:
             )
 
         async def append(new: list[ChatMessage]) -> None:
-            async with self._fenced(lease) as conn:
+            # The model's tool calls are redone if a database crash loses them (the run
+            # is retried); tool results record what a tool did and wait for the disk,
+            # which also flushes the calls before them.
+            lax = all(m.role == "assistant" and m.tool_calls for m in new)
+            async with self._fenced(lease, lax=lax) as conn:
                 seqs = await self.store.append(conn, session.id, new, run_id=turn.run_id)
             await self._publish(lease.key, session.id, new, seqs, run_id=turn.run_id)
 

@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import and_, bindparam, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from app.db.engine import autocommit
+from app.db.engine import autocommit, lax_commit
 from app.db.models import INBOX_UNFINISHED, inbox, session_keys, utcnow
 from app.db.upsert import insert_for, insert_ignore
 from app.errors import LeaseLost
@@ -34,6 +34,11 @@ _K = session_keys.c
 _MINE = and_(_K.key == bindparam("k"), _K.lease_owner == bindparam("o"), _K.lease_fence == bindparam("f"))
 
 
+def _lax(dialect_name: str) -> list[Any]:
+    """Taking or giving up a lease commits without waiting for the disk (`lax_commit`)."""
+    return [lax_commit()] if dialect_name == "postgresql" else []
+
+
 def _take_free_or_new(dialect_name: str) -> Any:
     """Create the key's row holding our lease, or take the existing row's free lease: one statement."""
     owner: Any = bindparam("o")
@@ -46,7 +51,7 @@ def _take_free_or_new(dialect_name: str) -> Any:
             set_={"lease_owner": owner, "lease_fence": _K.lease_fence + 1, "lease_expires_at": expires},
             where=or_(_K.lease_owner.is_(None), _K.lease_owner == owner),
         )
-        .returning(_K.lease_fence)
+        .returning(_K.lease_fence, *_lax(dialect_name))
     )
 
 
@@ -64,11 +69,16 @@ _UNFINISHED = (
     .limit(1)
     .exists()
 )
-_RELEASE = (
-    update(session_keys).where(_MINE).values(lease_owner=None, lease_expires_at=None).returning(_UNFINISHED)
-)
+_RELEASE = {
+    name: update(session_keys)
+    .where(_MINE)
+    .values(lease_owner=None, lease_expires_at=None)
+    .returning(_UNFINISHED, *_lax(name))
+    for name in ("postgresql", "sqlite")
+}
 _ASK_UNFINISHED = select(_UNFINISHED)
 _CHECK = update(session_keys).where(_MINE).values(lease_fence=_K.lease_fence)
+_CHECK_LAX = _CHECK.returning(_K.key, lax_commit())
 
 
 async def ensure_key(conn: AsyncConnection, key: str) -> None:
@@ -112,14 +122,21 @@ async def release(engine: AsyncEngine, lease: SessionLease) -> bool:
     here, or its worker's next attempt finds the lease free.
     """
     async with autocommit(engine).connect() as conn:
-        row = (await conn.execute(_RELEASE, _mine(lease))).first()
+        row = (await conn.execute(_RELEASE[conn.dialect.name], _mine(lease))).first()
         if row is None:  # no longer ours: ask separately
             row = (await conn.execute(_ASK_UNFINISHED, {"k": lease.key})).first()
     return bool(row is not None and row[0])
 
 
-async def check_fence(conn: AsyncConnection, lease: SessionLease) -> None:
-    """Raise `LeaseLost` unless `lease` is still the key's current lease (same tx as the write)."""
-    result = await conn.execute(_CHECK, _mine(lease))
-    if result.rowcount != 1:
+async def check_fence(conn: AsyncConnection, lease: SessionLease, *, lax: bool = False) -> None:
+    """Raise `LeaseLost` unless `lease` is still the key's current lease (same tx as the write).
+
+    `lax`: the transaction commits without waiting for the disk (`lax_commit`), for writes
+    that are redone when a database crash loses them.
+    """
+    if lax and conn.dialect.name == "postgresql":
+        held = (await conn.execute(_CHECK_LAX, _mine(lease))).first() is not None
+    else:
+        held = (await conn.execute(_CHECK, _mine(lease))).rowcount == 1
+    if not held:
         raise LeaseLost(lease.key, lease.fence)
