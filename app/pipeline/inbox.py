@@ -91,6 +91,8 @@ class Inbox:
         # database before the first wake-up (bounded; other replicas' work is polled).
         self._unhandled: OrderedDict[str, None] = OrderedDict()
         self.on_accepted: Callable[[str], None] | None = None
+        # Results handed over by the turn that handled a waited-for event here.
+        self._known: dict[str, WaitResult] = {}
 
     async def accept(self, events: Sequence[InboundEvent]) -> list[AcceptResult]:
         """Store events (dedup on channel + external id) and commit; then wake the dispatcher."""
@@ -187,11 +189,14 @@ class Inbox:
 
     # --- waiting for replies (webhook ?wait=true, CLI) -----------------------------
 
-    def wake(self, event_ids: Sequence[str]) -> None:
+    def wake(self, event_ids: Sequence[str], *, result: WaitResult | None = None) -> None:
+        """The events were handled; `result`: what a waiter would read, known without asking."""
         for event_id in event_ids:
             self._unhandled.pop(event_id, None)
             waiter = self._waiters.get(event_id)
             if waiter is not None:
+                if result is not None:
+                    self._known[event_id] = result
                 waiter.set()
 
     async def wait_for_replies(self, event_id: str, timeout: float, poll: float = 0.2) -> WaitResult:
@@ -202,7 +207,9 @@ class Inbox:
         ask = event_id not in self._unhandled
         try:
             while True:
-                result = await self._replies_if_done(event_id) if ask else None
+                result = self._known.pop(event_id, None)
+                if result is None and ask:
+                    result = await self._replies_if_done(event_id)
                 if result is not None:
                     return result
                 ask = True
@@ -216,24 +223,23 @@ class Inbox:
                 waiter.clear()
         finally:
             self._waiters.pop(event_id, None)
+            self._known.pop(event_id, None)
 
     async def _replies_if_done(self, event_id: str) -> WaitResult | None:
         async with self.reader.connect() as conn:
             rows = (await conn.execute(_STATUS_AND_REPLIES, {"e": event_id})).mappings().all()
         if not rows or rows[0]["event_status"] in ACTIVE_STATUSES:
             return None
-        replies = [r for r in rows if r["id"] is not None]
         return WaitResult(
             done=True,
             replies=[
-                Reply(
-                    message_id=r["message_id"],
-                    text="\n".join(
-                        p.get("text", "") for p in r["payload"].get("parts", []) if p.get("type") == "text"
-                    ),
-                    parts=r["payload"].get("parts", []),
-                    status=r["status"],
-                )
-                for r in replies
+                reply_of(r["message_id"], r["payload"], r["status"]) for r in rows if r["id"] is not None
             ],
         )
+
+
+def reply_of(message_id: str, payload: dict[str, Any], status: str) -> Reply:
+    """A reply as a waiter returns it, from its outbox row's message id, payload and status."""
+    parts = payload.get("parts", [])
+    text = "\n".join(p.get("text", "") for p in parts if p.get("type") == "text")
+    return Reply(message_id=message_id, text=text, parts=parts, status=status)

@@ -41,7 +41,7 @@ from app.agent.loop import (
 from app.agent.policy import ToolPolicy
 from app.agent.tools import ToolContext
 from app.bus import SessionBus
-from app.channel import ChannelSettings
+from app.channel import ChannelSettings, WaitResult
 from app.db.models import approvals, messages, outbox, runs, utcnow
 from app.errors import LeaseLost
 from app.events import BusyPolicy, InboundEvent, OutboundMessage, TextPart
@@ -56,7 +56,7 @@ from app.pipeline.approvals import (
     question_text,
     timeout_events,
 )
-from app.pipeline.inbox import Inbox, InboxRow
+from app.pipeline.inbox import Inbox, InboxRow, reply_of
 from app.sessions.lease import SessionLease, check_fence
 from app.sessions.messages import ChatMessage
 from app.sessions.store import SessionState, SessionStore, message_values
@@ -183,6 +183,9 @@ class _Turn:
     # not linked by run id, so waiting clients get only the replies to their own event.
     link_rows: bool = True
     run_row: RunRow | None = None  # None: read it when saving
+    # The run was created by this turn: its answer is then the only reply of its run, and
+    # so all a waiter for its events would read.
+    new_run: bool = False
 
     @property
     def handled_ids(self) -> set[int]:
@@ -298,6 +301,7 @@ class TurnHandler:
             origin=last,
             reply_to=last,
             run_row=run_row,
+            new_run=True,
         )
         record = RunRecord(provider=self.runner.provider.name, model=self.models.get(last.channel))
         record = await self.runner.resume(
@@ -530,11 +534,14 @@ class TurnHandler:
         reply = reply_for(reply_to, final.content or "")
         rows = [*turn.rows, *extra]
         link = turn.run_id if turn.link_rows else None
+        outbox_row = outbox_values(
+            reply, session_id=session.id, run_id=turn.run_id, event_id=reply_to.event_id
+        )
         if self._one_statement:
             async with self.store.reader.connect() as conn:
                 if turn.run_row is None:  # a resumed run: its row was not read by this turn
                     await self._read_run_row(conn, turn)
-                now = utcnow()
+                now = outbox_row["created_at"]
                 trace = self._run_trace(turn, record, finished=True, now=now)
                 seq = await fused.finish(
                     conn,
@@ -542,9 +549,7 @@ class TurnHandler:
                     session_id=session.id,
                     now=now,
                     message=message_values(final, turn.run_id),
-                    reply=outbox_values(
-                        reply, session_id=session.id, run_id=turn.run_id, event_id=reply_to.event_id, now=now
-                    ),
+                    reply=outbox_row,
                     inbox_ids=[r.id for r in rows],
                     link=link,
                     run_id=turn.run_id,
@@ -555,14 +560,17 @@ class TurnHandler:
         else:
             async with self._fenced(lease) as conn:
                 seqs = await self.store.append(conn, session.id, [final], run_id=turn.run_id)
-                await insert_outbox(
-                    conn, reply, session_id=session.id, run_id=turn.run_id, event_id=reply_to.event_id
-                )
+                await conn.execute(_INSERT_OUTBOX, outbox_row)
                 await Inbox.mark(conn, [r.id for r in rows], "done", run_id=link)
                 await self._save_run(conn, turn, record, finished=True)
         # The answer is the session's newest message: the after-turn hooks count from it.
         turn.session = replace(session, next_seq=seqs[-1] + 1)
-        self.inbox.wake([r.event_id for r in rows])
+        known = None
+        if turn.new_run and turn.link_rows and not extra:
+            # Exactly what the waiter's read would return now: no second look needed.
+            answer = reply_of(outbox_row["message_id"], outbox_row["payload"], outbox_row["status"])
+            known = WaitResult(done=True, replies=[answer])
+        self.inbox.wake([r.event_id for r in rows], result=known)
         self.on_outbox()
         await self._publish(lease.key, session.id, [final], seqs, run_id=turn.run_id)
 

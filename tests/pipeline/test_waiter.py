@@ -1,0 +1,67 @@
+"""Waiting for an event's replies (`?wait=true`, the CLI) when this process handled it.
+
+The turn that answered hands its result to the waiter, which then does not read the
+database; the result is the same as the read's. Other replies (commands, another
+replica's work) are still read.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import event
+
+from app.events import InboundEvent
+from app.pipeline.inbox import Inbox
+from tests.conftest import ServeApp
+
+
+class _WaiterReads:
+    """Counts the waiter's status-and-replies reads on an engine."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.count = 0
+
+    def _seen(self, _conn: Any, _cursor: Any, statement: str, *_rest: Any) -> None:
+        if "event_status" in statement:
+            self.count += 1
+
+    def __enter__(self) -> _WaiterReads:
+        event.listen(self.engine.sync_engine, "before_cursor_execute", self._seen)
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        event.remove(self.engine.sync_engine, "before_cursor_execute", self._seen)
+
+
+def _comparable(result: Any) -> list[tuple[str, str, list[dict[str, Any]]]]:
+    return [(r.message_id, r.text, r.parts) for r in result.replies]
+
+
+async def test_a_turn_hands_its_answer_to_the_waiter_without_a_read(serve: ServeApp) -> None:
+    async with serve() as srv:
+        inbox = srv.runtime.inbox
+        for text in ("hello", "what time is it?"):  # a plain turn and one with a tool call
+            [accepted] = await inbox.accept([InboundEvent.from_text("webhook", "c1", "u1", text)])
+            with _WaiterReads(srv.runtime.engine) as reads:
+                handed = await inbox.wait_for_replies(accepted.event_id, 10)
+            assert reads.count == 0
+            assert handed.done and len(handed.replies) == 1 and handed.replies[0].text
+            assert handed.replies[0].status == "pending"  # as committed with the answer
+            read = await Inbox(srv.runtime.engine).wait_for_replies(accepted.event_id, 10)
+            assert read.done and _comparable(read) == _comparable(handed)
+
+
+async def test_command_replies_and_late_waiters_still_read(serve: ServeApp) -> None:
+    async with serve() as srv:
+        inbox = srv.runtime.inbox
+        [hello] = await inbox.accept([InboundEvent.from_text("webhook", "c1", "u1", "hello")])
+        answered = await inbox.wait_for_replies(hello.event_id, 10)
+        [command] = await inbox.accept([InboundEvent.from_text("webhook", "c1", "u1", "/new")])
+        with _WaiterReads(srv.runtime.engine) as reads:
+            new = await inbox.wait_for_replies(command.event_id, 10)
+            again = await inbox.wait_for_replies(hello.event_id, 10)  # long handled
+        assert reads.count >= 2
+        assert new.done and [r.text for r in new.replies] and new.replies[0].text != answered.replies[0].text
+        assert again.done and _comparable(again) == _comparable(answered)
