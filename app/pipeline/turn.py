@@ -571,6 +571,8 @@ class TurnHandler:
             answer = reply_of(outbox_row["message_id"], outbox_row["payload"], outbox_row["status"])
             known = WaitResult(done=True, replies=[answer])
         self.inbox.wake([r.event_id for r in rows], result=known)
+        if known is not None:
+            await asyncio.sleep(0)  # the woken waiters answer before the after-turn work
         self.on_outbox()
         await self._publish(lease.key, session.id, [final], seqs, run_id=turn.run_id)
 
