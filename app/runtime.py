@@ -161,6 +161,7 @@ class Runtime:
             approval_timeout=settings.approval_timeout_seconds,
             stop_poll=settings.stop_poll_seconds,
             on_run_finished=self._observe_run,
+            recall=self.memory.recall if self.memory.enabled else None,
         )
         self.dispatcher = Dispatcher(
             self.engine,

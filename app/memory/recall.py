@@ -29,14 +29,21 @@ RECALL_HEADER = (
 )
 
 
-def _recall_query(with_user: bool) -> Any:
-    """Recalled entries, the newest `limit` of each scope (built once per variant)."""
+def recall_query(with_user: bool, session_id: Any = None) -> Any:
+    """Recalled entries, the newest `limit` of each scope (built once per variant).
+
+    Parameters: `skey` (the session key), `limit`, `ident` (the sender's identity, with
+    the user scope) and `sid` (the session's id) unless `session_id` gives an expression
+    for it (a turn's start statement, `app.pipeline.fused`, recalls for the session it
+    opens).
+    """
+    sid = bindparam("sid") if session_id is None else session_id
     conditions: list[ColumnElement[bool]] = [
         and_(memories.c.scope == Scope.GLOBAL.value, memories.c.owner == GLOBAL_OWNER),
         and_(
             memories.c.scope == Scope.SESSION.value,
             memories.c.owner == bindparam("skey"),
-            memories.c.source_session_id == bindparam("sid"),
+            memories.c.source_session_id == sid,
         ),
     ]
     if with_user:
@@ -57,7 +64,9 @@ def _recall_query(with_user: bool) -> Any:
     )
 
 
-_RECALL = {False: _recall_query(False), True: _recall_query(True)}
+_RECALL = {False: recall_query(False), True: recall_query(True)}
+RECALLED = "recalled_memories"
+"""`ToolContext.extras` key: the turn's recall, read already (with the turn's start)."""
 
 
 class MemoryRecall:
@@ -75,17 +84,30 @@ class MemoryRecall:
         self.user_in_shared_groups = user_in_shared_groups
 
     def user_scope_allowed(self, ctx: ToolContext) -> bool:
+        return self.user_scope_allowed_for(ctx.channel, ctx.chat_type, ctx.session_key, ctx.sender_id)
+
+    def user_scope_allowed_for(self, channel: str, chat_type: str, session_key: str, sender_id: str) -> bool:
         """Whether the sender's user memory may enter this session.
 
         Always in a DM and in a `user_in_chat` group session (the sender is its only
         member); in a group session shared by several members only when configured; never
         in runs no person started (scheduled jobs).
         """
-        if not is_person(ctx.channel):
+        if not is_person(channel):
             return False
-        if ctx.chat_type != "group" or self.user_in_shared_groups:
+        if chat_type != "group" or self.user_in_shared_groups:
             return True
-        return ctx.session_key.endswith(":user:" + escape_key_component(ctx.sender_id))
+        return session_key.endswith(":user:" + escape_key_component(sender_id))
+
+    def recall_params(
+        self, channel: str, chat_type: str, session_key: str, sender_id: str
+    ) -> tuple[bool, dict[str, Any]]:
+        """Which `recall_query` variant a turn runs, and its parameters but `sid`."""
+        with_user = self.user_scope_allowed_for(channel, chat_type, session_key, sender_id)
+        params: dict[str, Any] = {"skey": session_key, "limit": self.max_items}
+        if with_user:
+            params["ident"] = identity_of(channel, sender_id)
+        return with_user, params
 
     async def filters(
         self,
@@ -120,12 +142,11 @@ class MemoryRecall:
             Scope.USER: "About the person you are talking to:",
             Scope.SESSION: "Earlier in this conversation (summaries and notes):",
         }
-        # The same owners `filters` allows, with the sender's identity link resolved in SQL.
-        with_user = self.user_scope_allowed(ctx)
-        params: dict[str, Any] = {"skey": ctx.session_key, "sid": ctx.session_id, "limit": self.max_items}
-        if with_user:
-            params["ident"] = identity_of(ctx.channel, ctx.sender_id)
-        found = await self.store.run_recall(_RECALL[with_user], params)
+        found = ctx.extras.get(RECALLED)
+        if found is None:
+            # The same owners `filters` allows, with the sender's identity link resolved in SQL.
+            with_user, params = self.recall_params(ctx.channel, ctx.chat_type, ctx.session_key, ctx.sender_id)
+            found = await self.store.run_recall(_RECALL[with_user], {**params, "sid": ctx.session_id})
         sections: list[tuple[str, list[Memory]]] = []
         for scope in (Scope.GLOBAL, Scope.USER, Scope.SESSION):
             items = [m for m in found if m.scope is scope]

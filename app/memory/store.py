@@ -72,7 +72,7 @@ def content_key(content: str, prefix: str = "note") -> str:
     return f"{prefix}:{hashlib.sha256(normal.encode()).hexdigest()[:24]}"
 
 
-def _memory(row: Any) -> Memory:
+def memory_from_row(row: Any) -> Memory:
     meta = dict(row["metadata"] or {})
     return Memory(
         id=row["id"],
@@ -159,14 +159,14 @@ class MemoryStore:
         else:
             async with self.engine.connect() as own:
                 rows = (await own.execute(query)).mappings().all()
-        found = [_memory(r) for r in rows]
+        found = [memory_from_row(r) for r in rows]
         return [m for m in found if kind is None or m.kind == kind]
 
     async def run_recall(self, query: Any, params: dict[str, Any]) -> list[Memory]:
         """Run a prepared recall query (`app.memory.recall`) on an autocommit connection."""
         async with self.reader.connect() as conn:
             rows = (await conn.execute(query, params)).mappings().all()
-        return [_memory(r) for r in rows]
+        return [memory_from_row(r) for r in rows]
 
     async def search(
         self, filters: Sequence[OwnerFilter], query: str, *, limit: int = 10, scan: int = 500

@@ -26,20 +26,23 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
+    JSON,
     BigInteger,
+    Integer,
     Table,
     and_,
     bindparam,
     func,
     insert,
     literal,
+    literal_column,
     or_,
     select,
     true,
     union_all,
     update,
 )
-from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.dialects.postgresql import ARRAY, aggregate_order_by
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
@@ -47,8 +50,12 @@ from sqlalchemy.sql.elements import ColumnElement
 from app.db.engine import lax_commit
 from app.db.models import inbox, messages, outbox, runs, session_keys, sessions
 from app.errors import LeaseLost
+from app.memory.recall import recall_query
+from app.memory.store import Memory, memory_from_row
 from app.sessions.lease import SessionLease
-from app.sessions.store import TAIL_OPEN, SessionState
+from app.sessions.messages import ChatMessage
+from app.sessions.store import TAIL_OPEN, SessionState, message_from_row, message_values
+from app.sessions.window import trim_to_legal_window
 
 _K = session_keys.c
 # No parameter is named like a column of a table the statement updates: SQLAlchemy would
@@ -196,7 +203,7 @@ def _finish_statement() -> Any:
 FINISH = _finish_statement()
 
 
-def _start_statement() -> Any:
+def _start_statement(recall: bool | None) -> Any:
     """The start of a turn in the common cases; writes nothing when neither applies.
 
     Continue: the key's current session is open, of the event's channel, active since
@@ -209,6 +216,12 @@ def _start_statement() -> Any:
 
     The fence is a locking read here, not an update: the key's row is updated once, to
     point at a new generation (one statement may not update a row twice).
+
+    It also reads what the run needs first, as it was before the statement (without the
+    new user message): the session's newest `wlimit` messages after `last_consolidated`
+    (`window`, the history window's rows, oldest first) and, unless `recall` is None, the
+    memory recall (`recalled`, `app.memory.recall.recall_query` with the user scope when
+    `recall` is true) of the opened session.
     """
     fence = (
         select(_K.key)
@@ -297,6 +310,20 @@ def _start_statement() -> Any:
         .cte("processing")
     )
     one = select(literal(1).label("one")).subquery("one")  # a row even when nothing opened
+    # The reads join `opened` themselves (no correlation): no rows when nothing opened.
+    window = (
+        select(messages)
+        .select_from(opened.join(messages, messages.c.session_id == opened.c.id))
+        .where(messages.c.seq > opened.c.last_consolidated)
+        .order_by(messages.c.seq.desc())
+        .limit(bindparam("wlimit", type_=Integer))
+        .subquery("win")
+    )
+    reads = [_rows_as_json(window, "win", window.c.seq).label("window")]
+    if recall is not None:
+        recalled = recall_query(recall, session_id=opened.c.id).subquery("recalled")
+        newest = (recalled.c.updated_at.desc(), recalled.c.id.desc())
+        reads.append(_rows_as_json(recalled, "recalled", *newest).label("recalled"))
     return select(
         _count(fence, "held"),
         *[opened.c[c.name] for c in sessions.c],
@@ -305,8 +332,20 @@ def _start_statement() -> Any:
         _count(processing, "processing"),
         _count(expire, "expired"),
         _count(point, "pointed"),
+        *reads,
         lax_commit(),  # redone if a database crash loses it: the event is still pending
     ).select_from(one.outerjoin(opened, true()))
+
+
+def _rows_as_json(rows: Any, name: str, *order: Any) -> Any:
+    """The subquery `rows` (named `name`) as one JSON array of objects, in `order`."""
+    aggregate = func.json_agg(aggregate_order_by(literal_column(name), *order), type_=JSON)
+    return (
+        select(func.coalesce(aggregate, literal_column("'[]'::json", JSON)))
+        .select_from(rows)
+        .correlate(None)
+        .scalar_subquery()
+    )
 
 
 _NEW_SESSION = (
@@ -323,7 +362,7 @@ _NEW_SESSION = (
 )
 
 
-START = _start_statement()
+START = {recall: _start_statement(recall) for recall in (None, False, True)}
 
 
 async def _execute_fenced(
@@ -342,6 +381,16 @@ class Started:
     session: SessionState  # as it is after the statement: active, `next_seq` past the message
     seq: int  # the user message's
     run_id: int
+    window: list[ChatMessage]  # the newest `wlimit` messages before it, oldest first
+    recalled: list[Memory] | None  # None: not asked
+
+
+@dataclass(frozen=True)
+class Recall:
+    """The recall a start statement runs: `recall_query(with_user)` with `params` (but `sid`)."""
+
+    with_user: bool
+    params: Mapping[str, Any]
 
 
 async def start(
@@ -354,6 +403,8 @@ async def start(
     now: datetime,
     message: Mapping[str, Any],
     run: Mapping[str, Any],
+    window_limit: int | None,
+    recall: Recall | None,
 ) -> Started | None:
     """Start a turn of one new event in one statement (see `_start_statement`).
 
@@ -366,14 +417,44 @@ async def start(
         "cutoff": cutoff,
         "now": now,
         "meta": {},
+        "wlimit": window_limit,
     }
     params.update({"m_" + name: message.get(name) for name in _MESSAGE_FIELDS})
     params.update({"r_" + name: run[name] for name in _RUN_FIELDS[1:]})
-    row = await _execute_fenced(conn, START, lease, params)
+    if recall is not None:
+        params.update(recall.params)
+    statement = START[recall.with_user if recall is not None else None]
+    row = await _execute_fenced(conn, statement, lease, params)
     if row["id"] is None:
         return None
     session = replace(SessionState.from_row(row), tail_open=False)
-    return Started(session=session, seq=row["seq"], run_id=row["run_id"])
+    return Started(
+        session=session,
+        seq=row["seq"],
+        run_id=row["run_id"],
+        window=[message_from_row(m) for m in row["window"]],
+        recalled=None if recall is None else [_memory(m) for m in row["recalled"]],
+    )
+
+
+def first_window(
+    started: Started, user: ChatMessage, *, max_messages: int | None, max_tokens: int | None
+) -> list[ChatMessage]:
+    """The run's first history window, as `SessionStore.load_window` would read it now.
+
+    The newest `max_messages` after `last_consolidated`, the new user message among them,
+    made legal. `started` read the window with `wlimit=max_messages`.
+    """
+    stored = message_from_row({**message_values(user, None), "seq": started.seq})
+    newest = [*started.window, stored]
+    if max_messages is not None:
+        newest = newest[-max_messages:]
+    return trim_to_legal_window(newest, max_messages=max_messages, max_tokens=max_tokens)
+
+
+def _memory(row: dict[str, Any]) -> Memory:
+    """A recalled entry from its JSON object (times are ISO strings there)."""
+    return memory_from_row({**row, "updated_at": datetime.fromisoformat(row["updated_at"])})
 
 
 async def finish(

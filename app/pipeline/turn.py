@@ -45,6 +45,8 @@ from app.channel import ChannelSettings, WaitResult
 from app.db.models import approvals, messages, outbox, runs, utcnow
 from app.errors import LeaseLost
 from app.events import BusyPolicy, InboundEvent, OutboundMessage, TextPart
+from app.memory.recall import RECALLED, MemoryRecall
+from app.memory.store import Memory
 from app.pipeline import fused
 from app.pipeline.approvals import (
     ApprovalRules,
@@ -168,6 +170,14 @@ _Started = tuple[SessionState, int | None, RunRow | None, list[ChatMessage], lis
 """A started turn: its session, run id and row (None: no answer due), the user messages and seqs."""
 
 
+@dataclass(frozen=True)
+class _FirstRead:
+    """What a one-statement start read for the run: its first window and memory recall."""
+
+    window: list[ChatMessage]
+    recalled: list[Memory] | None  # None: not read (memory is off)
+
+
 @dataclass
 class _Turn:
     """The mutable state of one turn: which inbox rows it answers, where the reply goes."""
@@ -186,6 +196,9 @@ class _Turn:
     # The run was created by this turn: its answer is then the only reply of its run, and
     # so all a waiter for its events would read.
     new_run: bool = False
+    # Read by the turn's start already (`_FirstRead`): the first `load_window` and the recall.
+    first_window: list[ChatMessage] | None = None
+    recalled: list[Memory] | None = None
 
     @property
     def handled_ids(self) -> set[int]:
@@ -212,8 +225,10 @@ class TurnHandler:
         approval_timeout: float = 300.0,
         stop_poll: float = 1.0,
         on_run_finished: Callable[[str, float, str], None] | None = None,
+        recall: MemoryRecall | None = None,
     ) -> None:
         self.engine = engine
+        self.recall = recall  # read with a turn's one-statement start
         self.on_run_finished = on_run_finished
         self.store = store
         self.inbox = inbox
@@ -282,9 +297,9 @@ class TurnHandler:
         events = [r.event for r in live]
         last = events[-1]
         answer = not all(e.metadata.get("no_reply") for e in events)
-        started = None
+        started, read = None, None
         if self._one_statement and answer and len(live) == 1 and live[0].attempts == 0:
-            started = await self._start_in_one_statement(lease, live[0])
+            started, read = await self._start_in_one_statement(lease, live[0])
         if started is not None:
             session, run_id, run_row, added, seqs = started
         else:
@@ -302,6 +317,8 @@ class TurnHandler:
             reply_to=last,
             run_row=run_row,
             new_run=True,
+            first_window=read.window if read is not None else None,
+            recalled=read.recalled if read is not None else None,
         )
         record = RunRecord(provider=self.runner.provider.name, model=self.models.get(last.channel))
         record = await self.runner.resume(
@@ -310,13 +327,24 @@ class TurnHandler:
         if record.outcome != "awaiting_approval":
             await self._after_turn(lease, turn.session)
 
-    async def _start_in_one_statement(self, lease: SessionLease, row: InboxRow) -> _Started | None:
-        """The common start (see `fused.start`) on PostgreSQL; None: take the general path."""
+    async def _start_in_one_statement(
+        self, lease: SessionLease, row: InboxRow
+    ) -> tuple[_Started, _FirstRead] | tuple[None, None]:
+        """The common start (see `fused.start`) on PostgreSQL; None: take the general path.
+
+        The statement also reads the run's first history window and memory recall.
+        """
         event = row.event
         channel = conversation_channel(event)
         now = utcnow()
         user = _user_message(event)
         run, run_row = self._run_values(lease.key, [event], now)
+        recall = None
+        if self.recall is not None:
+            with_user, params = self.recall.recall_params(
+                event.channel, event.chat_type.value, lease.key, event.sender_id
+            )
+            recall = fused.Recall(with_user, params)
         async with self.store.reader.connect() as conn:
             started = await fused.start(
                 conn,
@@ -327,11 +355,17 @@ class TurnHandler:
                 now=now,
                 message=message_values(user, None),
                 run=run,
+                window_limit=self.limits.max_messages,
+                recall=recall,
             )
         if started is None:
-            return None
+            return None, None
         self.store.remember(lease.key, started.session, fence=lease.fence)
-        return started.session, started.run_id, run_row, [user], [started.seq]
+        window = fused.first_window(
+            started, user, max_messages=self.limits.max_messages, max_tokens=self.limits.max_tokens
+        )
+        read = _FirstRead(window=window, recalled=started.recalled)
+        return (started.session, started.run_id, run_row, [user], [started.seq]), read
 
     async def _start(self, lease: SessionLease, live: list[InboxRow], answer: bool) -> _Started:
         """Start a turn in a transaction: any batch, retries, repairs, a new generation."""
@@ -464,12 +498,16 @@ class TurnHandler:
                 sender_id=origin.sender_id,
             ),
             chat_type=origin.chat_type.value,
+            extras={RECALLED: turn.recalled} if turn.recalled is not None else {},
         )
 
     def _hooks(self, turn: _Turn) -> RunHooks:
         lease, session = turn.lease, turn.session
 
         async def load_window() -> list[ChatMessage]:
+            if turn.first_window is not None:
+                first, turn.first_window = turn.first_window, None
+                return first
             return await self.store.load_window(
                 session, max_messages=self.limits.max_messages, max_tokens=self.limits.max_tokens
             )

@@ -79,7 +79,7 @@ class SessionState:
         )
 
 
-def message_from_row(row: RowMapping) -> ChatMessage:
+def message_from_row(row: Mapping[Any, Any]) -> ChatMessage:
     return ChatMessage(
         role=row["role"],
         content=row["content"],

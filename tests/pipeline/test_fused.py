@@ -11,19 +11,23 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import func, select, update
+from sqlalchemy import event, func, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db.engine import autocommit
 from app.db.models import inbox, messages, outbox, runs, session_keys, sessions, utcnow
 from app.errors import LeaseLost
 from app.events import InboundEvent
+from app.memory.identity import identity_of
+from app.memory.recall import MemoryRecall, recall_query
+from app.memory.store import GLOBAL_OWNER, MemoryStore, Scope
 from app.pipeline import fused
 from app.pipeline.inbox import Inbox
 from app.sessions import lease as leases
 from app.sessions.lease import SessionLease
 from app.sessions.messages import ChatMessage
 from app.sessions.store import Lifecycle, SessionStore, message_values
+from tests.conftest import ServeApp
 
 KEY = "webhook:c"
 
@@ -65,6 +69,8 @@ async def _start(engine: AsyncEngine, lease: SessionLease, inbox_id: int, **over
             prompt_tokens=0,
             completion_tokens=0,
         ),
+        window_limit=50,
+        recall=None,
     )
     args.update(overrides)
     async with autocommit(engine).connect() as conn:
@@ -205,3 +211,94 @@ async def test_a_suspended_session_is_reactivated_by_the_common_start(pg_engine:
     assert started is not None and started.session.status == "active"
     async with pg_engine.connect() as conn:
         assert (await conn.execute(select(sessions.c.status))).scalar_one() == "active"
+
+
+def _tool_group(i: int) -> list[ChatMessage]:
+    call = {"id": f"call_{i}", "type": "function", "function": {"name": "current_time", "arguments": "{}"}}
+    return [
+        ChatMessage(role="user", content=f"what time is it? {i}"),
+        ChatMessage(role="assistant", content=None, tool_calls=(call,)),
+        ChatMessage(role="tool", content=f"12:0{i % 10}", tool_call_id=f"call_{i}", name="current_time"),
+        ChatMessage(role="assistant", content=f"It is 12:0{i % 10}."),
+    ]
+
+
+HISTORIES = {
+    "answered": list(ANSWERED),
+    "tool groups": [m for i in range(8) for m in _tool_group(i)],
+    "long words": [
+        ChatMessage(role="user" if i % 2 == 0 else "assistant", content="word " * (40 * i)) for i in range(12)
+    ],
+}
+
+
+@pytest.mark.parametrize("history", list(HISTORIES))
+@pytest.mark.parametrize(
+    "limits", [(50, None), (7, None), (6, 200), (None, 400), (1, None)], ids=lambda lim: f"{lim[0]}-{lim[1]}"
+)
+async def test_the_start_reads_the_window_load_window_reads_after_it(
+    pg_engine: AsyncEngine, history: str, limits: tuple[int | None, int | None]
+) -> None:
+    max_messages, max_tokens = limits
+    store, lease, row_id = await _with_session(pg_engine, *HISTORIES[history])
+    consolidated = min(3, len(HISTORIES[history]) - 1)
+    async with pg_engine.begin() as conn:  # the older part was consolidated
+        await conn.execute(update(sessions).values(last_consolidated=consolidated))
+    user = ChatMessage(role="user", content="hello", event_id="e1")
+    started = await _start(pg_engine, lease, row_id, window_limit=max_messages)
+    assert started is not None
+    read = fused.first_window(started, user, max_messages=max_messages, max_tokens=max_tokens)
+    loaded = await store.load_window(started.session, max_messages=max_messages, max_tokens=max_tokens)
+    assert read == loaded
+    assert read[-1].content == "hello" and all(m.seq is not None and m.seq > consolidated for m in read)
+
+
+async def test_the_start_recalls_what_the_memory_recall_reads(pg_engine: AsyncEngine) -> None:
+    _, lease, row_id = await _with_session(pg_engine, *ANSWERED)
+    async with pg_engine.connect() as conn:
+        session_id = (await conn.execute(select(sessions.c.id))).scalar_one()
+    memory = MemoryStore(pg_engine)
+    await memory.put(Scope.GLOBAL, GLOBAL_OWNER, "The office opens at nine.")
+    await memory.put(Scope.USER, identity_of("webhook", "u"), "u likes tea.")
+    await memory.put(Scope.USER, identity_of("webhook", "other"), "other likes coffee.")
+    await memory.put(Scope.SESSION, KEY, "We talked about tea.", source_session_id=session_id)
+    await memory.put(Scope.SESSION, KEY, "An older generation's note.", source_session_id=session_id + 100)
+    recall = MemoryRecall(memory, max_items=12)
+    for chat_type, with_user in (("direct", True), ("scheduled", False)):
+        channel = "webhook" if with_user else "cron"
+        planned = recall.recall_params(channel, chat_type, KEY, "u")
+        assert planned[0] is with_user
+        async with pg_engine.begin() as conn:  # the next start finds the event pending again
+            await conn.execute(update(inbox).values(status="pending"))
+        started = await _start(pg_engine, lease, row_id, recall=fused.Recall(*planned))
+        assert started is not None and started.recalled is not None
+        read = await memory.run_recall(recall_query(with_user), {**planned[1], "sid": started.session.id})
+        assert started.recalled == read
+        contents = {m.content for m in started.recalled}
+        assert "other likes coffee." not in contents and "An older generation's note." not in contents
+        assert ("u likes tea." in contents) is with_user
+        assert {"The office opens at nine.", "We talked about tea."} <= contents
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+async def test_a_turn_reads_its_first_window_and_recall_with_its_start(serve: ServeApp) -> None:
+    async with serve() as srv:
+        seen: list[str] = []
+
+        def record(_conn: Any, _cursor: Any, statement: str, *_rest: Any) -> None:
+            seen.append(statement)
+
+        inbox_ = srv.runtime.inbox
+        [first] = await inbox_.accept([InboundEvent.from_text("webhook", "c", "u", "hello")])
+        assert (await inbox_.wait_for_replies(first.event_id, 10)).done
+        event.listen(srv.runtime.engine.sync_engine, "before_cursor_execute", record)
+        try:
+            [second] = await inbox_.accept([InboundEvent.from_text("webhook", "c", "u", "hello again")])
+            answered = await inbox_.wait_for_replies(second.event_id, 10)
+        finally:
+            event.remove(srv.runtime.engine.sync_engine, "before_cursor_execute", record)
+        assert answered.done and answered.replies
+        [start] = [s for s in seen if s.startswith("WITH fence AS MATERIALIZED")]
+        assert "FROM memories" in start and "json_agg(win" in start
+        alone = [s for s in seen if s is not start and ("FROM memories" in s or "FROM messages" in s)]
+        assert alone == []
