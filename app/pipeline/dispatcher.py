@@ -50,7 +50,9 @@ class Dispatcher:
         self.on_takeover = on_takeover
         self.collect_debounce = collect_debounce
         self.approval_sweep = approval_sweep
+        self.max_concurrent_runs = max_concurrent_runs
         self._runs = asyncio.Semaphore(max_concurrent_runs)
+        self._room = asyncio.Event()  # a worker ended while fewer keys than run slots had one
         self._workers: dict[str, asyncio.Task[None]] = {}
         self._again: set[str] = set()
         self._poller: asyncio.Task[None] | None = None
@@ -88,22 +90,42 @@ class Dispatcher:
         self._workers[key] = asyncio.create_task(self._drain(key), name=f"drain:{key}")
 
     async def _poll_loop(self) -> None:
+        """Take keys nobody is working on: other replicas' events, a dead worker's leftovers.
+
+        Only as many as this replica has free run slots (at least one, the longest
+        waiting): keys taken beyond that would only queue here, and another replica with
+        room, or the one that accepted them, would find them already claimed and
+        compete for their leases. When a poll filled the free slots, the next one comes
+        as soon as a slot frees up (a backlog after a restart is not held to one slot's
+        worth a poll interval).
+        """
         loop = asyncio.get_running_loop()
         next_sweep = loop.time()
         while True:
+            full = False
+            self._room.clear()
             try:
                 if loop.time() >= next_sweep:
                     # Timed-out approvals become `/deny` events of their session, handled
                     # in order under the key's lease like any other event.
                     next_sweep = loop.time() + self.approval_sweep
                     await self.handler.enqueue_expired_approvals()
-                for key in await self.inbox.claimable_keys():
+                room = max(1, self.max_concurrent_runs - len(self._workers))
+                keys = await self.inbox.claimable_keys(limit=room)
+                for key in keys:
                     self.notify(key)
+                full = len(keys) == room
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("inbox_poll_failed")
-            await asyncio.sleep(min(self.poll_interval, self.approval_sweep))
+            interval = min(self.poll_interval, self.approval_sweep)
+            if not full:
+                await asyncio.sleep(interval)
+                continue
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(interval):
+                    await self._room.wait()
 
     async def _drain(self, key: str) -> None:
         try:
@@ -120,6 +142,8 @@ class Dispatcher:
             log.exception("drain_failed", session_key=key)
         finally:
             self._workers.pop(key, None)
+            if len(self._workers) < self.max_concurrent_runs:
+                self._room.set()
 
     async def _drain_once(self, key: str) -> bool:
         """Hold the key's lease while it has events; returns whether some are left.

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import bindparam, or_, select, union_all, update
+from sqlalchemy import bindparam, func, or_, select, union_all, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.channel import AcceptResult, Reply, WaitResult
@@ -70,6 +70,17 @@ def _status_and_replies() -> Any:
 
 
 _STATUS_AND_REPLIES = _status_and_replies()
+_CLAIMABLE = (
+    select(inbox.c.session_key)
+    .select_from(inbox.outerjoin(session_keys, session_keys.c.key == inbox.c.session_key))
+    .where(
+        inbox.c.status.in_(ACTIVE_STATUSES),
+        or_(session_keys.c.lease_owner.is_(None), session_keys.c.lease_expires_at < bindparam("now")),
+    )
+    .group_by(inbox.c.session_key)
+    .order_by(func.min(inbox.c.id))
+    .limit(bindparam("limit"))
+)
 
 
 @dataclass(frozen=True)
@@ -169,22 +180,9 @@ class Inbox:
         await conn.execute(_MARK_BUMP if bump_attempts else _MARK, values)
 
     async def claimable_keys(self, limit: int = 500) -> list[str]:
-        """Keys with unfinished events whose lease is free or expired."""
-        now = utcnow()
+        """Keys with unfinished events whose lease is free or expired, longest waiting first."""
         async with self.reader.connect() as conn:
-            rows = await conn.execute(
-                select(inbox.c.session_key)
-                .distinct()
-                .select_from(inbox.outerjoin(session_keys, session_keys.c.key == inbox.c.session_key))
-                .where(
-                    inbox.c.status.in_(ACTIVE_STATUSES),
-                    or_(
-                        session_keys.c.lease_owner.is_(None),
-                        session_keys.c.lease_expires_at < now,
-                    ),
-                )
-                .limit(limit)
-            )
+            rows = await conn.execute(_CLAIMABLE, {"now": utcnow(), "limit": limit})
             return [r[0] for r in rows]
 
     # --- waiting for replies (webhook ?wait=true, CLI) -----------------------------
