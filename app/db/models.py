@@ -6,6 +6,7 @@ they are a handful of fixed queries and the ORM's unit of work would only add co
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -23,8 +24,10 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    literal,
 )
 from sqlalchemy.engine import Dialect
+from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.types import TypeDecorator
 
 metadata = MetaData(
@@ -65,6 +68,16 @@ class UTCDateTime(TypeDecorator[datetime]):
 # Rows still owed work: unfinished inbox events, undelivered outbox replies.
 INBOX_UNFINISHED = ("pending", "processing")
 OUTBOX_UNDELIVERED = ("pending", "sending")
+
+
+def one_of(column: ColumnElement[Any], values: Iterable[Any]) -> ColumnElement[bool]:
+    """`column IN (values)` with one bound parameter per value, fixed in the cached SQL.
+
+    `column.in_(values)` binds the list as one "expanding" parameter instead, which
+    SQLAlchemy renders into the statement's text anew on every execution: measurable on
+    statements that run for every event.
+    """
+    return column.in_([literal(v, column.type) for v in values])
 
 
 def utcnow() -> datetime:

@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.channel import AcceptResult, Reply, WaitResult
 from app.db.engine import autocommit
-from app.db.models import INBOX_UNFINISHED, inbox, outbox, session_keys, utcnow
+from app.db.models import INBOX_UNFINISHED, inbox, one_of, outbox, session_keys, utcnow
 from app.db.upsert import insert_ignore_for
 from app.events import InboundEvent
 
@@ -23,7 +23,7 @@ ACTIVE_STATUSES = INBOX_UNFINISHED
 
 _NEXT_ROWS = (  # built once: the dispatcher runs it before every turn
     select(inbox)
-    .where(inbox.c.session_key == bindparam("k"), inbox.c.status.in_(ACTIVE_STATUSES))
+    .where(inbox.c.session_key == bindparam("k"), one_of(inbox.c.status, ACTIVE_STATUSES))
     .order_by(inbox.c.id)
     .limit(bindparam("limit"))
 )

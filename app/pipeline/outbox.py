@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import random
 from collections import defaultdict
 from collections.abc import Callable, Mapping
@@ -22,15 +23,19 @@ from sqlalchemy.orm import aliased
 
 from app.channel import ChannelAdapter
 from app.db.engine import autocommit
-from app.db.models import OUTBOX_UNDELIVERED, outbox, utcnow
+from app.db.models import OUTBOX_UNDELIVERED, one_of, outbox, utcnow
 from app.errors import ChannelRateLimited, DeliveryError
 from app.events import OutboundMessage
 
 log = structlog.get_logger(__name__)
 
 
-def _claim_statement(skip_locked: bool) -> Any:
-    """Claim the due rows that are the oldest undelivered one of their key, in one statement."""
+@functools.cache
+def _claim_statement(skip_locked: bool, channels: tuple[str, ...]) -> Any:
+    """Claim the due rows that are the oldest undelivered one of their key, in one statement.
+
+    Built once per sender (its channels are fixed; `one_of`): it runs after every reply.
+    """
     earlier = aliased(outbox)
     now: Any = bindparam("now")
     due = or_(
@@ -40,11 +45,11 @@ def _claim_statement(skip_locked: bool) -> Any:
     blocked = exists().where(
         earlier.c.session_key == outbox.c.session_key,
         earlier.c.id < outbox.c.id,
-        earlier.c.status.in_(OUTBOX_UNDELIVERED),
+        one_of(earlier.c.status, OUTBOX_UNDELIVERED),
     )
     candidates = (
         select(outbox.c.id)
-        .where(due, ~blocked, outbox.c.channel.in_(bindparam("channels", expanding=True)))
+        .where(due, ~blocked, one_of(outbox.c.channel, channels))
         .order_by(outbox.c.id)
         .limit(bindparam("limit"))
     )
@@ -58,8 +63,6 @@ def _claim_statement(skip_locked: bool) -> Any:
     )
 
 
-# Built once: the sender claims after every reply.
-_CLAIM = {True: _claim_statement(True), False: _claim_statement(False)}
 _FINISH = update(outbox).where(outbox.c.id == bindparam("id_")).values(claimed_until=None)
 
 
@@ -146,11 +149,10 @@ class OutboxSender:
         params = {
             "now": now,
             "until": now + timedelta(seconds=self.claim_seconds),
-            "channels": list(self.adapters),
             "limit": self.batch_size,
         }
         async with self.single.connect() as conn:
-            statement = _CLAIM[conn.dialect.name == "postgresql"]
+            statement = _claim_statement(conn.dialect.name == "postgresql", tuple(sorted(self.adapters)))
             rows = (await conn.execute(statement, params)).mappings().all()
         return sorted(rows, key=lambda r: r["id"])
 

@@ -16,7 +16,7 @@ from sqlalchemy import and_, bindparam, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.db.engine import autocommit, lax_commit
-from app.db.models import INBOX_UNFINISHED, inbox, session_keys, utcnow
+from app.db.models import INBOX_UNFINISHED, inbox, one_of, session_keys, utcnow
 from app.db.upsert import insert_for, insert_ignore
 from app.errors import LeaseLost
 
@@ -65,7 +65,7 @@ _TAKE_EXPIRED = (
 _RENEW = update(session_keys).where(_MINE).values(lease_expires_at=bindparam("exp"))
 _UNFINISHED = (
     select(inbox.c.id)
-    .where(inbox.c.session_key == bindparam("k"), inbox.c.status.in_(INBOX_UNFINISHED))
+    .where(inbox.c.session_key == bindparam("k"), one_of(inbox.c.status, INBOX_UNFINISHED))
     .limit(1)
     .exists()
 )
