@@ -43,10 +43,10 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, aggregate_order_by
-from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
 
+from app.db.direct import Direct
 from app.db.engine import lax_commit
 from app.db.models import inbox, messages, outbox, runs, session_keys, sessions
 from app.errors import LeaseLost
@@ -200,7 +200,7 @@ def _finish_statement() -> Any:
     )
 
 
-FINISH = _finish_statement()
+FINISH = Direct(_finish_statement())
 
 
 def _start_statement(recall: bool | None) -> Any:
@@ -362,15 +362,15 @@ _NEW_SESSION = (
 )
 
 
-START = {recall: _start_statement(recall) for recall in (None, False, True)}
+START = {recall: Direct(_start_statement(recall)) for recall in (None, False, True)}
 
 
 async def _execute_fenced(
-    conn: AsyncConnection, statement: Any, lease: SessionLease, params: dict[str, Any]
-) -> RowMapping:
+    conn: AsyncConnection, statement: Direct, lease: SessionLease, params: dict[str, Any]
+) -> Any:
     """Run `statement` with the lease's parameters; `LeaseLost` when its fence had no row."""
     params.update(k=lease.key, o=lease.owner, f=lease.fence)
-    row = (await conn.execute(statement, params)).mappings().one()
+    row = await statement.one(conn, params)
     if row["held"] != 1:
         raise LeaseLost(lease.key, lease.fence)
     return row

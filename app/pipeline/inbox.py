@@ -13,6 +13,7 @@ from sqlalchemy import bindparam, func, or_, select, union_all, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.channel import AcceptResult, Reply, WaitResult
+from app.db.direct import Direct
 from app.db.engine import autocommit
 from app.db.models import INBOX_UNFINISHED, inbox, one_of, outbox, session_keys, utcnow
 from app.db.upsert import insert_ignore_for
@@ -21,7 +22,7 @@ from app.events import InboundEvent
 ACTIVE_STATUSES = INBOX_UNFINISHED
 
 
-_NEXT_ROWS = (  # built once: the dispatcher runs it before every turn
+_NEXT_ROWS = Direct(  # built once: the dispatcher runs it before every turn
     select(inbox)
     .where(inbox.c.session_key == bindparam("k"), one_of(inbox.c.status, ACTIVE_STATUSES))
     .order_by(inbox.c.id)
@@ -31,9 +32,23 @@ _NEXT_ROWS = (  # built once: the dispatcher runs it before every turn
 _MARK = update(inbox).where(inbox.c.id.in_(bindparam("ids", expanding=True)))
 _MARK_BUMP = _MARK.values(attempts=inbox.c.attempts + 1)
 # Ingest, built once per backend: the values come with the parameters.
-_INSERT = inbox.insert()
+_INGESTED = (
+    "event_id",
+    "channel",
+    "external_id",
+    "session_key",
+    "payload",
+    "status",
+    "attempts",
+    "created_at",
+    "updated_at",
+)
+_VALUES = {name: bindparam(name, type_=inbox.c[name].type) for name in _INGESTED}
+_INSERT = Direct(inbox.insert().values(_VALUES))
 _INSERT_NEW = {
-    name: insert_ignore_for(name, inbox, ["channel", "external_id"]).returning(inbox.c.id)
+    name: Direct(
+        insert_ignore_for(name, inbox, ["channel", "external_id"]).values(_VALUES).returning(inbox.c.id)
+    )
     for name in ("postgresql", "sqlite")
 }
 _ORIGINAL = select(inbox.c.event_id, inbox.c.session_key).where(
@@ -113,7 +128,7 @@ class Inbox:
         single = len(events) == 1
         async with self.reader.connect() if single else self.engine.begin() as conn:
             for event in events:
-                results.append(await self._insert(conn, event, now))
+                results.append(await self._insert(conn, event, now, alone=single))
         for res in results:
             if not res.duplicate:
                 self._unhandled[res.event_id] = None
@@ -123,7 +138,10 @@ class Inbox:
                     self.on_accepted(res.session_key)
         return results
 
-    async def _insert(self, conn: AsyncConnection, event: InboundEvent, now: datetime) -> AcceptResult:
+    async def _insert(
+        self, conn: AsyncConnection, event: InboundEvent, now: datetime, *, alone: bool = False
+    ) -> AcceptResult:
+        """Insert the event; `alone`: on an autocommit connection (else in a transaction)."""
         key = event.session_key
         values = dict(
             event_id=event.event_id,
@@ -137,9 +155,16 @@ class Inbox:
             updated_at=now,
         )
         if event.external_id is None:
-            await conn.execute(_INSERT, values)
+            if alone:
+                await _INSERT.rows(conn, values)
+            else:
+                await conn.execute(_INSERT.statement, values)
             return AcceptResult(event_id=event.event_id, session_key=key)
-        inserted = (await conn.execute(_INSERT_NEW[conn.dialect.name], values)).first()
+        insert = _INSERT_NEW[conn.dialect.name]
+        if alone:
+            inserted = await insert.first(conn, values)
+        else:
+            inserted = (await conn.execute(insert.statement, values)).first()
         if inserted is not None:
             return AcceptResult(event_id=event.event_id, session_key=key)
         original = (await conn.execute(_ORIGINAL, {"ch": event.channel, "ext": event.external_id})).one()
@@ -149,7 +174,7 @@ class Inbox:
 
     async def next_rows(self, key: str, limit: int) -> list[InboxRow]:
         async with self.reader.connect() as conn:
-            rows = (await conn.execute(_NEXT_ROWS, {"k": key, "limit": limit})).mappings().all()
+            rows = await _NEXT_ROWS.rows(conn, {"k": key, "limit": limit})
         return [
             InboxRow(
                 id=r["id"],

@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import and_, bindparam, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from app.db.direct import Direct
 from app.db.engine import autocommit, lax_commit
 from app.db.models import INBOX_UNFINISHED, inbox, one_of, session_keys, utcnow
 from app.db.upsert import insert_for, insert_ignore
@@ -55,7 +56,7 @@ def _take_free_or_new(dialect_name: str) -> Any:
     )
 
 
-_TAKE = {name: _take_free_or_new(name) for name in ("postgresql", "sqlite")}
+_TAKE = {name: Direct(_take_free_or_new(name)) for name in ("postgresql", "sqlite")}
 _TAKE_EXPIRED = (
     update(session_keys)
     .where(_K.key == bindparam("k"), _K.lease_owner != bindparam("o"), _K.lease_expires_at < bindparam("now"))
@@ -70,10 +71,12 @@ _UNFINISHED = (
     .exists()
 )
 _RELEASE = {
-    name: update(session_keys)
-    .where(_MINE)
-    .values(lease_owner=None, lease_expires_at=None)
-    .returning(_UNFINISHED, *_lax(name))
+    name: Direct(
+        update(session_keys)
+        .where(_MINE)
+        .values(lease_owner=None, lease_expires_at=None)
+        .returning(_UNFINISHED.label("unfinished"), *_lax(name))
+    )
     for name in ("postgresql", "sqlite")
 }
 _ASK_UNFINISHED = select(_UNFINISHED)
@@ -97,9 +100,9 @@ async def acquire(
     params = {"k": key, "o": owner, "exp": now + timedelta(seconds=ttl), "now": now}
     # Each statement is atomic on its own: no transaction around them (no BEGIN/COMMIT).
     async with autocommit(engine).connect() as conn:
-        fence = (await conn.execute(_TAKE[conn.dialect.name], params)).scalar()
-        if fence is not None:
-            return SessionLease(key, owner, fence)
+        taken = await _TAKE[conn.dialect.name].first(conn, params)
+        if taken is not None:
+            return SessionLease(key, owner, taken["lease_fence"])
         fence = (await conn.execute(_TAKE_EXPIRED, params)).scalar()
     return SessionLease(key, owner, fence, took_over=True) if fence is not None else None
 
@@ -122,9 +125,11 @@ async def release(engine: AsyncEngine, lease: SessionLease) -> bool:
     here, or its worker's next attempt finds the lease free.
     """
     async with autocommit(engine).connect() as conn:
-        row = (await conn.execute(_RELEASE[conn.dialect.name], _mine(lease))).first()
-        if row is None:  # no longer ours: ask separately
-            row = (await conn.execute(_ASK_UNFINISHED, {"k": lease.key})).first()
+        released = await _RELEASE[conn.dialect.name].first(conn, _mine(lease))
+        if released is not None:
+            return bool(released["unfinished"])
+        # No longer ours: ask separately.
+        row = (await conn.execute(_ASK_UNFINISHED, {"k": lease.key})).first()
     return bool(row is not None and row[0])
 
 

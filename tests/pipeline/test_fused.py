@@ -285,18 +285,22 @@ async def test_a_turn_reads_its_first_window_and_recall_with_its_start(serve: Se
     async with serve() as srv:
         seen: list[str] = []
 
-        def record(_conn: Any, _cursor: Any, statement: str, *_rest: Any) -> None:
-            seen.append(statement)
+        def logged(query: Any) -> None:  # asyncpg's query logger: every statement, however run
+            seen.append(query.query)
+
+        def checkout(dbapi_conn: Any, *_rest: Any) -> None:
+            dbapi_conn.driver_connection.add_query_logger(logged)
 
         inbox_ = srv.runtime.inbox
         [first] = await inbox_.accept([InboundEvent.from_text("webhook", "c", "u", "hello")])
         assert (await inbox_.wait_for_replies(first.event_id, 10)).done
-        event.listen(srv.runtime.engine.sync_engine, "before_cursor_execute", record)
+        pool = srv.runtime.engine.sync_engine.pool
+        event.listen(pool, "checkout", checkout)
         try:
             [second] = await inbox_.accept([InboundEvent.from_text("webhook", "c", "u", "hello again")])
             answered = await inbox_.wait_for_replies(second.event_id, 10)
         finally:
-            event.remove(srv.runtime.engine.sync_engine, "before_cursor_execute", record)
+            event.remove(pool, "checkout", checkout)
         assert answered.done and answered.replies
         [start] = [s for s in seen if s.startswith("WITH fence AS MATERIALIZED")]
         assert "FROM memories" in start and "json_agg(win" in start

@@ -45,7 +45,8 @@ async def test_a_turn_hands_its_answer_to_the_waiter_without_a_read(serve: Serve
         for text in ("hello", "what time is it?"):  # a plain turn and one with a tool call
             [accepted] = await inbox.accept([InboundEvent.from_text("webhook", "c1", "u1", text)])
             with _WaiterReads(srv.runtime.engine) as reads:
-                handed = await inbox.wait_for_replies(accepted.event_id, 10)
+                # A long poll: the waiter's periodic look (for other replicas' work) stays out.
+                handed = await inbox.wait_for_replies(accepted.event_id, 10, poll=10)
             assert reads.count == 0
             assert handed.done and len(handed.replies) == 1 and handed.replies[0].text
             assert handed.replies[0].status == "pending"  # as committed with the answer

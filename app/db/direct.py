@@ -1,0 +1,82 @@
+"""PostgreSQL: the hottest statements run on the pooled connection's asyncpg driver.
+
+SQLAlchemy's per-execution work (the execution context, parameter construction through
+the compiled statement, result metadata, the greenlet hop) was about a third of a loaded
+server's CPU, more than asyncpg's own. A `Direct` statement keeps what SQLAlchemy
+computes once — the SQL text with its casts, the positional order of the parameters and
+each parameter's type processor (JSON, UTC times) — and the pool (checkout, the idle
+ping, invalidation), and skips the rest: the arguments go straight to asyncpg, whose
+prepared-statement cache holds the statement, and its records come back as rows.
+
+Only for statements that are one autocommit unit (no transaction of SQLAlchemy's is
+open on the connection) and whose result columns need no result processing beyond the
+connection's JSON codecs, which SQLAlchemy's dialect installs on every connection. On
+SQLite (and any other backend) the statement runs through SQLAlchemy as usual.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+from sqlalchemy.engine import Dialect
+from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.sql import ClauseElement, Executable
+
+
+@dataclass(frozen=True)
+class _Plan:
+    sql: str
+    names: tuple[str, ...]
+    defaults: Mapping[str, Any]
+    processors: tuple[Callable[[Any], Any] | None, ...]
+
+
+class Direct:
+    """A Core statement compiled once for asyncpg; `rows()` runs it (see the module)."""
+
+    def __init__(self, statement: Executable) -> None:
+        self.statement = statement
+        self._plan: _Plan | None = None
+
+    def _plan_for(self, dialect: Dialect) -> _Plan:
+        if self._plan is None:
+            compiled = cast(Any, cast(ClauseElement, self.statement).compile(dialect=dialect))
+            names = tuple(compiled.positiontup or ())
+            processors = tuple(
+                compiled.binds[name].type.dialect_impl(dialect).bind_processor(dialect) for name in names
+            )
+            self._plan = _Plan(compiled.string, names, dict(compiled.params), processors)
+        return self._plan
+
+    async def rows(self, conn: AsyncConnection, params: Mapping[str, Any]) -> Sequence[Any]:
+        """The result rows (indexable by column name and position)."""
+        if conn.dialect.name != "postgresql":
+            result = await conn.execute(self.statement, dict(params))
+            return result.mappings().all() if result.returns_rows else []
+        plan = self._plan_for(conn.dialect)
+        args = []
+        for name, process in zip(plan.names, plan.processors, strict=True):
+            value = params[name] if name in params else plan.defaults[name]
+            args.append(process(value) if process is not None else value)
+        raw = await conn.get_raw_connection()
+        driver = raw.driver_connection
+        assert driver is not None
+        try:
+            return await driver.fetch(plan.sql, *args)
+        except BaseException as exc:
+            # These statements fail for nothing but a broken or terminated connection, a
+            # cancellation mid-statement or a server shutting down: never back to the pool.
+            await conn.invalidate(exc if isinstance(exc, Exception) else None)
+            raise
+
+    async def one(self, conn: AsyncConnection, params: Mapping[str, Any]) -> Any:
+        rows = await self.rows(conn, params)
+        if len(rows) != 1:
+            raise RuntimeError(f"expected one row, got {len(rows)}")
+        return rows[0]
+
+    async def first(self, conn: AsyncConnection, params: Mapping[str, Any]) -> Any | None:
+        rows = await self.rows(conn, params)
+        return rows[0] if rows else None

@@ -1,0 +1,54 @@
+"""`Direct` statements: the same rows as through SQLAlchemy, and the pool stays healthy."""
+
+from __future__ import annotations
+
+import asyncpg
+import pytest
+from sqlalchemy import bindparam, func, select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.db.direct import Direct
+from app.db.engine import autocommit
+from app.db.models import inbox
+from app.events import InboundEvent
+from app.pipeline.inbox import Inbox
+
+BACKEND = Direct(select(func.pg_backend_pid().label("pid")))
+
+
+async def test_direct_rows_equal_sqlalchemys(engine: AsyncEngine) -> None:
+    inbox_ = Inbox(engine)
+    for text in ("one", "two"):
+        await inbox_.accept([InboundEvent.from_text("webhook", "c", "u", text)])
+    statement = Direct(
+        select(inbox)
+        .where(inbox.c.session_key == bindparam("k"), inbox.c.status == "pending")
+        .order_by(inbox.c.id)
+    )
+    async with autocommit(engine).connect() as conn:
+        direct = [dict(r) for r in await statement.rows(conn, {"k": "webhook:c"})]
+        through = [dict(r) for r in (await conn.execute(statement.statement, {"k": "webhook:c"})).mappings()]
+    assert direct == through
+    assert [InboundEvent.model_validate(r["payload"]).text for r in direct] == ["one", "two"]  # JSON decoded
+    assert all(r["created_at"].tzinfo is not None for r in direct)
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+async def test_a_connection_that_died_under_a_statement_leaves_the_pool(
+    engine: AsyncEngine, db_url: str
+) -> None:
+    single = autocommit(engine)
+    async with single.connect() as conn:
+        first = (await BACKEND.one(conn, {}))["pid"]
+    admin = await asyncpg.connect(db_url.replace("postgresql+asyncpg://", "postgresql://"))
+    try:
+        await admin.execute("SELECT pg_terminate_backend($1)", first)
+    finally:
+        await admin.close()
+    # asyncpg reports it in several ways (terminated, closed, protocol state): any is fine.
+    with pytest.raises(Exception):  # noqa: B017
+        async with single.connect() as conn:
+            await BACKEND.one(conn, {})
+    async with single.connect() as conn:
+        second = (await BACKEND.one(conn, {}))["pid"]
+    assert second != first
