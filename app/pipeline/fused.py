@@ -203,6 +203,31 @@ def _finish_statement() -> Any:
 FINISH = Direct(_finish_statement())
 
 
+def _append_statement(lax: bool) -> Any:
+    """One message appended during a run (a tool call, a tool result): fence, seq, row."""
+    fence = _fence()
+    bump = (
+        update(sessions)
+        .where(sessions.c.id == bindparam("sid"), select(fence.c.key).exists())
+        .values(
+            next_seq=sessions.c.next_seq + 1,
+            last_active_at=bindparam("now"),
+            updated_at=bindparam("now"),
+        )
+        .returning(sessions.c.id, sessions.c.next_seq)
+        .cte("bump")
+    )
+    message = _insert_message(bump)
+    return select(
+        _count(fence, "held"),
+        select(message.c.seq).scalar_subquery().label("seq"),
+        *([lax_commit()] if lax else []),
+    )
+
+
+APPEND = {lax: Direct(_append_statement(lax)) for lax in (False, True)}
+
+
 def _start_statement(recall: bool | None) -> Any:
     """The start of a turn in the common cases; writes nothing when neither applies.
 
@@ -485,6 +510,27 @@ async def finish(
     params.update({"o_" + name: reply[name] for name in _OUTBOX_FIELDS})
     params.update({"r_" + name: trace.get(name) for name in _RUN_TRACE})
     row = await _execute_fenced(conn, FINISH, lease, params)
+    if row["seq"] is None:
+        raise RuntimeError(f"session {session_id} of {lease.key!r} is gone")
+    return int(row["seq"])
+
+
+async def append(
+    conn: AsyncConnection,
+    lease: SessionLease,
+    *,
+    session_id: int,
+    now: datetime,
+    message: Mapping[str, Any],
+    lax: bool,
+) -> int:
+    """Append one message in one statement; returns its seq (`lax`: see `lax_commit`).
+
+    Raises `LeaseLost`, having written nothing, when the lease is no longer ours.
+    """
+    params: dict[str, Any] = {"sid": session_id, "now": now}
+    params.update({"m_" + name: message.get(name) for name in _MESSAGE_FIELDS})
+    row = await _execute_fenced(conn, APPEND[lax], lease, params)
     if row["seq"] is None:
         raise RuntimeError(f"session {session_id} of {lease.key!r} is gone")
     return int(row["seq"])

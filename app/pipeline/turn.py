@@ -517,8 +517,20 @@ class TurnHandler:
             # is retried); tool results record what a tool did and wait for the disk,
             # which also flushes the calls before them.
             lax = all(m.role == "assistant" and m.tool_calls for m in new)
-            async with self._fenced(lease, lax=lax) as conn:
-                seqs = await self.store.append(conn, session.id, new, run_id=turn.run_id)
+            if self._one_statement and len(new) == 1:
+                async with self.store.reader.connect() as conn:
+                    seq = await fused.append(
+                        conn,
+                        lease,
+                        session_id=session.id,
+                        now=utcnow(),
+                        message=message_values(new[0], turn.run_id),
+                        lax=lax,
+                    )
+                seqs = [seq]
+            else:
+                async with self._fenced(lease, lax=lax) as conn:
+                    seqs = await self.store.append(conn, session.id, new, run_id=turn.run_id)
             await self._publish(lease.key, session.id, new, seqs, run_id=turn.run_id)
 
         async def finish(final: ChatMessage, record: RunRecord) -> None:

@@ -306,3 +306,39 @@ async def test_a_turn_reads_its_first_window_and_recall_with_its_start(serve: Se
         assert "FROM memories" in start and "json_agg(win" in start
         alone = [s for s in seen if s is not start and ("FROM memories" in s or "FROM messages" in s)]
         assert alone == []
+
+
+async def test_a_run_appends_one_message_in_one_statement_and_only_under_its_lease(
+    pg_engine: AsyncEngine,
+) -> None:
+    store, lease, row_id = await _with_session(pg_engine, *ANSWERED)
+    started = await _start(pg_engine, lease, row_id)
+    assert started is not None
+    call = _tool_group(1)[1]
+    async with autocommit(pg_engine).connect() as conn:
+        seq = await fused.append(
+            conn,
+            lease,
+            session_id=started.session.id,
+            now=utcnow(),
+            message=message_values(call, started.run_id),
+            lax=True,
+        )
+    assert seq == started.seq + 1
+    stored = await store.all_messages(started.session.id)
+    assert [m.seq for m in stored] == [1, 2, 3, 4] and stored[-1].tool_calls == call.tool_calls
+    assert (await _counts(pg_engine))["next_seq"] == [5]
+    later = utcnow() + timedelta(seconds=31)
+    assert await leases.acquire(pg_engine, KEY, "another", ttl=30, now=later) is not None
+    before = await _counts(pg_engine)
+    with pytest.raises(LeaseLost):
+        async with autocommit(pg_engine).connect() as conn:
+            await fused.append(
+                conn,
+                lease,
+                session_id=started.session.id,
+                now=utcnow(),
+                message=message_values(_tool_group(1)[2], started.run_id),
+                lax=False,
+            )
+    assert await _counts(pg_engine) == before
