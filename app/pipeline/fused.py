@@ -14,6 +14,10 @@ conditioned on that row, so a worker whose lease was taken over writes nothing a
 learns it from the result. All CTEs read the rows as they were before the statement;
 what one writes, another sees only through its RETURNING.
 
+The start also reads what the run needs first (its history window and memory recall),
+and a message appended during a run (a tool call, a tool result) is one statement too.
+The statements run on asyncpg directly (`app.db.direct`).
+
 SQLite has no data-modifying CTEs: there the same writes run one by one in a transaction
 (`app.pipeline.turn`), which is what the tests compare this against on both backends.
 """

@@ -330,7 +330,7 @@ class TurnHandler:
     async def _start_in_one_statement(
         self, lease: SessionLease, row: InboxRow
     ) -> tuple[_Started, _FirstRead] | tuple[None, None]:
-        """The common start (see `fused.start`) on PostgreSQL; None: take the general path.
+        """The common start (see `fused.start`) on PostgreSQL; (None, None): take the general path.
 
         The statement also reads the run's first history window and memory recall.
         """
