@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.orm import aliased
 
 from app.channel import ChannelAdapter
+from app.db.direct import Direct
 from app.db.engine import autocommit
 from app.db.models import OUTBOX_UNDELIVERED, one_of, outbox, utcnow
 from app.errors import ChannelRateLimited, DeliveryError
@@ -31,10 +32,11 @@ log = structlog.get_logger(__name__)
 
 
 @functools.cache
-def _claim_statement(skip_locked: bool, channels: tuple[str, ...]) -> Any:
+def _claim_statement(skip_locked: bool, channels: tuple[str, ...]) -> Direct:
     """Claim the due rows that are the oldest undelivered one of their key, in one statement.
 
-    Built once per sender (its channels are fixed; `one_of`): it runs after every reply.
+    Built once per sender (its channels are fixed; `one_of`): it runs after every reply,
+    on asyncpg directly (`app.db.direct`).
     """
     earlier = aliased(outbox)
     now: Any = bindparam("now")
@@ -55,7 +57,7 @@ def _claim_statement(skip_locked: bool, channels: tuple[str, ...]) -> Any:
     )
     if skip_locked:  # PostgreSQL: replicas claiming at once pass over each other's rows
         candidates = candidates.with_for_update(skip_locked=True)
-    return (
+    return Direct(
         update(outbox)
         .where(outbox.c.id.in_(candidates.scalar_subquery()))
         .values(status="sending", claimed_until=bindparam("until"), attempts=outbox.c.attempts + 1)
@@ -153,7 +155,7 @@ class OutboxSender:
         }
         async with self.single.connect() as conn:
             statement = _claim_statement(conn.dialect.name == "postgresql", tuple(sorted(self.adapters)))
-            rows = (await conn.execute(statement, params)).mappings().all()
+            rows = await statement.rows(conn, params)
         return sorted(rows, key=lambda r: r["id"])
 
     async def _deliver_key(self, rows: list[Any]) -> None:
