@@ -8,10 +8,11 @@ each parameter's type processor (JSON, UTC times) — and the pool (checkout, th
 ping, invalidation), and skips the rest: the arguments go straight to asyncpg, whose
 prepared-statement cache holds the statement, and its records come back as rows.
 
-Only for statements that are one autocommit unit (no transaction of SQLAlchemy's is
-open on the connection) and whose result columns need no result processing beyond the
-connection's JSON codecs, which SQLAlchemy's dialect installs on every connection. On
-SQLite (and any other backend) the statement runs through SQLAlchemy as usual.
+Only for statements whose result columns need no result processing beyond the
+connection's JSON codecs, which SQLAlchemy's dialect installs on every connection. Only
+on an autocommit connection (`app.db.engine.autocommit`): in a transaction of
+SQLAlchemy's, and on SQLite, the statement runs through SQLAlchemy as usual, so it is
+never taken out of the caller's transaction.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ class Direct:
 
     async def rows(self, conn: AsyncConnection, params: Mapping[str, Any]) -> Sequence[Any]:
         """The result rows (indexable by column name and position)."""
-        if conn.dialect.name != "postgresql":
+        if conn.dialect.name != "postgresql" or not _autocommit(conn):
             result = await conn.execute(self.statement, dict(params))
             return result.mappings().all() if result.returns_rows else []
         plan = self._plan_for(conn.dialect)
@@ -80,3 +81,8 @@ class Direct:
     async def first(self, conn: AsyncConnection, params: Mapping[str, Any]) -> Any | None:
         rows = await self.rows(conn, params)
         return rows[0] if rows else None
+
+
+def _autocommit(conn: AsyncConnection) -> bool:
+    sync = conn.sync_connection
+    return sync is not None and sync.get_execution_options().get("isolation_level") == "AUTOCOMMIT"

@@ -154,13 +154,12 @@ def _count(cte: Any, label: str) -> Any:
     return select(func.count()).select_from(cte).scalar_subquery().label(label)
 
 
-def _finish_statement() -> Any:
-    """The end of a turn: answer, outbox row, inbox rows done, run trace; one statement."""
+def _fenced_message() -> tuple[Any, Any, Any]:
+    """The fence check, the session's seq bump under it and the one message row numbered by it."""
     fence = _fence()
-    held = select(fence.c.key).exists()
     bump = (
         update(sessions)
-        .where(sessions.c.id == bindparam("sid"), held)
+        .where(sessions.c.id == bindparam("sid"), select(fence.c.key).exists())
         .values(
             next_seq=sessions.c.next_seq + 1,
             last_active_at=bindparam("now"),
@@ -169,7 +168,12 @@ def _finish_statement() -> Any:
         .returning(sessions.c.id, sessions.c.next_seq)
         .cte("bump")
     )
-    message = _insert_message(bump)
+    return fence, bump, _insert_message(bump)
+
+
+def _finish_statement() -> Any:
+    """The end of a turn: answer, outbox row, inbox rows done, run trace; one statement."""
+    fence, bump, message = _fenced_message()
     landed = select(bump.c.id).exists()  # all or nothing: the rest only with the answer
     reply = (
         insert(outbox)
@@ -209,19 +213,7 @@ FINISH = Direct(_finish_statement())
 
 def _append_statement(lax: bool) -> Any:
     """One message appended during a run (a tool call, a tool result): fence, seq, row."""
-    fence = _fence()
-    bump = (
-        update(sessions)
-        .where(sessions.c.id == bindparam("sid"), select(fence.c.key).exists())
-        .values(
-            next_seq=sessions.c.next_seq + 1,
-            last_active_at=bindparam("now"),
-            updated_at=bindparam("now"),
-        )
-        .returning(sessions.c.id, sessions.c.next_seq)
-        .cte("bump")
-    )
-    message = _insert_message(bump)
+    fence, _, message = _fenced_message()
     return select(
         _count(fence, "held"),
         select(message.c.seq).scalar_subquery().label("seq"),
@@ -475,10 +467,7 @@ def first_window(
     made legal. `started` read the window with `wlimit=max_messages`.
     """
     stored = message_from_row({**message_values(user, None), "seq": started.seq})
-    newest = [*started.window, stored]
-    if max_messages is not None:
-        newest = newest[-max_messages:]
-    return trim_to_legal_window(newest, max_messages=max_messages, max_tokens=max_tokens)
+    return trim_to_legal_window([*started.window, stored], max_messages=max_messages, max_tokens=max_tokens)
 
 
 def _memory(row: dict[str, Any]) -> Memory:
@@ -513,10 +502,7 @@ async def finish(
     params.update({"m_" + name: message.get(name) for name in _MESSAGE_FIELDS})
     params.update({"o_" + name: reply[name] for name in _OUTBOX_FIELDS})
     params.update({"r_" + name: trace.get(name) for name in _RUN_TRACE})
-    row = await _execute_fenced(conn, FINISH, lease, params)
-    if row["seq"] is None:
-        raise RuntimeError(f"session {session_id} of {lease.key!r} is gone")
-    return int(row["seq"])
+    return _appended_seq(await _execute_fenced(conn, FINISH, lease, params), session_id, lease)
 
 
 async def append(
@@ -534,7 +520,10 @@ async def append(
     """
     params: dict[str, Any] = {"sid": session_id, "now": now}
     params.update({"m_" + name: message.get(name) for name in _MESSAGE_FIELDS})
-    row = await _execute_fenced(conn, APPEND[lax], lease, params)
+    return _appended_seq(await _execute_fenced(conn, APPEND[lax], lease, params), session_id, lease)
+
+
+def _appended_seq(row: Any, session_id: int, lease: SessionLease) -> int:
     if row["seq"] is None:
         raise RuntimeError(f"session {session_id} of {lease.key!r} is gone")
     return int(row["seq"])

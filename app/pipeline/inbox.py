@@ -89,7 +89,7 @@ _CLAIMABLE = (
     select(inbox.c.session_key)
     .select_from(inbox.outerjoin(session_keys, session_keys.c.key == inbox.c.session_key))
     .where(
-        inbox.c.status.in_(ACTIVE_STATUSES),
+        one_of(inbox.c.status, ACTIVE_STATUSES),
         or_(session_keys.c.lease_owner.is_(None), session_keys.c.lease_expires_at < bindparam("now")),
     )
     .group_by(inbox.c.session_key)
@@ -128,7 +128,7 @@ class Inbox:
         single = len(events) == 1
         async with self.reader.connect() if single else self.engine.begin() as conn:
             for event in events:
-                results.append(await self._insert(conn, event, now, alone=single))
+                results.append(await self._insert(conn, event, now))
         for res in results:
             if not res.duplicate:
                 self._unhandled[res.event_id] = None
@@ -138,10 +138,7 @@ class Inbox:
                     self.on_accepted(res.session_key)
         return results
 
-    async def _insert(
-        self, conn: AsyncConnection, event: InboundEvent, now: datetime, *, alone: bool = False
-    ) -> AcceptResult:
-        """Insert the event; `alone`: on an autocommit connection (else in a transaction)."""
+    async def _insert(self, conn: AsyncConnection, event: InboundEvent, now: datetime) -> AcceptResult:
         key = event.session_key
         values = dict(
             event_id=event.event_id,
@@ -155,16 +152,9 @@ class Inbox:
             updated_at=now,
         )
         if event.external_id is None:
-            if alone:
-                await _INSERT.rows(conn, values)
-            else:
-                await conn.execute(_INSERT.statement, values)
+            await _INSERT.rows(conn, values)
             return AcceptResult(event_id=event.event_id, session_key=key)
-        insert = _INSERT_NEW[conn.dialect.name]
-        if alone:
-            inserted = await insert.first(conn, values)
-        else:
-            inserted = (await conn.execute(insert.statement, values)).first()
+        inserted = await _INSERT_NEW[conn.dialect.name].first(conn, values)
         if inserted is not None:
             return AcceptResult(event_id=event.event_id, session_key=key)
         original = (await conn.execute(_ORIGINAL, {"ch": event.channel, "ext": event.external_id})).one()

@@ -191,11 +191,9 @@ class _Turn:
     run_started: float = field(default_factory=time.monotonic)
     # A run resumed by /approve already has replies (the question): its new inbox rows are
     # not linked by run id, so waiting clients get only the replies to their own event.
+    # Otherwise the run is this turn's own, and its answer is the run's only reply.
     link_rows: bool = True
     run_row: RunRow | None = None  # None: read it when saving
-    # The run was created by this turn: its answer is then the only reply of its run, and
-    # so all a waiter for its events would read.
-    new_run: bool = False
     # Read by the turn's start already (`_FirstRead`): the first `load_window` and the recall.
     first_window: list[ChatMessage] | None = None
     recalled: list[Memory] | None = None
@@ -258,9 +256,9 @@ class TurnHandler:
             signal.set()
 
     @asynccontextmanager
-    async def _fenced(self, lease: SessionLease, *, lax: bool = False) -> AsyncIterator[AsyncConnection]:
+    async def _fenced(self, lease: SessionLease) -> AsyncIterator[AsyncConnection]:
         async with self.engine.begin() as conn:
-            await check_fence(conn, lease, lax=lax)
+            await check_fence(conn, lease)
             yield conn
 
     async def handle(self, lease: SessionLease, rows: Sequence[InboxRow]) -> None:
@@ -316,7 +314,6 @@ class TurnHandler:
             origin=last,
             reply_to=last,
             run_row=run_row,
-            new_run=True,
             first_window=read.window if read is not None else None,
             recalled=read.recalled if read is not None else None,
         )
@@ -513,11 +510,11 @@ class TurnHandler:
             )
 
         async def append(new: list[ChatMessage]) -> None:
-            # The model's tool calls are redone if a database crash loses them (the run
-            # is retried); tool results record what a tool did and wait for the disk,
-            # which also flushes the calls before them.
-            lax = all(m.role == "assistant" and m.tool_calls for m in new)
             if self._one_statement and len(new) == 1:
+                # The model's tool calls are redone if a database crash loses them (the
+                # run is retried); tool results record what a tool did and wait for the
+                # disk, which also flushes the calls before them.
+                lax = new[0].role == "assistant" and bool(new[0].tool_calls)
                 async with self.store.reader.connect() as conn:
                     seq = await fused.append(
                         conn,
@@ -529,7 +526,7 @@ class TurnHandler:
                     )
                 seqs = [seq]
             else:
-                async with self._fenced(lease, lax=lax) as conn:
+                async with self._fenced(lease) as conn:
                     seqs = await self.store.append(conn, session.id, new, run_id=turn.run_id)
             await self._publish(lease.key, session.id, new, seqs, run_id=turn.run_id)
 
@@ -616,7 +613,7 @@ class TurnHandler:
         # The answer is the session's newest message: the after-turn hooks count from it.
         turn.session = replace(session, next_seq=seqs[-1] + 1)
         known = None
-        if turn.new_run and turn.link_rows and not extra:
+        if turn.link_rows and not extra:
             # Exactly what the waiter's read would return now: no second look needed.
             answer = reply_of(outbox_row["message_id"], outbox_row["payload"], outbox_row["status"])
             known = WaitResult(done=True, replies=[answer])

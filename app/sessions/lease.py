@@ -81,7 +81,6 @@ _RELEASE = {
 }
 _ASK_UNFINISHED = select(_UNFINISHED)
 _CHECK = update(session_keys).where(_MINE).values(lease_fence=_K.lease_fence)
-_CHECK_LAX = _CHECK.returning(_K.key, lax_commit())
 
 
 async def ensure_key(conn: AsyncConnection, key: str) -> None:
@@ -133,15 +132,8 @@ async def release(engine: AsyncEngine, lease: SessionLease) -> bool:
     return bool(row is not None and row[0])
 
 
-async def check_fence(conn: AsyncConnection, lease: SessionLease, *, lax: bool = False) -> None:
-    """Raise `LeaseLost` unless `lease` is still the key's current lease (same tx as the write).
-
-    `lax`: the transaction commits without waiting for the disk (`lax_commit`), for writes
-    that are redone when a database crash loses them.
-    """
-    if lax and conn.dialect.name == "postgresql":
-        held = (await conn.execute(_CHECK_LAX, _mine(lease))).first() is not None
-    else:
-        held = (await conn.execute(_CHECK, _mine(lease))).rowcount == 1
-    if not held:
+async def check_fence(conn: AsyncConnection, lease: SessionLease) -> None:
+    """Raise `LeaseLost` unless `lease` is still the key's current lease (same tx as the write)."""
+    result = await conn.execute(_CHECK, _mine(lease))
+    if result.rowcount != 1:
         raise LeaseLost(lease.key, lease.fence)

@@ -15,6 +15,7 @@ from app.events import InboundEvent
 from app.runtime import Runtime
 from app.sessions.messages import ChatMessage
 from tests.conftest import make_settings, webhook_settings
+from tests.pipeline.test_steer import wait_until
 
 
 @dataclass
@@ -37,16 +38,17 @@ class GatedProvider:
         return None
 
 
+async def _asked(model: GatedProvider, count: int) -> bool:
+    return len(model.asked) == count
+
+
+async def _idle(*replicas: Runtime) -> bool:
+    return not any(r.dispatcher.busy_keys for r in replicas)
+
+
 def _replica(db_url: str, provider: GatedProvider) -> Runtime:
     settings = make_settings(db_url, auto_migrate=False, max_concurrent_runs=1, inbox_poll_seconds=0.05)
     return Runtime(settings, channel_settings={"webhook": webhook_settings()}, provider=provider)
-
-
-async def _until(condition: object, timeout: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():  # type: ignore[operator]
-        assert asyncio.get_running_loop().time() < deadline, "timed out"
-        await asyncio.sleep(0.02)
 
 
 async def test_a_busy_replica_takes_one_waiting_key_at_a_time_and_nothing_is_lost(db_url: str) -> None:
@@ -58,10 +60,10 @@ async def test_a_busy_replica_takes_one_waiting_key_at_a_time_and_nothing_is_los
         # (B starts once A's run holds its key: B's poller would rightly take a key that is
         # waiting for nobody).
         await a.inbox.accept([InboundEvent.from_text("webhook", "a", "u", "a's own")])
-        await _until(lambda: len(a_model.asked) == 1)
+        await wait_until(lambda: _asked(a_model, 1))
         async with _replica(db_url, b_model) as b:
             await b.inbox.accept([InboundEvent.from_text("webhook", "b", "u", "b's own")])
-            await _until(lambda: len(b_model.asked) == 1)
+            await wait_until(lambda: _asked(b_model, 1))
             await _queue_at_a_and_release(a, b, gate)
         async with a.engine.connect() as conn:
             statuses = (
@@ -82,4 +84,4 @@ async def _queue_at_a_and_release(a: Runtime, b: Runtime, gate: asyncio.Event) -
     assert set(b.dispatcher.busy_keys) == {"webhook:b", "webhook:q0"}  # the longest waiting
     assert set(a.dispatcher.busy_keys) == {"webhook:a", *(f"webhook:q{i}" for i in range(4))}
     gate.set()
-    await _until(lambda: not a.dispatcher.busy_keys and not b.dispatcher.busy_keys)
+    await wait_until(lambda: _idle(a, b))

@@ -11,8 +11,12 @@ import asyncio
 import asyncpg
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.db.models import session_keys
+from app.db.engine import autocommit
+from app.db.models import utcnow
+from app.pipeline import fused
 from app.sessions import lease as leases
+from app.sessions.messages import ChatMessage
+from app.sessions.store import Lifecycle, SessionStore, message_values
 
 COMMITS = 100
 
@@ -29,13 +33,14 @@ async def _wal_syncs(engine: AsyncEngine) -> int:
         await conn.close()
 
 
-async def _fenced_writes(engine: AsyncEngine, lease: leases.SessionLease, *, lax: bool) -> None:
+async def _fenced_writes(
+    engine: AsyncEngine, lease: leases.SessionLease, session_id: int, *, lax: bool
+) -> None:
+    """Messages appended during a run, as a tool call (lax) or a tool result (durable) is."""
+    message = message_values(ChatMessage(role="assistant", content="thinking"), None)
     for _ in range(COMMITS):
-        async with engine.begin() as conn:
-            await leases.check_fence(conn, lease, lax=lax)
-            await conn.execute(
-                session_keys.update().where(session_keys.c.key == lease.key).values(current_session_id=None)
-            )
+        async with autocommit(engine).connect() as conn:
+            await fused.append(conn, lease, session_id=session_id, now=utcnow(), message=message, lax=lax)
 
 
 async def test_lax_writes_leave_flushing_to_the_wal_writer_and_durable_ones_flush(
@@ -43,12 +48,15 @@ async def test_lax_writes_leave_flushing_to_the_wal_writer_and_durable_ones_flus
 ) -> None:
     lease = await leases.acquire(pg_engine, "webhook:lax", "me", 30)
     assert lease is not None
+    async with pg_engine.begin() as conn:
+        await leases.check_fence(conn, lease)
+        session = await SessionStore(pg_engine, Lifecycle()).open_current(conn, lease.key, "webhook")
     before = await _wal_syncs(pg_engine)
-    await _fenced_writes(pg_engine, lease, lax=False)
+    await _fenced_writes(pg_engine, lease, session.id, lax=False)
     durable = await _wal_syncs(pg_engine) - before
 
     before = await _wal_syncs(pg_engine)
-    await _fenced_writes(pg_engine, lease, lax=True)
+    await _fenced_writes(pg_engine, lease, session.id, lax=True)
     for i in range(COMMITS // 2):  # taking and giving up leases: two commits each
         taken = await leases.acquire(pg_engine, f"webhook:lax-{i}", "me", 30)
         assert taken is not None
