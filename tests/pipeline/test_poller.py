@@ -46,8 +46,8 @@ async def _idle(*replicas: Runtime) -> bool:
     return not any(r.dispatcher.busy_keys for r in replicas)
 
 
-def _replica(db_url: str, provider: GatedProvider) -> Runtime:
-    settings = make_settings(db_url, auto_migrate=False, max_concurrent_runs=1, inbox_poll_seconds=0.05)
+def _replica(db_url: str, provider: GatedProvider, poll: float) -> Runtime:
+    settings = make_settings(db_url, auto_migrate=False, max_concurrent_runs=1, inbox_poll_seconds=poll)
     return Runtime(settings, channel_settings={"webhook": webhook_settings()}, provider=provider)
 
 
@@ -55,13 +55,15 @@ async def test_a_busy_replica_takes_one_waiting_key_at_a_time_and_nothing_is_los
     await upgrade(db_url)
     gate = asyncio.Event()
     a_model, b_model = GatedProvider(gate), GatedProvider(gate)
-    async with _replica(db_url, a_model) as a:
+    # A polls rarely (it would rightly take B's own key in the moment before B leases it);
+    # B's poller is the one under test.
+    async with _replica(db_url, a_model, poll=30) as a:
         # Each replica's only run slot is taken by a run of its own that waits for the gate
         # (B starts once A's run holds its key: B's poller would rightly take a key that is
         # waiting for nobody).
         await a.inbox.accept([InboundEvent.from_text("webhook", "a", "u", "a's own")])
         await wait_until(lambda: _asked(a_model, 1))
-        async with _replica(db_url, b_model) as b:
+        async with _replica(db_url, b_model, poll=0.05) as b:
             await b.inbox.accept([InboundEvent.from_text("webhook", "b", "u", "b's own")])
             await wait_until(lambda: _asked(b_model, 1))
             await _queue_at_a_and_release(a, b, gate)
