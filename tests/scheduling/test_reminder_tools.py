@@ -121,6 +121,7 @@ async def test_inside_a_fired_reminder_new_reminders_go_to_the_original_chat(job
         source_session_key="webhook:c",
         target=Target("webhook", "c", "t"),
         run_at=NOW + timedelta(1),
+        now=NOW,  # the test's clock, not today's: NOW + 1 day is in the past from 2026-12-03 on
     )
     in_fire = context("webhook:c", "cron", str(first.id))  # what a cron turn's tools see
     made = await call(tools, in_fire, "schedule_reminder", message="again", in_seconds=60)
