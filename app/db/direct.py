@@ -21,6 +21,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
+from sqlalchemy import JSON, func, literal_column, select
+from sqlalchemy.dialects.postgresql import aggregate_order_by
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql import ClauseElement, Executable
@@ -86,3 +88,14 @@ class Direct:
 def _autocommit(conn: AsyncConnection) -> bool:
     sync = conn.sync_connection
     return sync is not None and sync.get_execution_options().get("isolation_level") == "AUTOCOMMIT"
+
+
+def rows_as_json(rows: Any, name: str, *order: Any) -> Any:
+    """The subquery `rows` (named `name`) as one JSON array of objects, in `order`."""
+    aggregate = func.json_agg(aggregate_order_by(literal_column(name), *order), type_=JSON)
+    return (
+        select(func.coalesce(aggregate, literal_column("'[]'::json", JSON)))
+        .select_from(rows)
+        .correlate(None)
+        .scalar_subquery()
+    )

@@ -15,8 +15,11 @@ from collections.abc import Callable, Mapping
 import structlog
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.db.engine import autocommit
+from app.db.models import utcnow
 from app.errors import LeaseLost
 from app.events import BusyPolicy
+from app.pipeline import prefetch
 from app.pipeline.inbox import Inbox, InboxRow
 from app.pipeline.turn import TurnHandler, is_command
 from app.sessions import lease as leases
@@ -57,6 +60,8 @@ class Dispatcher:
         self._again: set[str] = set()
         self._poller: asyncio.Task[None] | None = None
         self._stopping = False
+        # PostgreSQL: taking a lease and ending a turn read the key's next rows too.
+        self._prefetch = engine.dialect.name == "postgresql"
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -154,8 +159,20 @@ class Dispatcher:
         async with self._runs:
             return await self._drain_leased(key)
 
+    async def _acquire(self, key: str) -> tuple[leases.SessionLease | None, list[InboxRow] | None]:
+        """The key's lease, and its next rows when the taking statement could read them."""
+        if not self._prefetch:
+            return await leases.acquire(self.engine, key, self.owner, self.lease_ttl), None
+        now = utcnow()
+        async with autocommit(self.engine).connect() as conn:
+            taken = await prefetch.take(conn, key, self.owner, leases.expiry(now, self.lease_ttl))
+            if taken is not None:
+                fence, rows = taken
+                return leases.SessionLease(key, self.owner, fence), rows
+            return await leases.take_expired(conn, key, self.owner, self.lease_ttl, now=now), None
+
     async def _drain_leased(self, key: str) -> bool:
-        lease = await leases.acquire(self.engine, key, self.owner, self.lease_ttl)
+        lease, known = await self._acquire(key)
         if lease is None:
             return False  # its holder looks for new events when it releases the key
         if lease.took_over and self.on_takeover is not None:
@@ -170,22 +187,26 @@ class Dispatcher:
                 log.debug("lease_acquired", fence=lease.fence)
             while not self._stopping:
                 self._again.discard(key)
-                batch, more = await self._next_batch(key)
+                batch, more = await self._next_batch(key, known)
                 if not batch:
                     break
                 structlog.contextvars.bind_contextvars(channel=batch[-1].channel, event_id=batch[-1].event_id)
                 try:
-                    await self.handler.handle(lease, batch)
+                    known = await self.handler.handle(lease, batch)
                 except LeaseLost:
                     raise
                 except Exception:
                     log.exception("turn_failed")
                     await asyncio.sleep(0.2)  # the rows stay unfinished: retried, then failed
-                    more = True
+                    known, more = None, True
+                if known is not None:  # read at the turn's end: newer than `more`
+                    more = bool(known)
                 # Events accepted here meanwhile are in `_again`; events accepted by other
                 # replicas are found by the release.
                 if not (more or key in self._again):
                     break
+                if not known:
+                    known = None  # `_again`: rows accepted after the turn's end read them
         except LeaseLost:
             log.warning("lease_lost", fence=lease.fence)
             return False
@@ -197,9 +218,12 @@ class Dispatcher:
             self.handler.store.release(key)  # cached state is only valid under this lease
         return await leases.release(self.engine, lease)
 
-    async def _next_batch(self, key: str) -> tuple[list[InboxRow], bool]:
-        """The next turn's rows, and whether more rows were waiting behind them."""
-        rows = await self.inbox.next_rows(key, limit=2)
+    async def _next_batch(self, key: str, known: list[InboxRow] | None) -> tuple[list[InboxRow], bool]:
+        """The next turn's rows, and whether more rows were waiting behind them.
+
+        `known`: the key's next rows as the statement before read them (`prefetch`), or None.
+        """
+        rows = known if known is not None else await self.inbox.next_rows(key, limit=prefetch.LIMIT)
         if not rows:
             return [], False
         policy = self.busy_policies.get(rows[0].channel, BusyPolicy.QUEUE)

@@ -30,7 +30,6 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
-    JSON,
     BigInteger,
     Integer,
     Table,
@@ -39,23 +38,24 @@ from sqlalchemy import (
     func,
     insert,
     literal,
-    literal_column,
     or_,
     select,
     true,
     union_all,
     update,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, aggregate_order_by
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
 
-from app.db.direct import Direct
+from app.db.direct import Direct, rows_as_json
 from app.db.engine import lax_commit
 from app.db.models import inbox, messages, outbox, runs, session_keys, sessions
 from app.errors import LeaseLost
 from app.memory.recall import recall_query
 from app.memory.store import Memory, memory_from_row
+from app.pipeline.inbox import InboxRow
+from app.pipeline.prefetch import LIMIT, rows_from, upcoming
 from app.sessions.lease import SessionLease
 from app.sessions.messages import ChatMessage
 from app.sessions.store import TAIL_OPEN, SessionState, message_from_row, message_values
@@ -205,6 +205,7 @@ def _finish_statement() -> Any:
         _count(reply, "replies"),
         _count(done, "done"),
         _count(trace, "traced"),
+        upcoming(LIMIT, exclude=_INBOX_IDS).label("upcoming"),
     )
 
 
@@ -340,11 +341,11 @@ def _start_statement(recall: bool | None) -> Any:
         .limit(bindparam("wlimit", type_=Integer))
         .subquery("win")
     )
-    reads = [_rows_as_json(window, "win", window.c.seq).label("window")]
+    reads = [rows_as_json(window, "win", window.c.seq).label("window")]
     if recall is not None:
         recalled = recall_query(recall, session_id=opened.c.id).subquery("recalled")
         newest = (recalled.c.updated_at.desc(), recalled.c.id.desc())
-        reads.append(_rows_as_json(recalled, "recalled", *newest).label("recalled"))
+        reads.append(rows_as_json(recalled, "recalled", *newest).label("recalled"))
     return select(
         _count(fence, "held"),
         *[opened.c[c.name] for c in sessions.c],
@@ -356,17 +357,6 @@ def _start_statement(recall: bool | None) -> Any:
         *reads,
         lax_commit(),  # redone if a database crash loses it: the event is still pending
     ).select_from(one.outerjoin(opened, true()))
-
-
-def _rows_as_json(rows: Any, name: str, *order: Any) -> Any:
-    """The subquery `rows` (named `name`) as one JSON array of objects, in `order`."""
-    aggregate = func.json_agg(aggregate_order_by(literal_column(name), *order), type_=JSON)
-    return (
-        select(func.coalesce(aggregate, literal_column("'[]'::json", JSON)))
-        .select_from(rows)
-        .correlate(None)
-        .scalar_subquery()
-    )
 
 
 _NEW_SESSION = (
@@ -487,10 +477,12 @@ async def finish(
     link: int | None,
     run_id: int,
     trace: Mapping[str, Any],
-) -> int:
-    """End a turn in one statement (see `_finish_statement`); returns the answer's seq.
+) -> tuple[int, list[InboxRow]]:
+    """End a turn in one statement (see `_finish_statement`).
 
-    Raises `LeaseLost`, having written nothing, when the lease is no longer ours.
+    Returns the answer's seq and the key's next unfinished rows (`app.pipeline.prefetch`:
+    the first `LIMIT`, but those this statement finishes). Raises `LeaseLost`, having
+    written nothing, when the lease is no longer ours.
     """
     params: dict[str, Any] = {
         "sid": session_id,
@@ -502,7 +494,8 @@ async def finish(
     params.update({"m_" + name: message.get(name) for name in _MESSAGE_FIELDS})
     params.update({"o_" + name: reply[name] for name in _OUTBOX_FIELDS})
     params.update({"r_" + name: trace.get(name) for name in _RUN_TRACE})
-    return _appended_seq(await _execute_fenced(conn, FINISH, lease, params), session_id, lease)
+    row = await _execute_fenced(conn, FINISH, lease, params)
+    return _appended_seq(row, session_id, lease), rows_from(row["upcoming"])
 
 
 async def append(

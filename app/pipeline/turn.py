@@ -197,6 +197,8 @@ class _Turn:
     # Read by the turn's start already (`_FirstRead`): the first `load_window` and the recall.
     first_window: list[ChatMessage] | None = None
     recalled: list[Memory] | None = None
+    # Read by the turn's one-statement end: the key's next unfinished rows (`prefetch`).
+    upcoming: list[InboxRow] | None = None
 
     @property
     def handled_ids(self) -> set[int]:
@@ -261,8 +263,12 @@ class TurnHandler:
             await check_fence(conn, lease)
             yield conn
 
-    async def handle(self, lease: SessionLease, rows: Sequence[InboxRow]) -> None:
-        """Handle a batch of the key's events as one turn (one event unless `collect`)."""
+    async def handle(self, lease: SessionLease, rows: Sequence[InboxRow]) -> list[InboxRow] | None:
+        """Handle a batch of the key's events as one turn (one event unless `collect`).
+
+        Returns the key's next unfinished rows when the turn's last statement read them
+        (`app.pipeline.prefetch`), else None.
+        """
         live: list[InboxRow] = []
         poisoned: list[InboxRow] = []
         for row in rows:
@@ -270,28 +276,28 @@ class TurnHandler:
         if poisoned:
             await self._fail(lease, poisoned)
         if not live:
-            return
+            return None
         events = [r.event for r in live]
         last = events[-1]
         command = command_of(last)
         if len(events) == 1 and command in SESSION_COMMANDS:
             await self._session_command(lease, live[0], command)
-            return
+            return None
         if len(events) == 1 and command == "/stop":
             await self._stop_command(lease, live[0])
-            return
+            return None
         if len(events) == 1 and command in ("/approve", "/deny"):
             await self._decision_command(lease, live[0], command)
-            return
+            return None
         self._input_signals.setdefault(lease.key, asyncio.Event())
         try:
-            await self._agent_turn(lease, live)
+            return await self._agent_turn(lease, live)
         finally:
             self._input_signals.pop(lease.key, None)
 
     # --- a normal turn --------------------------------------------------------------
 
-    async def _agent_turn(self, lease: SessionLease, live: list[InboxRow]) -> None:
+    async def _agent_turn(self, lease: SessionLease, live: list[InboxRow]) -> list[InboxRow] | None:
         events = [r.event for r in live]
         last = events[-1]
         answer = not all(e.metadata.get("no_reply") for e in events)
@@ -305,7 +311,7 @@ class TurnHandler:
         await self._publish(lease.key, session.id, added, seqs)
         if run_id is None:
             self.inbox.wake([e.event_id for e in events])
-            return
+            return None
         turn = _Turn(
             lease=lease,
             session=session,
@@ -323,6 +329,7 @@ class TurnHandler:
         )
         if record.outcome != "awaiting_approval":
             await self._after_turn(lease, turn.session)
+        return turn.upcoming
 
     async def _start_in_one_statement(
         self, lease: SessionLease, row: InboxRow
@@ -590,7 +597,7 @@ class TurnHandler:
                     await self._read_run_row(conn, turn)
                 now = outbox_row["created_at"]
                 trace = self._run_trace(turn, record, finished=True, now=now)
-                seq = await fused.finish(
+                seq, turn.upcoming = await fused.finish(
                     conn,
                     lease,
                     session_id=session.id,

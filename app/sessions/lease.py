@@ -40,8 +40,11 @@ def _lax(dialect_name: str) -> list[Any]:
     return [lax_commit()] if dialect_name == "postgresql" else []
 
 
-def _take_free_or_new(dialect_name: str) -> Any:
-    """Create the key's row holding our lease, or take the existing row's free lease: one statement."""
+def take_free_or_new(dialect_name: str) -> Any:
+    """Create the key's row holding our lease, or take the existing row's free lease: one statement.
+
+    Without RETURNING: `app.pipeline.prefetch` reads more in the same statement.
+    """
     owner: Any = bindparam("o")
     expires: Any = bindparam("exp")
     return (
@@ -52,11 +55,13 @@ def _take_free_or_new(dialect_name: str) -> Any:
             set_={"lease_owner": owner, "lease_fence": _K.lease_fence + 1, "lease_expires_at": expires},
             where=or_(_K.lease_owner.is_(None), _K.lease_owner == owner),
         )
-        .returning(_K.lease_fence, *_lax(dialect_name))
     )
 
 
-_TAKE = {name: Direct(_take_free_or_new(name)) for name in ("postgresql", "sqlite")}
+_TAKE = {
+    name: Direct(take_free_or_new(name).returning(_K.lease_fence, *_lax(name)))
+    for name in ("postgresql", "sqlite")
+}
 _TAKE_EXPIRED = (
     update(session_keys)
     .where(_K.key == bindparam("k"), _K.lease_owner != bindparam("o"), _K.lease_expires_at < bindparam("now"))
@@ -96,13 +101,24 @@ async def acquire(
     it (an upsert); taking an expired lease over (`took_over`) is the slower path.
     """
     now = now or utcnow()
-    params = {"k": key, "o": owner, "exp": now + timedelta(seconds=ttl), "now": now}
     # Each statement is atomic on its own: no transaction around them (no BEGIN/COMMIT).
     async with autocommit(engine).connect() as conn:
-        taken = await _TAKE[conn.dialect.name].first(conn, params)
+        taken = await _TAKE[conn.dialect.name].first(conn, {"k": key, "o": owner, "exp": expiry(now, ttl)})
         if taken is not None:
             return SessionLease(key, owner, taken["lease_fence"])
-        fence = (await conn.execute(_TAKE_EXPIRED, params)).scalar()
+        return await take_expired(conn, key, owner, ttl, now=now)
+
+
+def expiry(now: datetime, ttl: float) -> datetime:
+    return now + timedelta(seconds=ttl)
+
+
+async def take_expired(
+    conn: AsyncConnection, key: str, owner: str, ttl: float, *, now: datetime
+) -> SessionLease | None:
+    """Take over the key's lease from another owner whose lease expired; None if it is live."""
+    params = {"k": key, "o": owner, "exp": expiry(now, ttl), "now": now}
+    fence = (await conn.execute(_TAKE_EXPIRED, params)).scalar()
     return SessionLease(key, owner, fence, took_over=True) if fence is not None else None
 
 

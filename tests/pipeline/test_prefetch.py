@@ -1,0 +1,170 @@
+"""PostgreSQL: the lease take and a turn's end read the key's next rows (`app.pipeline.prefetch`)."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+import asyncpg
+import pytest
+from sqlalchemy import event, update
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.db.engine import autocommit
+from app.db.models import inbox, utcnow
+from app.events import InboundEvent
+from app.pipeline import fused, prefetch
+from app.pipeline.inbox import _NEXT_ROWS, Inbox, InboxRow
+from app.sessions import lease as leases
+from app.sessions.messages import ChatMessage
+from app.sessions.store import message_values
+from tests.conftest import ServeApp
+from tests.pipeline.test_fused import ANSWERED, KEY, _start, _with_session
+
+
+async def _take(engine: AsyncEngine, owner: str) -> tuple[int, list[InboxRow] | None] | None:
+    async with autocommit(engine).connect() as conn:
+        return await prefetch.take(conn, KEY, owner, utcnow() + timedelta(seconds=30))
+
+
+async def _accept(inbox_: Inbox, *texts: str) -> list[str]:
+    results = await inbox_.accept([InboundEvent.from_text("webhook", "c", "u", t) for t in texts])
+    return [r.event_id for r in results]
+
+
+async def test_taking_a_free_lease_reads_the_next_rows(pg_engine: AsyncEngine) -> None:
+    inbox_ = Inbox(pg_engine)
+    first, second, _ = await _accept(inbox_, "one", "two", "three")
+    taken = await _take(pg_engine, "me")  # a new key: the statement creates its row
+    assert taken is not None
+    fence, rows = taken
+    assert fence == 1 and rows is not None
+    assert [r.event_id for r in rows] == [first, second]
+    assert rows == await inbox_.next_rows(KEY, limit=prefetch.LIMIT)
+    assert await _take(pg_engine, "another") is None  # held: nothing taken, nothing read
+    assert await leases.release(pg_engine, leases.SessionLease(KEY, "me", fence))
+    taken = await _take(pg_engine, "another")  # free again, the key's row exists
+    assert taken is not None and taken[0] == 2 and taken[1] == rows
+
+
+async def test_rows_a_worker_finished_while_the_take_waited_for_its_release_are_not_read(
+    pg_engine: AsyncEngine, pg_url: str
+) -> None:
+    """The take reads the rows as they were when it began; here they changed before it took.
+
+    Another worker holds the key's row locked: it takes the lease, finishes the pending
+    event and releases, in a transaction that commits while the take waits for the lock.
+    The take then gets the free lease, two fences on, and must not offer the finished
+    event as unfinished: it leaves the rows to a separate read.
+    """
+    inbox_ = Inbox(pg_engine)
+    [event_id] = await _accept(inbox_, "hello")
+    lease = await leases.acquire(pg_engine, KEY, "old", ttl=30)
+    assert lease is not None and await leases.release(pg_engine, lease)
+
+    other = await asyncpg.connect(pg_url.replace("postgresql+asyncpg://", "postgresql://"))
+    watcher = await asyncpg.connect(pg_url.replace("postgresql+asyncpg://", "postgresql://"))
+    try:
+        tx = other.transaction()
+        await tx.start()
+        await other.execute(
+            "UPDATE session_keys SET lease_owner = 'other', lease_fence = lease_fence + 1 WHERE key = $1", KEY
+        )
+        await other.execute("UPDATE inbox SET status = 'done' WHERE event_id = $1", event_id)
+        await other.execute("UPDATE session_keys SET lease_owner = NULL WHERE key = $1", KEY)
+        taking = asyncio.create_task(_take(pg_engine, "me"))
+        for _ in range(200):  # until the take waits for the other worker's row lock
+            waiting = await watcher.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'WITH%'"
+            )
+            if waiting:
+                break
+            await asyncio.sleep(0.02)
+        assert waiting == 1
+        await tx.commit()
+        taken = await taking
+    finally:
+        await other.close()
+        await watcher.close()
+    assert taken is not None
+    fence, rows = taken
+    assert fence == lease.fence + 2
+    assert rows is None  # not the stale [hello]
+    assert await inbox_.next_rows(KEY, limit=2) == []
+
+
+async def test_a_turns_end_reads_the_rows_after_the_ones_it_finishes(pg_engine: AsyncEngine) -> None:
+    _, lease, row_id = await _with_session(pg_engine, *ANSWERED)
+    inbox_ = Inbox(pg_engine)
+    second, third = await _accept(inbox_, "two", "three")
+    started = await _start(pg_engine, lease, row_id)
+    assert started is not None
+    now = utcnow()
+    async with autocommit(pg_engine).connect() as conn:
+        seq, upcoming = await fused.finish(
+            conn,
+            lease,
+            session_id=started.session.id,
+            now=now,
+            message=message_values(ChatMessage(role="assistant", content="hi"), started.run_id),
+            reply=dict(
+                message_id="m1",
+                session_key=KEY,
+                session_id=started.session.id,
+                run_id=started.run_id,
+                event_id="e1",
+                channel="webhook",
+                chat_id="c",
+                payload={},
+                status="pending",
+                attempts=0,
+                next_attempt_at=now,
+                created_at=now,
+            ),
+            inbox_ids=[row_id],
+            link=started.run_id,
+            run_id=started.run_id,
+            trace={
+                "outcome": "answered",
+                "tool_calls": [],
+                "details": {},
+                "event_ids": ["e1"],
+                "iterations": 1,
+                "prompt_tokens": 0,
+                "completion_tokens": 0,
+                "finished_at": now,
+            },
+        )
+    assert seq == started.seq + 1
+    assert [r.event_id for r in upcoming] == [second, third]
+    assert upcoming == await inbox_.next_rows(KEY, limit=prefetch.LIMIT)
+    async with pg_engine.begin() as conn:  # a row being retried counts as unfinished too
+        await conn.execute(update(inbox).where(inbox.c.event_id == second).values(status="processing"))
+    assert [r.event_id for r in await inbox_.next_rows(KEY, limit=2)] == [second, third]
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+async def test_queued_turns_of_a_key_never_read_their_rows_separately(serve: ServeApp) -> None:
+    async with serve() as srv:
+        seen: list[str] = []
+
+        def logged(query: Any) -> None:  # asyncpg's query logger: every statement, however run
+            seen.append(query.query)
+
+        def checkout(dbapi_conn: Any, *_rest: Any) -> None:
+            dbapi_conn.driver_connection.add_query_logger(logged)
+
+        pool = srv.runtime.engine.sync_engine.pool
+        event.listen(pool, "checkout", checkout)
+        try:
+            accepted = await srv.runtime.inbox.accept(
+                [InboundEvent.from_text("webhook", "c", "u", f"hello {i}") for i in range(3)]
+            )
+            for one in accepted:
+                assert (await srv.runtime.inbox.wait_for_replies(one.event_id, 10)).done
+        finally:
+            event.remove(pool, "checkout", checkout)
+        next_rows = _NEXT_ROWS._plan_for(srv.runtime.engine.dialect).sql
+        assert sum(s.startswith("WITH fence AS MATERIALIZED") for s in seen) == 3  # three turns
+        assert next_rows not in seen
