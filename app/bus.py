@@ -16,8 +16,12 @@ from typing import Any, Protocol
 
 
 class SessionBus(Protocol):
-    async def publish(self, key: str, event: dict[str, Any]) -> None:
-        """Deliver `event` (JSON-able, has a "type") to every subscriber of `key`."""
+    async def publish(self, key: str, event: dict[str, Any], *, remote: bool = True) -> None:
+        """Deliver `event` (JSON-able, has a "type") to every subscriber of `key`.
+
+        `remote=False`: the caller learned under the key's lease that no other replica
+        watches it (`app.gateway.pg_bus`): only this process's subscribers get it.
+        """
         ...
 
     def subscribe(self, key: str, maxsize: int = 1000) -> Any:
@@ -43,7 +47,7 @@ class LocalSessionBus:
     async def stop(self) -> None:
         return None
 
-    async def publish(self, key: str, event: dict[str, Any]) -> None:
+    async def publish(self, key: str, event: dict[str, Any], *, remote: bool = True) -> None:
         self.deliver_local(key, event)
 
     def deliver_local(self, key: str, event: dict[str, Any]) -> None:

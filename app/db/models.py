@@ -92,6 +92,8 @@ session_keys = Table(
     Column("lease_owner", String(200), nullable=True),
     Column("lease_fence", BigInteger, nullable=False, default=0),
     Column("lease_expires_at", UTCDateTime, nullable=True),
+    # Some replica's session bus LISTENs for the key until then (`app.gateway.pg_bus`).
+    Column("watched_until", UTCDateTime, nullable=True),
 )
 
 sessions = Table(

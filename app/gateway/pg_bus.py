@@ -10,6 +10,16 @@ PostgreSQL from merging equal payloads sent in one transaction.
 When the listening connection drops, the bus reconnects, LISTENs again and hands every
 local subscriber a `{"type": "resync"}` marker: events may have been missed, and the
 gateway re-reads the history it needs from the database.
+
+Most keys are watched by nobody (no browser is attached anywhere), and a NOTIFY for them
+is work for nothing: three statements per answered event. So a replica that LISTENs for
+a key also marks it watched in the database (`session_keys.watched_until`, renewed at
+every health check, expiring after `WATCH_CHECKS` missed ones), and a turn learns from
+its fenced statements whether its key is watched (`TurnHandler`, `remote=False` when
+not). Marking the key and the fenced statements both write the key's row, so they are
+ordered by its row lock: either the statement sees the mark (and its messages are
+NOTIFYed), or the mark waits for the statement's commit, and the subscriber, which
+reads the history only after marking, reads those messages from the database.
 """
 
 from __future__ import annotations
@@ -38,6 +48,15 @@ MAX_PAYLOAD_BYTES = 7900  # PostgreSQL's limit is 8000 with the default block si
 CHUNK_CHARS = 3000  # JSON-escaping a chunk at most doubles it: still under the limit
 PARTIAL_TTL_SECONDS = 60.0
 MAX_PENDING_NOTIFICATIONS = 20_000
+WATCH_CHECKS = 4  # a key stays marked watched for this many health checks without renewal
+
+# Mark keys watched (created if new), in key order: two replicas renewing overlapping
+# sets at once must not deadlock.
+_WATCH = """
+INSERT INTO session_keys (key, lease_fence, watched_until)
+SELECT k, 0, now() + make_interval(secs => $2) FROM unnest($1::varchar[]) AS k ORDER BY k
+ON CONFLICT (key) DO UPDATE SET watched_until = excluded.watched_until
+"""
 
 
 def channel_for(key: str) -> str:
@@ -102,9 +121,15 @@ class PgSessionBus:
 
     # --- SessionBus -------------------------------------------------------------------
 
-    async def publish(self, key: str, event: dict[str, Any]) -> None:
-        """Deliver locally now; NOTIFY the other replicas in the background, in order."""
+    async def publish(self, key: str, event: dict[str, Any], *, remote: bool = True) -> None:
+        """Deliver locally now; NOTIFY the other replicas in the background, in order.
+
+        `remote=False`: no replica watched the key when the caller's fenced statement
+        locked its row (see the module), so there is nobody to NOTIFY.
+        """
         self._local.deliver_local(key, event)
+        if not remote:
+            return
         if self._outgoing.qsize() >= MAX_PENDING_NOTIFICATIONS:
             # PostgreSQL is not keeping up (or is away): drop rather than grow without
             # bound; other replicas' clients fill history holes from the database.
@@ -195,6 +220,7 @@ class PgSessionBus:
             self._listen_conn = conn
             for key in list(self._watched):
                 await conn.add_listener(channel_for(key), self._on_notification)
+            await self._mark_watched(conn, list(self._watched))
 
     async def _listen(self, key: str) -> None:
         async with self._listen_lock:
@@ -202,9 +228,15 @@ class PgSessionBus:
                 return  # the reconnect will LISTEN and resync this key
             try:
                 await self._listen_conn.add_listener(channel_for(key), self._on_notification)
+                await self._mark_watched(self._listen_conn, [key])
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
                 log.warning("bus_listen_failed", error=str(exc))
                 self._schedule_reconnect()
+
+    async def _mark_watched(self, conn: asyncpg.Connection, keys: list[str]) -> None:
+        """Mark `keys` watched for `WATCH_CHECKS` health checks (see the module)."""
+        if keys:
+            await conn.execute(_WATCH, keys, self._check_interval * WATCH_CHECKS)
 
     async def _unlisten(self, key: str) -> None:
         async with self._listen_lock:
@@ -222,7 +254,10 @@ class PgSessionBus:
                 continue
             try:
                 async with self._listen_lock:
-                    await asyncio.wait_for(conn.fetchval("SELECT 1"), 5.0)
+                    if self._watched:  # renewing the marks doubles as the health check
+                        await asyncio.wait_for(self._mark_watched(conn, list(self._watched)), 5.0)
+                    else:
+                        await asyncio.wait_for(conn.fetchval("SELECT 1"), 5.0)
             except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
                 log.warning("bus_listener_unhealthy", error=str(exc) or type(exc).__name__)
                 self._schedule_reconnect()

@@ -66,13 +66,22 @@ _K = session_keys.c
 # take it for a value to SET.
 
 
+# Whether some replica's session bus watches the key (`app.gateway.pg_bus`), as the fence
+# CTE sees the key's row: locked, so a watcher marking it is ordered with the statement.
+_WATCHED = (_K.watched_until > func.now()).label("watched")
+
+
+def _watched(fence: Any) -> Any:
+    return func.coalesce(select(fence.c.watched).scalar_subquery(), False).label("watched")
+
+
 def _fence() -> Any:
     """The `check_fence` update as a CTE: one row while the lease is ours, none after a takeover."""
     return (
         update(session_keys)
         .where(_K.key == bindparam("k"), _K.lease_owner == bindparam("o"), _K.lease_fence == bindparam("f"))
         .values(lease_fence=_K.lease_fence)
-        .returning(_K.key)
+        .returning(_K.key, _WATCHED)
         .cte("fence")
     )
 
@@ -201,6 +210,7 @@ def _finish_statement() -> Any:
     )
     return select(
         _count(fence, "held"),
+        _watched(fence),
         select(message.c.seq).scalar_subquery().label("seq"),
         _count(reply, "replies"),
         _count(done, "done"),
@@ -217,6 +227,7 @@ def _append_statement(lax: bool) -> Any:
     fence, _, message = _fenced_message()
     return select(
         _count(fence, "held"),
+        _watched(fence),
         select(message.c.seq).scalar_subquery().label("seq"),
         *([lax_commit()] if lax else []),
     )
@@ -246,7 +257,7 @@ def _start_statement(recall: bool | None) -> Any:
     `recall` is true) of the opened session.
     """
     fence = (
-        select(_K.key)
+        select(_K.key, _WATCHED)
         .where(_K.key == bindparam("k"), _K.lease_owner == bindparam("o"), _K.lease_fence == bindparam("f"))
         .with_for_update()
         .cte("fence")
@@ -348,6 +359,7 @@ def _start_statement(recall: bool | None) -> Any:
         reads.append(rows_as_json(recalled, "recalled", *newest).label("recalled"))
     return select(
         _count(fence, "held"),
+        _watched(fence),
         *[opened.c[c.name] for c in sessions.c],
         select(message.c.seq).scalar_subquery().label("seq"),
         select(run.c.id).scalar_subquery().label("run_id"),
@@ -394,6 +406,7 @@ class Started:
     run_id: int
     window: list[ChatMessage]  # the newest `wlimit` messages before it, oldest first
     recalled: list[Memory] | None  # None: not asked
+    watched: bool  # some replica's session bus watches the key (`_WATCHED`)
 
 
 @dataclass(frozen=True)
@@ -445,6 +458,7 @@ async def start(
         run_id=row["run_id"],
         window=[message_from_row(m) for m in row["window"]],
         recalled=None if recall is None else [_memory(m) for m in row["recalled"]],
+        watched=row["watched"],
     )
 
 
@@ -465,6 +479,19 @@ def _memory(row: dict[str, Any]) -> Memory:
     return memory_from_row({**row, "updated_at": datetime.fromisoformat(row["updated_at"])})
 
 
+@dataclass(frozen=True)
+class Appended:
+    seq: int  # the message's
+    watched: bool  # some replica's session bus watches the key (`_WATCHED`)
+
+
+@dataclass(frozen=True)
+class Finished(Appended):
+    # The key's next unfinished rows (`app.pipeline.prefetch`): the first `LIMIT`, but
+    # those the statement finished.
+    upcoming: list[InboxRow]
+
+
 async def finish(
     conn: AsyncConnection,
     lease: SessionLease,
@@ -477,12 +504,10 @@ async def finish(
     link: int | None,
     run_id: int,
     trace: Mapping[str, Any],
-) -> tuple[int, list[InboxRow]]:
+) -> Finished:
     """End a turn in one statement (see `_finish_statement`).
 
-    Returns the answer's seq and the key's next unfinished rows (`app.pipeline.prefetch`:
-    the first `LIMIT`, but those this statement finishes). Raises `LeaseLost`, having
-    written nothing, when the lease is no longer ours.
+    Raises `LeaseLost`, having written nothing, when the lease is no longer ours.
     """
     params: dict[str, Any] = {
         "sid": session_id,
@@ -495,7 +520,7 @@ async def finish(
     params.update({"o_" + name: reply[name] for name in _OUTBOX_FIELDS})
     params.update({"r_" + name: trace.get(name) for name in _RUN_TRACE})
     row = await _execute_fenced(conn, FINISH, lease, params)
-    return _appended_seq(row, session_id, lease), rows_from(row["upcoming"])
+    return Finished(_appended_seq(row, session_id, lease), row["watched"], rows_from(row["upcoming"]))
 
 
 async def append(
@@ -506,14 +531,15 @@ async def append(
     now: datetime,
     message: Mapping[str, Any],
     lax: bool,
-) -> int:
-    """Append one message in one statement; returns its seq (`lax`: see `lax_commit`).
+) -> Appended:
+    """Append one message in one statement (`lax`: see `lax_commit`).
 
     Raises `LeaseLost`, having written nothing, when the lease is no longer ours.
     """
     params: dict[str, Any] = {"sid": session_id, "now": now}
     params.update({"m_" + name: message.get(name) for name in _MESSAGE_FIELDS})
-    return _appended_seq(await _execute_fenced(conn, APPEND[lax], lease, params), session_id, lease)
+    row = await _execute_fenced(conn, APPEND[lax], lease, params)
+    return Appended(_appended_seq(row, session_id, lease), row["watched"])
 
 
 def _appended_seq(row: Any, session_id: int, lease: SessionLease) -> int:

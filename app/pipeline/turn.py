@@ -176,6 +176,7 @@ class _FirstRead:
 
     window: list[ChatMessage]
     recalled: list[Memory] | None  # None: not read (memory is off)
+    watched: bool  # some replica's session bus watches the key (`fused.Started.watched`)
 
 
 @dataclass
@@ -199,6 +200,9 @@ class _Turn:
     recalled: list[Memory] | None = None
     # Read by the turn's one-statement end: the key's next unfinished rows (`prefetch`).
     upcoming: list[InboxRow] | None = None
+    # Whether another replica may watch the key, as its latest one-statement write saw it
+    # (`app.gateway.pg_bus`): if not, its messages and deltas are not NOTIFYed.
+    watched: bool = True
 
     @property
     def handled_ids(self) -> set[int]:
@@ -308,7 +312,8 @@ class TurnHandler:
             session, run_id, run_row, added, seqs = started
         else:
             session, run_id, run_row, added, seqs = await self._start(lease, live, answer)
-        await self._publish(lease.key, session.id, added, seqs)
+        watched = read.watched if read is not None else True
+        await self._publish(lease.key, session.id, added, seqs, remote=watched)
         if run_id is None:
             self.inbox.wake([e.event_id for e in events])
             return None
@@ -322,6 +327,7 @@ class TurnHandler:
             run_row=run_row,
             first_window=read.window if read is not None else None,
             recalled=read.recalled if read is not None else None,
+            watched=watched,
         )
         record = RunRecord(provider=self.runner.provider.name, model=self.models.get(last.channel))
         record = await self.runner.resume(
@@ -368,7 +374,7 @@ class TurnHandler:
         window = fused.first_window(
             started, user, max_messages=self.limits.max_messages, max_tokens=self.limits.max_tokens
         )
-        read = _FirstRead(window=window, recalled=started.recalled)
+        read = _FirstRead(window=window, recalled=started.recalled, watched=started.watched)
         return (started.session, started.run_id, run_row, [user], [started.seq]), read
 
     async def _start(self, lease: SessionLease, live: list[InboxRow], answer: bool) -> _Started:
@@ -523,7 +529,7 @@ class TurnHandler:
                 # disk, which also flushes the calls before them.
                 lax = new[0].role == "assistant" and bool(new[0].tool_calls)
                 async with self.store.reader.connect() as conn:
-                    seq = await fused.append(
+                    appended = await fused.append(
                         conn,
                         lease,
                         session_id=session.id,
@@ -531,11 +537,12 @@ class TurnHandler:
                         message=message_values(new[0], turn.run_id),
                         lax=lax,
                     )
-                seqs = [seq]
+                seqs, turn.watched = [appended.seq], appended.watched
             else:
                 async with self._fenced(lease) as conn:
                     seqs = await self.store.append(conn, session.id, new, run_id=turn.run_id)
-            await self._publish(lease.key, session.id, new, seqs, run_id=turn.run_id)
+                turn.watched = True
+            await self._publish(lease.key, session.id, new, seqs, run_id=turn.run_id, remote=turn.watched)
 
         async def finish(final: ChatMessage, record: RunRecord) -> None:
             await self._finish(turn, final, record, reply_to=turn.reply_to, extra=())
@@ -548,7 +555,9 @@ class TurnHandler:
         async def on_delta(text: str) -> None:
             assert self.bus is not None
             await self.bus.publish(
-                lease.key, {"type": "delta", "session_key": lease.key, "run_id": turn.run_id, "text": text}
+                lease.key,
+                {"type": "delta", "session_key": lease.key, "run_id": turn.run_id, "text": text},
+                remote=turn.watched,
             )
 
         async def at_boundary() -> StopRequest | None:
@@ -597,7 +606,7 @@ class TurnHandler:
                     await self._read_run_row(conn, turn)
                 now = outbox_row["created_at"]
                 trace = self._run_trace(turn, record, finished=True, now=now)
-                seq, turn.upcoming = await fused.finish(
+                finished = await fused.finish(
                     conn,
                     lease,
                     session_id=session.id,
@@ -610,13 +619,14 @@ class TurnHandler:
                     trace=trace,
                 )
             self._run_saved(turn, record, trace, finished=True)
-            seqs = [seq]
+            seqs, turn.watched, turn.upcoming = [finished.seq], finished.watched, finished.upcoming
         else:
             async with self._fenced(lease) as conn:
                 seqs = await self.store.append(conn, session.id, [final], run_id=turn.run_id)
                 await conn.execute(_INSERT_OUTBOX, outbox_row)
                 await Inbox.mark(conn, [r.id for r in rows], "done", run_id=link)
                 await self._save_run(conn, turn, record, finished=True)
+            turn.watched = True
         # The answer is the session's newest message: the after-turn hooks count from it.
         turn.session = replace(session, next_seq=seqs[-1] + 1)
         known = None
@@ -628,7 +638,7 @@ class TurnHandler:
         if known is not None:
             await asyncio.sleep(0)  # the woken waiters answer before the after-turn work
         self.on_outbox()
-        await self._publish(lease.key, session.id, [final], seqs, run_id=turn.run_id)
+        await self._publish(lease.key, session.id, [final], seqs, run_id=turn.run_id, remote=turn.watched)
 
     async def _save_run(
         self, conn: AsyncConnection, turn: _Turn, record: RunRecord, *, finished: bool
@@ -1000,8 +1010,12 @@ class TurnHandler:
         seqs: Sequence[int],
         *,
         run_id: int | None = None,
+        remote: bool = True,
     ) -> None:
-        """Tell watchers (browser gateway) about committed messages, after the commit."""
+        """Tell watchers (browser gateway) about committed messages, after the commit.
+
+        `remote=False`: the statement that wrote them saw no replica watch the key.
+        """
         if self.bus is None:
             return
         for msg, seq in zip(new, seqs, strict=True):
@@ -1020,6 +1034,7 @@ class TurnHandler:
                     "event_id": msg.event_id,
                     "run_id": run_id,
                 },
+                remote=remote,
             )
 
     async def _message_count(self, session_id: int) -> int:

@@ -1,4 +1,7 @@
-"""The PostgreSQL session bus between two replicas (two bus instances, one database)."""
+"""The PostgreSQL session bus between two replicas (two bus instances, one database).
+
+The database is migrated: a bus marks the keys it LISTENs for in `session_keys`.
+"""
 
 from __future__ import annotations
 
@@ -7,15 +10,21 @@ import secrets
 from typing import Any
 
 import asyncpg
+import pytest
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.gateway.pg_bus import PgSessionBus, asyncpg_dsn
+from app.db.models import session_keys, utcnow
+from app.events import InboundEvent
+from app.gateway.pg_bus import PgSessionBus, asyncpg_dsn, channel_for
+from tests.conftest import ServeApp
 
 
 async def _next(queue: asyncio.Queue[dict[str, Any]], timeout: float = 5.0) -> dict[str, Any]:
     return await asyncio.wait_for(queue.get(), timeout)
 
 
-async def test_events_cross_replicas_in_order_big_ones_too(pg_url: str) -> None:
+async def test_events_cross_replicas_in_order_big_ones_too(pg_url: str, pg_engine: AsyncEngine) -> None:
     a, b = PgSessionBus(pg_url), PgSessionBus(pg_url)
     await a.start()
     await b.start()
@@ -44,7 +53,7 @@ async def test_events_cross_replicas_in_order_big_ones_too(pg_url: str) -> None:
         await b.stop()
 
 
-async def test_lost_listener_reconnects_and_asks_for_a_resync(pg_url: str) -> None:
+async def test_lost_listener_reconnects_and_asks_for_a_resync(pg_url: str, pg_engine: AsyncEngine) -> None:
     a, b = PgSessionBus(pg_url, reconnect_delay=0.1), PgSessionBus(pg_url, reconnect_delay=0.1)
     await a.start()
     await b.start()
@@ -64,3 +73,72 @@ async def test_lost_listener_reconnects_and_asks_for_a_resync(pg_url: str) -> No
     finally:
         await a.stop()
         await b.stop()
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+async def test_turns_notify_other_replicas_only_while_one_watches_the_key(serve: ServeApp) -> None:
+    """Nobody watches: no NOTIFY at all. A replica subscribes: it gets the whole turn."""
+    async with serve() as srv:
+        key = "webhook:c"
+        heard: list[str] = []
+        eavesdropper = await asyncpg.connect(asyncpg_dsn(srv.runtime.settings.database_url))
+        # LISTENs without marking the key watched, as no replica would: hears every NOTIFY.
+        await eavesdropper.add_listener(channel_for(key), lambda *args: heard.append(args[-1]))
+        replica = PgSessionBus(srv.runtime.settings.database_url)
+        await replica.start()
+        try:
+            inbox_ = srv.runtime.inbox
+            [first] = await inbox_.accept([InboundEvent.from_text("webhook", "c", "u", "hello")])
+            assert (await inbox_.wait_for_replies(first.event_id, 10)).done
+            await asyncio.sleep(0.3)  # a NOTIFY would be on its way by now
+            assert heard == []
+            async with replica.subscribe(key) as watching:
+                async with srv.runtime.engine.connect() as conn:
+                    until = (
+                        await conn.execute(
+                            select(session_keys.c.watched_until).where(session_keys.c.key == key)
+                        )
+                    ).scalar_one()
+                assert until is not None and until > utcnow()
+                [second] = await inbox_.accept([InboundEvent.from_text("webhook", "c", "u", "again")])
+                assert (await inbox_.wait_for_replies(second.event_id, 10)).done
+                seen = [await _next(watching) for _ in range(3)]
+            assert [e["type"] for e in seen] == ["message", "delta", "message"]
+            assert (seen[0]["role"], seen[0]["content"]) == ("user", "again")
+            assert seen[2]["role"] == "assistant" and seen[2]["seq"] == seen[0]["seq"] + 1
+            assert len(heard) == 3
+        finally:
+            await replica.stop()
+            await eavesdropper.close()
+
+
+async def test_marking_a_key_watched_waits_for_a_statement_holding_its_row(
+    pg_url: str, pg_engine: AsyncEngine
+) -> None:
+    """A turn's fenced statement locks the key's row: subscribing is ordered with it.
+
+    So either the statement sees the mark (and NOTIFYs), or the subscriber reads the
+    history only after the statement committed (see `app.gateway.pg_bus`).
+    """
+    bus = PgSessionBus(pg_url)
+    await bus.start()
+    holder = await asyncpg.connect(asyncpg_dsn(pg_url))
+    try:
+        await holder.execute("INSERT INTO session_keys (key, lease_fence) VALUES ('web:k', 1)")
+        tx = holder.transaction()
+        await tx.start()
+        await holder.execute("UPDATE session_keys SET lease_fence = lease_fence WHERE key = 'web:k'")
+        async with asyncio.timeout(10):
+            subscribing = asyncio.create_task(_subscribed(bus, "web:k"))
+            await asyncio.sleep(0.5)
+            assert not subscribing.done()  # waiting for the row
+            await tx.commit()
+            assert await subscribing
+    finally:
+        await holder.close()
+        await bus.stop()
+
+
+async def _subscribed(bus: PgSessionBus, key: str) -> bool:
+    async with bus.subscribe(key):
+        return True

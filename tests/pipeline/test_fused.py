@@ -316,7 +316,7 @@ async def test_a_run_appends_one_message_in_one_statement_and_only_under_its_lea
     assert started is not None
     call = _tool_group(1)[1]
     async with autocommit(pg_engine).connect() as conn:
-        seq = await fused.append(
+        appended = await fused.append(
             conn,
             lease,
             session_id=started.session.id,
@@ -324,7 +324,7 @@ async def test_a_run_appends_one_message_in_one_statement_and_only_under_its_lea
             message=message_values(call, started.run_id),
             lax=True,
         )
-    assert seq == started.seq + 1
+    assert appended.seq == started.seq + 1
     stored = await store.all_messages(started.session.id)
     assert [m.seq for m in stored] == [1, 2, 3, 4] and stored[-1].tool_calls == call.tool_calls
     assert (await _counts(pg_engine))["next_seq"] == [5]

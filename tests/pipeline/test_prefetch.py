@@ -102,7 +102,7 @@ async def test_a_turns_end_reads_the_rows_after_the_ones_it_finishes(pg_engine: 
     assert started is not None
     now = utcnow()
     async with autocommit(pg_engine).connect() as conn:
-        seq, upcoming = await fused.finish(
+        finished = await fused.finish(
             conn,
             lease,
             session_id=started.session.id,
@@ -136,9 +136,9 @@ async def test_a_turns_end_reads_the_rows_after_the_ones_it_finishes(pg_engine: 
                 "finished_at": now,
             },
         )
-    assert seq == started.seq + 1
-    assert [r.event_id for r in upcoming] == [second, third]
-    assert upcoming == await inbox_.next_rows(KEY, limit=prefetch.LIMIT)
+    assert finished.seq == started.seq + 1
+    assert [r.event_id for r in finished.upcoming] == [second, third]
+    assert finished.upcoming == await inbox_.next_rows(KEY, limit=prefetch.LIMIT)
     async with pg_engine.begin() as conn:  # a row being retried counts as unfinished too
         await conn.execute(update(inbox).where(inbox.c.event_id == second).values(status="processing"))
     assert [r.event_id for r in await inbox_.next_rows(KEY, limit=2)] == [second, third]

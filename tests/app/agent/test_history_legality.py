@@ -98,7 +98,7 @@ class CuttingBus:
         self.count = 0
         self.victim: asyncio.Task[Any] | None = None
 
-    async def publish(self, key: str, event: dict[str, Any]) -> None:
+    async def publish(self, key: str, event: dict[str, Any], *, remote: bool = True) -> None:
         self.count += 1
         if self.cut_after is not None and self.count >= self.cut_after and self.victim is not None:
             self.victim.cancel()
