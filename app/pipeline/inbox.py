@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import bindparam, func, or_, select, text, union_all, update
+from sqlalchemy import bindparam, func, or_, select, union_all, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.channel import AcceptResult, Reply, WaitResult
@@ -52,24 +51,6 @@ _INSERT_NEW = {
     )
     for name in ("postgresql", "sqlite")
 }
-# PostgreSQL: the events of several requests in one statement (`_Grouped`), in the order
-# given; the rows it returns are the new ones (the rest are duplicates).
-_INSERT_GROUP = Direct(
-    text(
-        """
-        INSERT INTO inbox (event_id, channel, external_id, session_key, payload, status, attempts,
-                           created_at, updated_at)
-        SELECT e, c, x, k, p, 'pending', 0, t, t
-        FROM unnest(
-            CAST(:e AS varchar[]), CAST(:c AS varchar[]), CAST(:x AS varchar[]),
-            CAST(:k AS varchar[]), CAST(:p AS json[]), CAST(:t AS timestamptz[])
-        ) WITH ORDINALITY AS given(e, c, x, k, p, t, n)
-        ORDER BY n
-        ON CONFLICT (channel, external_id) DO NOTHING
-        RETURNING event_id
-        """
-    )
-)
 _ORIGINAL = select(inbox.c.event_id, inbox.c.session_key).where(
     inbox.c.channel == bindparam("ch"), inbox.c.external_id == bindparam("ext")
 )
@@ -117,113 +98,6 @@ _CLAIMABLE = (
 )
 
 
-@dataclass(eq=False)
-class _Queued:
-    """An event waiting for a grouped insert (`_Grouped`)."""
-
-    values: dict[str, Any]
-    # True: a group with this event was written (see `inserted`, `error`); False: this
-    # request writes the next group.
-    turn: asyncio.Future[bool]
-    inserted: bool = False  # False: a duplicate
-    error: BaseException | None = None
-
-    def outcome(self) -> bool:
-        if self.error is not None:
-            raise self.error
-        return self.inserted
-
-
-class _Grouped:
-    """PostgreSQL: events accepted while an insert is in flight share the next statement.
-
-    Each accepted event was one statement and one commit. Here the first request writes at
-    once, as before, so an idle server adds no latency. Requests arriving while its
-    statement runs queue up; when it ends, the first of them writes the whole queue in one
-    statement (`_INSERT_GROUP`, in arrival order) while the others wait for it. Every
-    request is still answered only after its own row committed. If a group's statement
-    fails, its events are written one by one, so a bad event fails alone.
-    """
-
-    def __init__(self, reader: AsyncEngine) -> None:
-        self.reader = reader
-        self._queue: list[_Queued] = []
-        self._busy = False
-
-    async def insert(self, values: dict[str, Any]) -> bool:
-        """Insert one event's row; False if its (channel, external id) was there already."""
-        me = _Queued(values, asyncio.get_running_loop().create_future())
-        self._queue.append(me)
-        if self._busy:
-            try:
-                written = await me.turn
-            except asyncio.CancelledError:
-                if me in self._queue:
-                    self._queue.remove(me)  # not written: the platform asks again
-                elif me.turn.done() and not me.turn.cancelled() and me.turn.result() is False:
-                    self._hand_over()  # it was this request's turn to write: pass it on
-                raise
-            if written:
-                return me.outcome()
-        self._busy = True
-        group, self._queue = self._queue, []
-        try:
-            await self._write(group)
-        except BaseException as exc:  # cancelled mid-statement: nobody knows what committed
-            for queued in group:
-                if queued.error is None:
-                    queued.error = RuntimeError(f"the grouped insert did not finish: {exc!r}")
-            raise
-        finally:
-            for queued in group:
-                if queued is not me and not queued.turn.done():
-                    queued.turn.set_result(True)
-            self._hand_over()
-        return me.outcome()
-
-    def _hand_over(self) -> None:
-        while self._queue:
-            queued = self._queue[0]
-            if not queued.turn.done():  # a cancelled request's future is done
-                queued.turn.set_result(False)
-                return
-            self._queue.pop(0)
-        self._busy = False
-
-    async def _write(self, group: list[_Queued]) -> None:
-        try:
-            new = await self._statement(group)
-        except Exception as exc:
-            if len(group) == 1:
-                group[0].error = exc
-                return
-            for queued in group:  # one by one: a bad event fails alone
-                try:
-                    queued.inserted = bool(await self._statement([queued]))
-                except Exception as one:
-                    queued.error = one
-            return
-        for queued in group:
-            queued.inserted = queued.values["event_id"] in new
-
-    async def _statement(self, group: list[_Queued]) -> set[str]:
-        params = {
-            name: [q.values[column] for q in group]
-            for name, column in (
-                ("e", "event_id"),
-                ("c", "channel"),
-                ("x", "external_id"),
-                ("k", "session_key"),
-                ("p", "payload"),
-                ("t", "created_at"),
-            )
-        }
-        params["p"] = [json.dumps(p, separators=(",", ":")) for p in params["p"]]
-        async with self.reader.connect() as conn:
-            rows = await _INSERT_GROUP.rows(conn, params)
-        return {r["event_id"] for r in rows}
-
-
 @dataclass(frozen=True)
 class InboxRow:
     id: int
@@ -245,20 +119,16 @@ class Inbox:
         self.on_accepted: Callable[[str], None] | None = None
         # Results handed over by the turn that handled a waited-for event here.
         self._known: dict[str, WaitResult] = {}
-        self._grouped = _Grouped(self.reader) if engine.dialect.name == "postgresql" else None
 
     async def accept(self, events: Sequence[InboundEvent]) -> list[AcceptResult]:
         """Store events (dedup on channel + external id) and commit; then wake the dispatcher."""
         results: list[AcceptResult] = []
         now = utcnow()
-        if len(events) == 1 and self._grouped is not None:
-            results.append(await self._insert_grouped(events[0], now))
-        else:
-            # One event is one statement (plus a read if it is a duplicate): no BEGIN/COMMIT.
-            single = len(events) == 1
-            async with self.reader.connect() if single else self.engine.begin() as conn:
-                for event in events:
-                    results.append(await self._insert(conn, event, now))
+        # One event is one statement (plus a read if it is a duplicate): no BEGIN/COMMIT.
+        single = len(events) == 1
+        async with self.reader.connect() if single else self.engine.begin() as conn:
+            for event in events:
+                results.append(await self._insert(conn, event, now))
         for res in results:
             if not res.duplicate:
                 self._unhandled[res.event_id] = None
@@ -268,27 +138,27 @@ class Inbox:
                     self.on_accepted(res.session_key)
         return results
 
-    async def _insert_grouped(self, event: InboundEvent, now: datetime) -> AcceptResult:
-        assert self._grouped is not None
-        if await self._grouped.insert(_row_values(event, now)):
-            return AcceptResult(event_id=event.event_id, session_key=event.session_key)
-        async with self.reader.connect() as conn:
-            return await self._original(conn, event)
-
-    async def _original(self, conn: AsyncConnection, event: InboundEvent) -> AcceptResult:
-        original = (await conn.execute(_ORIGINAL, {"ch": event.channel, "ext": event.external_id})).one()
-        return AcceptResult(event_id=original[0], session_key=original[1], duplicate=True)
-
     async def _insert(self, conn: AsyncConnection, event: InboundEvent, now: datetime) -> AcceptResult:
         key = event.session_key
-        values = _row_values(event, now)
+        values = dict(
+            event_id=event.event_id,
+            channel=event.channel,
+            external_id=event.external_id,
+            session_key=key,
+            payload=event.model_dump(mode="json"),
+            status="pending",
+            attempts=0,
+            created_at=now,
+            updated_at=now,
+        )
         if event.external_id is None:
             await _INSERT.rows(conn, values)
             return AcceptResult(event_id=event.event_id, session_key=key)
         inserted = await _INSERT_NEW[conn.dialect.name].first(conn, values)
         if inserted is not None:
             return AcceptResult(event_id=event.event_id, session_key=key)
-        return await self._original(conn, event)
+        original = (await conn.execute(_ORIGINAL, {"ch": event.channel, "ext": event.external_id})).one()
+        return AcceptResult(event_id=original[0], session_key=original[1], duplicate=True)
 
     # --- for the key's lease holder ----------------------------------------------
 
@@ -381,20 +251,6 @@ class Inbox:
                 reply_of(r["message_id"], r["payload"], r["status"]) for r in rows if r["id"] is not None
             ],
         )
-
-
-def _row_values(event: InboundEvent, now: datetime) -> dict[str, Any]:
-    return dict(
-        event_id=event.event_id,
-        channel=event.channel,
-        external_id=event.external_id,
-        session_key=event.session_key,
-        payload=event.model_dump(mode="json"),
-        status="pending",
-        attempts=0,
-        created_at=now,
-        updated_at=now,
-    )
 
 
 def reply_of(message_id: str, payload: dict[str, Any], status: str) -> Reply:
