@@ -76,7 +76,8 @@ async def test_rows_a_worker_finished_while_the_take_waited_for_its_release_are_
         taking = asyncio.create_task(_take(pg_engine, "me"))
         for _ in range(200):  # until the take waits for the other worker's row lock
             waiting = await watcher.fetchval(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'WITH%'"
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND wait_event_type = 'Lock' AND query LIKE 'WITH%'"
             )
             if waiting:
                 break
