@@ -15,8 +15,6 @@ from collections.abc import Callable, Mapping
 import structlog
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.db.engine import autocommit
-from app.db.models import utcnow
 from app.errors import LeaseLost
 from app.events import BusyPolicy
 from app.pipeline import prefetch
@@ -161,15 +159,9 @@ class Dispatcher:
 
     async def _acquire(self, key: str) -> tuple[leases.SessionLease | None, list[InboxRow] | None]:
         """The key's lease, and its next rows when the taking statement could read them."""
-        if not self._prefetch:
-            return await leases.acquire(self.engine, key, self.owner, self.lease_ttl), None
-        now = utcnow()
-        async with autocommit(self.engine).connect() as conn:
-            taken = await prefetch.take(conn, key, self.owner, leases.expiry(now, self.lease_ttl))
-            if taken is not None:
-                fence, rows = taken
-                return leases.SessionLease(key, self.owner, fence), rows
-            return await leases.take_expired(conn, key, self.owner, self.lease_ttl, now=now), None
+        if self._prefetch:
+            return await prefetch.acquire(self.engine, key, self.owner, self.lease_ttl)
+        return await leases.acquire(self.engine, key, self.owner, self.lease_ttl), None
 
     async def _drain_leased(self, key: str) -> bool:
         lease, known = await self._acquire(key)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -22,12 +22,20 @@ from app.events import InboundEvent
 ACTIVE_STATUSES = INBOX_UNFINISHED
 
 
-_NEXT_ROWS = Direct(  # built once: the dispatcher runs it before every turn
-    select(inbox)
-    .where(inbox.c.session_key == bindparam("k"), one_of(inbox.c.status, ACTIVE_STATUSES))
-    .order_by(inbox.c.id)
-    .limit(bindparam("limit"))
-)
+# What an `InboxRow` is made of.
+_ROW_COLUMNS = ("id", "event_id", "channel", "session_key", "attempts", "payload")
+
+
+def unfinished_rows() -> Any:
+    """The `k` key's unfinished rows in inbox order (the order they are handled in)."""
+    return (
+        select(*(inbox.c[name] for name in _ROW_COLUMNS))
+        .where(inbox.c.session_key == bindparam("k"), one_of(inbox.c.status, ACTIVE_STATUSES))
+        .order_by(inbox.c.id)
+    )
+
+
+_NEXT_ROWS = Direct(unfinished_rows().limit(bindparam("limit")))  # built once: used before turns
 # The other columns to set come with the parameters.
 _MARK = update(inbox).where(inbox.c.id.in_(bindparam("ids", expanding=True)))
 _MARK_BUMP = _MARK.values(attempts=inbox.c.attempts + 1)
@@ -107,6 +115,18 @@ class InboxRow:
     attempts: int
     event: InboundEvent
 
+    @classmethod
+    def of(cls, row: Mapping[str, Any]) -> InboxRow:
+        """From a row (or JSON object) with the `_ROW_COLUMNS`."""
+        return cls(
+            id=row["id"],
+            event_id=row["event_id"],
+            channel=row["channel"],
+            session_key=row["session_key"],
+            attempts=row["attempts"],
+            event=InboundEvent.model_validate(row["payload"]),
+        )
+
 
 class Inbox:
     def __init__(self, engine: AsyncEngine) -> None:
@@ -165,17 +185,7 @@ class Inbox:
     async def next_rows(self, key: str, limit: int) -> list[InboxRow]:
         async with self.reader.connect() as conn:
             rows = await _NEXT_ROWS.rows(conn, {"k": key, "limit": limit})
-        return [
-            InboxRow(
-                id=r["id"],
-                event_id=r["event_id"],
-                channel=r["channel"],
-                session_key=r["session_key"],
-                attempts=r["attempts"],
-                event=InboundEvent.model_validate(r["payload"]),
-            )
-            for r in rows
-        ]
+        return [InboxRow.of(r) for r in rows]
 
     @staticmethod
     async def mark(

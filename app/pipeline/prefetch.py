@@ -19,51 +19,31 @@ interleaving happen.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Integer, and_, bindparam, case, func, literal_column, or_, select
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db.direct import Direct, rows_as_json
 from app.db.engine import lax_commit
-from app.db.models import INBOX_UNFINISHED, inbox, one_of, session_keys
-from app.events import InboundEvent
-from app.pipeline.inbox import InboxRow
+from app.db.models import inbox, session_keys
+from app.pipeline.inbox import InboxRow, unfinished_rows
 from app.sessions import lease as leases
 
 _K = session_keys.c
-_COLUMNS = ("id", "event_id", "channel", "session_key", "attempts", "payload")
 
 
 def upcoming(limit: int, *, exclude: Any = None) -> Any:
-    """The `k` key's first `limit` unfinished rows in inbox order (but `exclude`d ids), as JSON."""
-    conditions = [inbox.c.session_key == bindparam("k"), one_of(inbox.c.status, INBOX_UNFINISHED)]
+    """`Inbox.next_rows` of the `k` key (but `exclude`d ids) as JSON, for `rows_from`."""
+    rows = unfinished_rows()
     if exclude is not None:
-        conditions.append(inbox.c.id != func.all(exclude))
-    rows = (
-        select(*(inbox.c[name] for name in _COLUMNS))
-        .where(*conditions)
-        .order_by(inbox.c.id)
-        .limit(limit)
-        .subquery("upcoming")
-    )
-    return rows_as_json(rows, "upcoming", rows.c.id)
+        rows = rows.where(inbox.c.id != func.all(exclude))
+    subquery = rows.limit(limit).subquery("upcoming")
+    return rows_as_json(subquery, "upcoming", subquery.c.id)
 
 
-def rows_from(objects: Sequence[dict[str, Any]]) -> list[InboxRow]:
-    return [
-        InboxRow(
-            id=o["id"],
-            event_id=o["event_id"],
-            channel=o["channel"],
-            session_key=o["session_key"],
-            attempts=o["attempts"],
-            event=InboundEvent.model_validate(o["payload"]),
-        )
-        for o in objects
-    ]
+def rows_from(objects: list[dict[str, Any]]) -> list[InboxRow]:
+    return [InboxRow.of(o) for o in objects]
 
 
 # What a turn needs to know of the rows after it: the next one, and whether one more waits.
@@ -90,16 +70,14 @@ def _take_statement() -> Any:
 TAKE = Direct(_take_statement())
 
 
-async def take(
-    conn: AsyncConnection, key: str, owner: str, expires: datetime
-) -> tuple[int, list[InboxRow] | None] | None:
-    """Take the key's free lease (or create the key holding it), reading its next rows.
+async def acquire(
+    engine: AsyncEngine, key: str, owner: str, ttl: float
+) -> tuple[leases.SessionLease | None, list[InboxRow] | None]:
+    """`leases.acquire`, with the key's next rows when it took a free lease and could read them.
 
-    Returns the new fence and the rows (None: read them separately, see the module), or
-    None when the lease is held by another owner (or expired: `leases.acquire` decides).
+    The rows are None when read separately is the right thing (see the module), and when
+    the lease was held (no lease) or taken over after it expired.
     """
-    row = await TAKE.first(conn, {"k": key, "o": owner, "exp": expires})
-    if row is None:
-        return None
-    objects = row["upcoming"]
-    return row["lease_fence"], None if objects is None else rows_from(objects)
+    lease, taken = await leases.acquire_reading(engine, key, owner, ttl, take=TAKE)
+    objects = None if taken is None else taken["upcoming"]
+    return lease, None if objects is None else rows_from(objects)

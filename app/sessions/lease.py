@@ -100,26 +100,34 @@ async def acquire(
     Taking a free lease is one statement, whether the key's row exists or is created by
     it (an upsert); taking an expired lease over (`took_over`) is the slower path.
     """
+    lease, _ = await acquire_reading(engine, key, owner, ttl, now=now)
+    return lease
+
+
+async def acquire_reading(
+    engine: AsyncEngine,
+    key: str,
+    owner: str,
+    ttl: float,
+    *,
+    take: Direct | None = None,
+    now: datetime | None = None,
+) -> tuple[SessionLease | None, Any]:
+    """`acquire`, also returning the row of the statement that took a free lease (else None).
+
+    `take` replaces that statement: `take_free_or_new` returning `lease_fence` and whatever
+    else it reads in the same statement (`app.pipeline.prefetch`).
+    """
     now = now or utcnow()
+    params = {"k": key, "o": owner, "exp": now + timedelta(seconds=ttl), "now": now}
     # Each statement is atomic on its own: no transaction around them (no BEGIN/COMMIT).
     async with autocommit(engine).connect() as conn:
-        taken = await _TAKE[conn.dialect.name].first(conn, {"k": key, "o": owner, "exp": expiry(now, ttl)})
+        statement = take or _TAKE[conn.dialect.name]
+        taken = await statement.first(conn, params)
         if taken is not None:
-            return SessionLease(key, owner, taken["lease_fence"])
-        return await take_expired(conn, key, owner, ttl, now=now)
-
-
-def expiry(now: datetime, ttl: float) -> datetime:
-    return now + timedelta(seconds=ttl)
-
-
-async def take_expired(
-    conn: AsyncConnection, key: str, owner: str, ttl: float, *, now: datetime
-) -> SessionLease | None:
-    """Take over the key's lease from another owner whose lease expired; None if it is live."""
-    params = {"k": key, "o": owner, "exp": expiry(now, ttl), "now": now}
-    fence = (await conn.execute(_TAKE_EXPIRED, params)).scalar()
-    return SessionLease(key, owner, fence, took_over=True) if fence is not None else None
+            return SessionLease(key, owner, taken["lease_fence"]), taken
+        fence = (await conn.execute(_TAKE_EXPIRED, params)).scalar()
+    return (SessionLease(key, owner, fence, took_over=True) if fence is not None else None), None
 
 
 def _mine(lease: SessionLease) -> dict[str, Any]:

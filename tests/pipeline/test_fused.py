@@ -77,6 +77,46 @@ async def _start(engine: AsyncEngine, lease: SessionLease, inbox_id: int, **over
         return await fused.start(conn, lease, **args)
 
 
+async def finish(engine: AsyncEngine, lease: SessionLease, started: Any, row_id: int, answer: str) -> Any:
+    """`fused.finish` of the turn `_start` started for the inbox row `row_id`, answering `answer`."""
+    now = utcnow()
+    async with autocommit(engine).connect() as conn:
+        return await fused.finish(
+            conn,
+            lease,
+            session_id=started.session.id,
+            now=now,
+            message=message_values(ChatMessage(role="assistant", content=answer), started.run_id),
+            reply=dict(
+                message_id="m1",
+                session_key=KEY,
+                session_id=started.session.id,
+                run_id=started.run_id,
+                event_id="e1",
+                channel="webhook",
+                chat_id="c",
+                payload={},
+                status="pending",
+                attempts=0,
+                next_attempt_at=now,
+                created_at=now,
+            ),
+            inbox_ids=[row_id],
+            link=started.run_id,
+            run_id=started.run_id,
+            trace={
+                "outcome": "answered",
+                "tool_calls": [],
+                "details": {},
+                "event_ids": ["e1"],
+                "iterations": 1,
+                "prompt_tokens": 0,
+                "completion_tokens": 0,
+                "finished_at": now,
+            },
+        )
+
+
 async def _counts(engine: AsyncEngine) -> dict[str, Any]:
     async with engine.connect() as conn:
         return {
@@ -117,34 +157,8 @@ async def test_a_lost_lease_writes_nothing_at_the_start_or_the_end(pg_engine: As
         await _start(pg_engine, lease, row_id)
     with pytest.raises(LeaseLost):  # nor would it open a new generation
         await _start(pg_engine, lease, row_id, cutoff=utcnow() + timedelta(seconds=1))
-    now = utcnow()
     with pytest.raises(LeaseLost):
-        async with autocommit(pg_engine).connect() as conn:
-            await fused.finish(
-                conn,
-                lease,
-                session_id=started.session.id,
-                now=now,
-                message=message_values(ChatMessage(role="assistant", content="late"), started.run_id),
-                reply=dict(
-                    message_id="m1",
-                    session_key=KEY,
-                    session_id=started.session.id,
-                    run_id=started.run_id,
-                    event_id="e1",
-                    channel="webhook",
-                    chat_id="c",
-                    payload={},
-                    status="pending",
-                    attempts=0,
-                    next_attempt_at=now,
-                    created_at=now,
-                ),
-                inbox_ids=[row_id],
-                link=started.run_id,
-                run_id=started.run_id,
-                trace={"outcome": "ok", "tool_calls": [], "details": {}, "event_ids": ["e1"]},
-            )
+        await finish(pg_engine, lease, started, row_id, "late")
     assert await _counts(pg_engine) == before
 
 

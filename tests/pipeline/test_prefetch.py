@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
 from typing import Any
 
 import asyncpg
@@ -11,21 +10,18 @@ import pytest
 from sqlalchemy import event, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.db.engine import autocommit
-from app.db.models import inbox, utcnow
+from app.db.models import inbox
 from app.events import InboundEvent
-from app.pipeline import fused, prefetch
+from app.pipeline import prefetch
 from app.pipeline.inbox import _NEXT_ROWS, Inbox, InboxRow
 from app.sessions import lease as leases
-from app.sessions.messages import ChatMessage
-from app.sessions.store import message_values
 from tests.conftest import ServeApp
-from tests.pipeline.test_fused import ANSWERED, KEY, _start, _with_session
+from tests.pipeline.test_fused import ANSWERED, KEY, _start, _with_session, finish
 
 
 async def _take(engine: AsyncEngine, owner: str) -> tuple[int, list[InboxRow] | None] | None:
-    async with autocommit(engine).connect() as conn:
-        return await prefetch.take(conn, KEY, owner, utcnow() + timedelta(seconds=30))
+    lease, rows = await prefetch.acquire(engine, KEY, owner, 30)
+    return None if lease is None else (lease.fence, rows)
 
 
 async def _accept(inbox_: Inbox, *texts: str) -> list[str]:
@@ -101,42 +97,7 @@ async def test_a_turns_end_reads_the_rows_after_the_ones_it_finishes(pg_engine: 
     second, third = await _accept(inbox_, "two", "three")
     started = await _start(pg_engine, lease, row_id)
     assert started is not None
-    now = utcnow()
-    async with autocommit(pg_engine).connect() as conn:
-        finished = await fused.finish(
-            conn,
-            lease,
-            session_id=started.session.id,
-            now=now,
-            message=message_values(ChatMessage(role="assistant", content="hi"), started.run_id),
-            reply=dict(
-                message_id="m1",
-                session_key=KEY,
-                session_id=started.session.id,
-                run_id=started.run_id,
-                event_id="e1",
-                channel="webhook",
-                chat_id="c",
-                payload={},
-                status="pending",
-                attempts=0,
-                next_attempt_at=now,
-                created_at=now,
-            ),
-            inbox_ids=[row_id],
-            link=started.run_id,
-            run_id=started.run_id,
-            trace={
-                "outcome": "answered",
-                "tool_calls": [],
-                "details": {},
-                "event_ids": ["e1"],
-                "iterations": 1,
-                "prompt_tokens": 0,
-                "completion_tokens": 0,
-                "finished_at": now,
-            },
-        )
+    finished = await finish(pg_engine, lease, started, row_id, "hi")
     assert finished.seq == started.seq + 1
     assert [r.event_id for r in finished.upcoming] == [second, third]
     assert finished.upcoming == await inbox_.next_rows(KEY, limit=prefetch.LIMIT)
