@@ -25,7 +25,7 @@ SQLite has no data-modifying CTEs: there the same writes run one by one in a tra
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -222,18 +222,30 @@ def _finish_statement() -> Any:
 FINISH = Direct(_finish_statement())
 
 
-def _append_statement(lax: bool) -> Any:
-    """One message appended during a run (a tool call, a tool result): fence, seq, row."""
+# How many of the key's rows the boundary after a group's tool results looks at.
+PENDING_LIMIT = 50
+
+
+def _append_statement(lax: bool, pending: bool) -> Any:
+    """One message appended during a run (a tool call, a tool result): fence, seq, row.
+
+    With `pending` it also reads the key's unfinished rows but the turn's own (`handled`),
+    the first `PENDING_LIMIT` as `Inbox.next_rows` reads them: what the boundary after a
+    group's tool results looks at, so it needs no read of its own.
+    """
     fence, _, message = _fenced_message()
+    handled = bindparam("handled", type_=ARRAY(BigInteger))
     return select(
         _count(fence, "held"),
         _watched(fence),
         select(message.c.seq).scalar_subquery().label("seq"),
+        *([upcoming(PENDING_LIMIT, exclude=handled).label("pending")] if pending else []),
         *([lax_commit()] if lax else []),
     )
 
 
-APPEND = {lax: Direct(_append_statement(lax)) for lax in (False, True)}
+_BOTH = (False, True)
+APPEND = {(lax, pending): Direct(_append_statement(lax, pending)) for lax in _BOTH for pending in _BOTH}
 
 
 def _start_statement(recall: bool | None) -> Any:
@@ -462,6 +474,15 @@ async def start(
     )
 
 
+def stored_window(started: Started, user: ChatMessage) -> list[ChatMessage]:
+    """The rows `SessionStore.load_window` would read now, oldest first, the new user message last.
+
+    `started` read the newest `wlimit` messages after `last_consolidated` before the
+    statement; with `wlimit=max_messages` the newest `max_messages` of these are the read's.
+    """
+    return [*started.window, message_from_row({**message_values(user, None), "seq": started.seq})]
+
+
 def first_window(
     started: Started, user: ChatMessage, *, max_messages: int | None, max_tokens: int | None
 ) -> list[ChatMessage]:
@@ -470,8 +491,8 @@ def first_window(
     The newest `max_messages` after `last_consolidated`, the new user message among them,
     made legal. `started` read the window with `wlimit=max_messages`.
     """
-    stored = message_from_row({**message_values(user, None), "seq": started.seq})
-    return trim_to_legal_window([*started.window, stored], max_messages=max_messages, max_tokens=max_tokens)
+    stored = stored_window(started, user)
+    return trim_to_legal_window(stored, max_messages=max_messages, max_tokens=max_tokens)
 
 
 def _memory(row: dict[str, Any]) -> Memory:
@@ -483,6 +504,8 @@ def _memory(row: dict[str, Any]) -> Memory:
 class Appended:
     seq: int  # the message's
     watched: bool  # some replica's session bus watches the key (`_WATCHED`)
+    # The key's unfinished rows but `handled` (`_append_statement`); None: not asked.
+    pending: list[InboxRow] | None = field(default=None, kw_only=True)
 
 
 @dataclass(frozen=True)
@@ -520,7 +543,8 @@ async def finish(
     params.update({"o_" + name: reply[name] for name in _OUTBOX_FIELDS})
     params.update({"r_" + name: trace.get(name) for name in _RUN_TRACE})
     row = await _execute_fenced(conn, FINISH, lease, params)
-    return Finished(_appended_seq(row, session_id, lease), row["watched"], rows_from(row["upcoming"]))
+    seq = _appended_seq(row, session_id, lease)
+    return Finished(seq, row["watched"], upcoming=rows_from(row["upcoming"]))
 
 
 async def append(
@@ -531,15 +555,21 @@ async def append(
     now: datetime,
     message: Mapping[str, Any],
     lax: bool,
+    handled: Sequence[int] | None = None,
 ) -> Appended:
     """Append one message in one statement (`lax`: see `lax_commit`).
 
-    Raises `LeaseLost`, having written nothing, when the lease is no longer ours.
+    With `handled` (the turn's inbox row ids) it also reads the key's other unfinished
+    rows (`Appended.pending`). Raises `LeaseLost`, having written nothing, when the lease
+    is no longer ours.
     """
     params: dict[str, Any] = {"sid": session_id, "now": now}
     params.update({"m_" + name: message.get(name) for name in _MESSAGE_FIELDS})
-    row = await _execute_fenced(conn, APPEND[lax], lease, params)
-    return Appended(_appended_seq(row, session_id, lease), row["watched"])
+    if handled is not None:
+        params["handled"] = list(handled)
+    row = await _execute_fenced(conn, APPEND[lax, handled is not None], lease, params)
+    pending = None if handled is None else rows_from(row["pending"])
+    return Appended(_appended_seq(row, session_id, lease), row["watched"], pending=pending)
 
 
 def _appended_seq(row: Any, session_id: int, lease: SessionLease) -> int:

@@ -61,7 +61,8 @@ from app.pipeline.approvals import (
 from app.pipeline.inbox import Inbox, InboxRow, reply_of
 from app.sessions.lease import SessionLease, check_fence
 from app.sessions.messages import ChatMessage
-from app.sessions.store import SessionState, SessionStore, message_values
+from app.sessions.store import SessionState, SessionStore, message_from_row, message_values
+from app.sessions.window import trim_to_legal_window
 
 log = structlog.get_logger(__name__)
 
@@ -172,9 +173,9 @@ _Started = tuple[SessionState, int | None, RunRow | None, list[ChatMessage], lis
 
 @dataclass(frozen=True)
 class _FirstRead:
-    """What a one-statement start read for the run: its first window and memory recall."""
+    """What a one-statement start read for the run: its stored window and memory recall."""
 
-    window: list[ChatMessage]
+    stored: list[ChatMessage]  # the newest messages after `last_consolidated`, as stored
     recalled: list[Memory] | None  # None: not read (memory is off)
     watched: bool  # some replica's session bus watches the key (`fused.Started.watched`)
 
@@ -195,11 +196,17 @@ class _Turn:
     # Otherwise the run is this turn's own, and its answer is the run's only reply.
     link_rows: bool = True
     run_row: RunRow | None = None  # None: read it when saving
-    # Read by the turn's start already (`_FirstRead`): the first `load_window` and the recall.
-    first_window: list[ChatMessage] | None = None
+    # The session's newest messages after `last_consolidated` as stored, oldest first: read
+    # by the turn's one-statement start (`_FirstRead`), then kept up to date with what the
+    # turn appends. The turn holds the key's lease, so nobody else appends meanwhile, and
+    # `load_window` trims this instead of reading the same rows again. None: read them.
+    stored: list[ChatMessage] | None = None
     recalled: list[Memory] | None = None
     # Read by the turn's one-statement end: the key's next unfinished rows (`prefetch`).
     upcoming: list[InboxRow] | None = None
+    # The key's unfinished rows but the turn's own, as the latest append read them (a tool
+    # result's, `fused.append`): what the boundary after the group looks at. None: read them.
+    pending: list[InboxRow] | None = None
     # Whether another replica may watch the key, as its latest one-statement write saw it
     # (`app.gateway.pg_bus`): if not, its messages and deltas are not NOTIFYed.
     watched: bool = True
@@ -325,7 +332,7 @@ class TurnHandler:
             origin=last,
             reply_to=last,
             run_row=run_row,
-            first_window=read.window if read is not None else None,
+            stored=read.stored if read is not None else None,
             recalled=read.recalled if read is not None else None,
             watched=watched,
         )
@@ -371,10 +378,9 @@ class TurnHandler:
         if started is None:
             return None, None
         self.store.remember(lease.key, started.session, fence=lease.fence)
-        window = fused.first_window(
-            started, user, max_messages=self.limits.max_messages, max_tokens=self.limits.max_tokens
+        read = _FirstRead(
+            stored=fused.stored_window(started, user), recalled=started.recalled, watched=started.watched
         )
-        read = _FirstRead(window=window, recalled=started.recalled, watched=started.watched)
         return (started.session, started.run_id, run_row, [user], [started.seq]), read
 
     async def _start(self, lease: SessionLease, live: list[InboxRow], answer: bool) -> _Started:
@@ -515,11 +521,13 @@ class TurnHandler:
         lease, session = turn.lease, turn.session
 
         async def load_window() -> list[ChatMessage]:
-            if turn.first_window is not None:
-                first, turn.first_window = turn.first_window, None
-                return first
+            limits = self.limits
+            if turn.stored is not None:  # what `SessionStore.load_window` would read now
+                return trim_to_legal_window(
+                    turn.stored, max_messages=limits.max_messages, max_tokens=limits.max_tokens
+                )
             return await self.store.load_window(
-                session, max_messages=self.limits.max_messages, max_tokens=self.limits.max_tokens
+                session, max_messages=limits.max_messages, max_tokens=limits.max_tokens
             )
 
         async def append(new: list[ChatMessage]) -> None:
@@ -528,6 +536,9 @@ class TurnHandler:
                 # run is retried); tool results record what a tool did and wait for the
                 # disk, which also flushes the calls before them.
                 lax = new[0].role == "assistant" and bool(new[0].tool_calls)
+                # A tool result may be the group's last: it reads what the boundary after
+                # the group looks at (`_at_boundary`).
+                handled = turn.handled_ids if new[0].role == "tool" else None
                 async with self.store.reader.connect() as conn:
                     appended = await fused.append(
                         conn,
@@ -536,12 +547,14 @@ class TurnHandler:
                         now=utcnow(),
                         message=message_values(new[0], turn.run_id),
                         lax=lax,
+                        handled=None if handled is None else sorted(handled),
                     )
-                seqs, turn.watched = [appended.seq], appended.watched
+                seqs, turn.watched, turn.pending = [appended.seq], appended.watched, appended.pending
             else:
                 async with self._fenced(lease) as conn:
                     seqs = await self.store.append(conn, session.id, new, run_id=turn.run_id)
-                turn.watched = True
+                turn.watched, turn.pending = True, None
+            self._stored(turn, new, seqs)
             await self._publish(lease.key, session.id, new, seqs, run_id=turn.run_id, remote=turn.watched)
 
         async def finish(final: ChatMessage, record: RunRecord) -> None:
@@ -583,6 +596,18 @@ class TurnHandler:
             gate=gate,
             pause=pause,
         )
+
+    def _stored(self, turn: _Turn, new: Sequence[ChatMessage], seqs: Sequence[int]) -> None:
+        """Add messages the turn appended to `turn.stored`, as a read would return them."""
+        if turn.stored is None:
+            return
+        turn.stored.extend(
+            message_from_row({**message_values(m, turn.run_id), "seq": seq})
+            for m, seq in zip(new, seqs, strict=True)
+        )
+        limit = self.limits.max_messages
+        if limit is not None and len(turn.stored) > limit:
+            del turn.stored[:-limit]  # a read takes the newest `max_messages` only
 
     async def _finish(
         self,
@@ -701,9 +726,13 @@ class TurnHandler:
     async def _at_boundary(self, turn: _Turn) -> StopRequest | None:
         """Between tool-call groups: a `/stop` ends the run; `steer` injects new messages."""
         signal = self._input_signals.get(turn.lease.key)
+        arrived = signal is not None and signal.is_set()
         if signal is not None:
             signal.clear()
-        pending = await self._pending_after(turn)
+        # The last tool result's statement read them, unless an event arrived here since.
+        pending, turn.pending = turn.pending, None
+        if pending is None or arrived:
+            pending = await self._pending_after(turn)
         if not pending:
             return None
         stop = self._stop_in(pending)
@@ -732,6 +761,7 @@ class TurnHandler:
                 if r.attempts == 0 or not await self.store.has_event(conn, session.id, r.event_id)
             ]
             seqs = await self.store.append(conn, session.id, new_user, run_id=turn.run_id)
+        self._stored(turn, new_user, seqs)
         turn.rows.extend(rows)
         log.info("steered", event_ids=[r.event_id for r in rows])
         await self._publish(lease.key, session.id, new_user, seqs, run_id=turn.run_id)

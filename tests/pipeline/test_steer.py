@@ -100,6 +100,38 @@ async def test_steer_injects_a_message_at_the_next_tool_boundary(serve: ServeApp
     assert run["outcome"] == "ok"
 
 
+async def test_steer_from_another_replica_is_injected_at_the_boundary(serve: ServeApp) -> None:
+    """No in-process wake-up: the boundary finds the message through the database.
+
+    On PostgreSQL the statement appending the tool result reads it (`fused.append`).
+    """
+    slow = BlockingTool()
+    async with FakeOpenAI() as fake:
+        fake.enqueue(calls(ToolCall("slow", {}, id="call_slow")), text("Done, in blue."))
+        channel = {"webhook": webhook_settings(busy_policy=BusyPolicy.STEER)}
+        async with serve(
+            channel_settings=channel, tools=[*builtin_tools(), slow], **openai_settings(fake)
+        ) as srv:
+            first = await send(srv, "do the slow thing")
+            await asyncio.wait_for(slow.started.wait(), 10)
+            other_replica = Inbox(srv.runtime.engine)
+            steering = InboundEvent.from_text("webhook", "c1", "u1", "make it blue")
+            [second] = await other_replica.accept([steering])
+            slow.release.set()
+            done = await other_replica.wait_for_replies(second.event_id, 10)
+            await history_is_legal(srv)
+            [run] = await rows(srv, runs)
+        assert [r.text for r in done.replies] == ["Done, in blue."]
+        assert len(fake.requests) == 2
+        sent = fake.requests[1].messages
+        assert [(m["role"], m.get("content")) for m in sent if m["role"] == "user"] == [
+            ("user", "do the slow thing"),
+            ("user", "make it blue"),
+        ]
+        assert [m["role"] for m in sent] == ["system", "user", "assistant", "tool", "user"]
+    assert run["event_ids"] == [first["event_id"], second.event_id]
+
+
 async def test_without_steer_the_message_waits_for_its_own_turn(serve: ServeApp) -> None:
     slow = BlockingTool()
     async with FakeOpenAI(default=text("ok")) as fake:

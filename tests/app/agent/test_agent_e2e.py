@@ -19,8 +19,9 @@ from sqlalchemy import select
 from app.agent.loop import PROVIDER_DOWN_TEXT
 from app.agent.provider import ToolSpec
 from app.agent.tools import Risk, ToolContext, builtin_tools
-from app.db.models import inbox, runs
-from app.sessions.window import is_legal_provider_input
+from app.db.models import inbox, messages, runs, sessions
+from app.sessions.store import message_from_row
+from app.sessions.window import is_legal_provider_input, trim_to_legal_window
 from tests.conftest import WEBHOOK_SECRET, ServeApp, webhook_settings
 from tests.fakes.openai_server import FakeOpenAI, ToolCall, calls, error, text
 from tests.support.servers import ROOT
@@ -206,3 +207,42 @@ async def test_image_parts_reach_a_vision_model_as_content_arrays(serve: ServeAp
             {"type": "text", "text": "what is this?"},
             {"type": "image_url", "image_url": {"url": "https://example.test/cat.png"}},
         ]
+
+
+async def test_each_step_of_a_run_sends_the_window_the_stored_history_gives(serve: ServeApp) -> None:
+    """Later steps of a run get the window a read of the stored messages gives at that point.
+
+    On PostgreSQL the turn keeps its window in memory after the start's read instead of
+    reading it again (`_Turn.stored`); a window of 6 makes the steps drop older messages.
+    """
+    async with FakeOpenAI() as fake:
+        fake.enqueue(
+            text("a0"),
+            text("a1"),
+            calls(ToolCall("current_time", {}, id="call_one")),
+            calls(ToolCall("session_info", {}, id="call_two")),
+            text("done"),
+        )
+        async with serve(**openai_settings(fake, history_max_messages=6)) as srv:
+            for question in ("u0", "u1", "u2"):
+                key = (await ask(srv, question))["session_key"]
+            async with srv.runtime.engine.connect() as conn:
+                rows = await conn.execute(
+                    select(messages)
+                    .join(sessions, sessions.c.id == messages.c.session_id)
+                    .where(sessions.c.key == key)
+                    .order_by(messages.c.seq)
+                )
+                history = [message_from_row(r) for r in rows.mappings()]
+    assert [m.content for m in history if m.role == "user"] == ["u0", "u1", "u2"]
+    steps = fake.requests[2:]
+    assert len(steps) == 3
+    answers = [i for i, m in enumerate(history) if m.role == "assistant" and i > 4]
+    for request, answer in zip(steps, answers, strict=True):
+        expected = trim_to_legal_window(history[:answer][-6:], max_messages=6)
+        assert _shape(as_messages(request.messages)) == _shape(expected)
+    assert [m["content"] for m in steps[2].messages if m["role"] == "user"] == ["u2"]
+
+
+def _shape(window: list[Any]) -> list[tuple[Any, ...]]:
+    return [(m.role, m.content, tuple(c["id"] for c in m.tool_calls or ()), m.tool_call_id) for m in window]
