@@ -201,6 +201,16 @@ class ChannelAdapter(Protocol):
         ...
 
 
+def delivers(adapter: ChannelAdapter) -> bool:
+    """Whether `adapter.send` has anything to do.
+
+    An adapter whose replies are only read (the webhook channel without a callback URL:
+    `?wait=true`, the admin API) sets `delivers = False`; its replies are then stored as
+    sent, and the outbox sender never claims them.
+    """
+    return bool(getattr(adapter, "delivers", True))
+
+
 @runtime_checkable
 class HttpChannel(Protocol):
     async def handle_request(self, request: ChannelRequest) -> ChannelResponse: ...

@@ -153,6 +153,7 @@ class Runtime:
             max_attempts=settings.max_event_attempts,
             models={name: cs.llm_model for name, cs in self.channel_settings.items()},
             on_outbox=self.sender.notify,
+            delivers=self.sender.delivers,
             bus=self.bus,
             after_turn=self.memory.after_turn(),
             channel_settings=self.channel_settings,

@@ -105,6 +105,7 @@ _OUTBOX_FIELDS = (
     "attempts",
     "next_attempt_at",
     "created_at",
+    "sent_at",
 )
 _RUN_FIELDS = (
     "session_id",

@@ -21,7 +21,7 @@ from sqlalchemy import and_, bindparam, exists, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.orm import aliased
 
-from app.channel import ChannelAdapter
+from app.channel import ChannelAdapter, delivers
 from app.db.direct import Direct
 from app.db.engine import autocommit
 from app.db.models import OUTBOX_UNDELIVERED, one_of, outbox, utcnow
@@ -120,6 +120,14 @@ class OutboxSender:
 
     def notify(self) -> None:
         self._wakeup.set()
+
+    def delivers(self, channel: str) -> bool:
+        """Whether replies to `channel` need sending (`app.channel.delivers`).
+
+        A channel this process does not run may be another replica's: its rows wait.
+        """
+        adapter = self.adapters.get(channel)
+        return adapter is None or delivers(adapter)
 
     async def _loop(self) -> None:
         while not self._stopping:

@@ -127,10 +127,10 @@ async def insert_outbox(
     session_id: int | None,
     run_id: int | None,
     event_id: str | None,
+    sent: bool = False,
 ) -> None:
-    await conn.execute(
-        _INSERT_OUTBOX, outbox_values(message, session_id=session_id, run_id=run_id, event_id=event_id)
-    )
+    values = outbox_values(message, session_id=session_id, run_id=run_id, event_id=event_id, sent=sent)
+    await conn.execute(_INSERT_OUTBOX, values)
 
 
 def outbox_values(
@@ -140,7 +140,9 @@ def outbox_values(
     run_id: int | None,
     event_id: str | None,
     now: datetime | None = None,
+    sent: bool = False,
 ) -> dict[str, Any]:
+    """An outbox row; `sent`: its channel has nothing to send (`app.channel.delivers`)."""
     now = now or utcnow()
     return dict(
         message_id=message.message_id,
@@ -151,10 +153,11 @@ def outbox_values(
         channel=message.channel,
         chat_id=message.chat_id,
         payload=message.model_dump(mode="json"),
-        status="pending",
+        status="sent" if sent else "pending",
         attempts=0,
         next_attempt_at=now,
         created_at=now,
+        sent_at=now if sent else None,
     )
 
 
@@ -228,6 +231,7 @@ class TurnHandler:
         max_attempts: int,
         models: Mapping[str, str | None] | None = None,
         on_outbox: Callable[[], None] | None = None,
+        delivers: Callable[[str], bool] | None = None,
         bus: SessionBus | None = None,
         after_turn: Sequence[AfterTurn] = (),
         channel_settings: Mapping[str, ChannelSettings] | None = None,
@@ -248,6 +252,9 @@ class TurnHandler:
         self.max_attempts = max_attempts
         self.models = dict(models or {})
         self.on_outbox = on_outbox or (lambda: None)
+        # Whether a channel's replies need sending (`OutboxSender.delivers`); if not, they
+        # are stored as sent and the sender is not woken for them.
+        self.delivers = delivers or (lambda channel: True)
         self.bus = bus
         self.after_turn = list(after_turn)
         self.channel_settings = dict(channel_settings or {})
@@ -267,6 +274,25 @@ class TurnHandler:
         signal = self._input_signals.get(key)
         if signal is not None:
             signal.set()
+
+    async def _insert_reply(
+        self,
+        conn: AsyncConnection,
+        message: OutboundMessage,
+        *,
+        session_id: int | None,
+        run_id: int | None,
+        event_id: str | None,
+    ) -> None:
+        """`insert_outbox`, as sent when the message's channel has nothing to send."""
+        await insert_outbox(
+            conn,
+            message,
+            session_id=session_id,
+            run_id=run_id,
+            event_id=event_id,
+            sent=not self.delivers(message.channel),
+        )
 
     @asynccontextmanager
     async def _fenced(self, lease: SessionLease) -> AsyncIterator[AsyncConnection]:
@@ -623,7 +649,11 @@ class TurnHandler:
         rows = [*turn.rows, *extra]
         link = turn.run_id if turn.link_rows else None
         outbox_row = outbox_values(
-            reply, session_id=session.id, run_id=turn.run_id, event_id=reply_to.event_id
+            reply,
+            session_id=session.id,
+            run_id=turn.run_id,
+            event_id=reply_to.event_id,
+            sent=not self.delivers(reply.channel),
         )
         if self._one_statement:
             async with self.store.reader.connect() as conn:
@@ -662,7 +692,8 @@ class TurnHandler:
         self.inbox.wake([r.event_id for r in rows], result=known)
         if known is not None:
             await asyncio.sleep(0)  # the woken waiters answer before the after-turn work
-        self.on_outbox()
+        if outbox_row["status"] == "pending":
+            self.on_outbox()
         await self._publish(lease.key, session.id, [final], seqs, run_id=turn.run_id, remote=turn.watched)
 
     async def _save_run(
@@ -807,7 +838,7 @@ class TurnHandler:
                 expires_at=expires,
             )
             question = question_text(name, arguments, approval_id, self.approval_timeout)
-            await insert_outbox(
+            await self._insert_reply(
                 conn,
                 reply_for(turn.reply_to, question),
                 session_id=session.id,
@@ -945,7 +976,7 @@ class TurnHandler:
                 )
                 final = ChatMessage(role="assistant", content=STOPPED_TEXT)
                 await self.store.append(conn, session.id, [*closing, final], run_id=waiting.run_id)
-                await insert_outbox(
+                await self._insert_reply(
                     conn,
                     reply_for(event, STOPPED_TEXT),
                     session_id=session.id,
@@ -958,8 +989,12 @@ class TurnHandler:
     async def _reply_only(
         self, conn: AsyncConnection, row: InboxRow, text: str, *, session_id: int | None
     ) -> None:
-        await insert_outbox(
-            conn, reply_for(row.event, text), session_id=session_id, run_id=None, event_id=row.event_id
+        await self._insert_reply(
+            conn,
+            reply_for(row.event, text),
+            session_id=session_id,
+            run_id=None,
+            event_id=row.event_id,
         )
         await Inbox.mark(conn, [row.id], "done")
 
@@ -996,7 +1031,7 @@ class TurnHandler:
             closed = await self.store.close_current(conn, lease.key)
             await Inbox.mark(conn, [row.id], "done", bump_attempts=True)
             if not event.metadata.get("silent"):
-                await insert_outbox(
+                await self._insert_reply(
                     conn,
                     reply_for(event, SESSION_COMMANDS[command]),
                     session_id=closed.id if closed else None,
@@ -1012,7 +1047,7 @@ class TurnHandler:
         async with self._fenced(lease) as conn:
             await Inbox.mark(conn, [r.id for r in rows], "failed", error="too many failed attempts")
             for row in rows:
-                await insert_outbox(
+                await self._insert_reply(
                     conn,
                     reply_for(row.event, "Sorry, I could not process your message."),
                     session_id=None,

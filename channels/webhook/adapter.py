@@ -148,6 +148,11 @@ class WebhookChannel:
 
     # --- outbound ---------------------------------------------------------------------
 
+    @property
+    def delivers(self) -> bool:
+        """Without a callback URL replies are read (?wait=true, the admin API): nothing to send."""
+        return bool(self.settings.callback_url)
+
     async def send(self, message: OutboundMessage) -> SendResult:
         if not self.settings.callback_url:
             return SendResult()  # delivered through ?wait=true or the admin API

@@ -100,6 +100,7 @@ async def finish(engine: AsyncEngine, lease: SessionLease, started: Any, row_id:
                 attempts=0,
                 next_attempt_at=now,
                 created_at=now,
+                sent_at=None,
             ),
             inbox_ids=[row_id],
             link=started.run_id,

@@ -49,9 +49,11 @@ async def test_a_turn_hands_its_answer_to_the_waiter_without_a_read(serve: Serve
                 handed = await inbox.wait_for_replies(accepted.event_id, 10, poll=10)
             assert reads.count == 0
             assert handed.done and len(handed.replies) == 1 and handed.replies[0].text
-            assert handed.replies[0].status == "pending"  # as committed with the answer
+            # As committed with the answer: a webhook without a callback URL sends nothing.
+            assert handed.replies[0].status == "sent"
             read = await Inbox(srv.runtime.engine).wait_for_replies(accepted.event_id, 10)
             assert read.done and _comparable(read) == _comparable(handed)
+            assert [r.status for r in read.replies] == ["sent"]
 
 
 async def test_command_replies_and_late_waiters_still_read(serve: ServeApp) -> None:

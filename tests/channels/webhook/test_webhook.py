@@ -151,3 +151,20 @@ async def test_callback_delivery_retries_until_the_receiver_accepts(serve: Serve
     req = delivered[0]
     expected = signed_headers(WEBHOOK_SECRET, req.body, timestamp=int(req.headers["x-chatgate-timestamp"]))
     assert req.headers["x-chatgate-signature"] == expected["X-Chatgate-Signature"]
+
+
+async def test_without_a_callback_replies_are_stored_as_sent_and_never_claimed(serve: ServeApp) -> None:
+    """Nothing to deliver: the reply row is written as sent, the outbox sender leaves it be."""
+    async with serve() as srv, httpx.AsyncClient(timeout=30) as client:
+        for text in ("hello", "/new", "what time is it?"):  # an answer, a command, a tool turn
+            resp = await post_webhook(
+                client, srv.url, WEBHOOK_SECRET, {"chat_id": "c", "sender_id": "u", "text": text}, wait=True
+            )
+            assert resp.status_code == 200, resp.text
+            assert [r["status"] for r in resp.json()["replies"]] == ["sent"]
+        await srv.runtime.sender.deliver_due()  # a claim now would find them if they were due
+        async with srv.runtime.engine.connect() as conn:
+            rows = (await conn.execute(select(outbox.c.status, outbox.c.attempts, outbox.c.sent_at))).all()
+    assert len(rows) == 3
+    # A claim counts an attempt: none was made.
+    assert all(status == "sent" and attempts == 0 and sent is not None for status, attempts, sent in rows)
