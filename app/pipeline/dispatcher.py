@@ -19,7 +19,8 @@ from app.errors import LeaseLost
 from app.events import BusyPolicy
 from app.pipeline import prefetch
 from app.pipeline.inbox import Inbox, InboxRow
-from app.pipeline.turn import TurnHandler, is_command
+from app.pipeline.replies import is_command
+from app.pipeline.turn import TurnHandler
 from app.sessions import lease as leases
 
 log = structlog.get_logger(__name__)

@@ -42,9 +42,9 @@ from app.agent.policy import ToolPolicy
 from app.agent.tools import ToolContext
 from app.bus import SessionBus
 from app.channel import ChannelSettings, WaitResult
-from app.db.models import approvals, messages, outbox, runs, utcnow
+from app.db.models import approvals, messages, runs, utcnow
 from app.errors import LeaseLost
-from app.events import BusyPolicy, InboundEvent, OutboundMessage, TextPart
+from app.events import BusyPolicy, InboundEvent, OutboundMessage
 from app.memory.recall import RECALLED, MemoryRecall
 from app.memory.store import Memory
 from app.pipeline import fused
@@ -59,19 +59,23 @@ from app.pipeline.approvals import (
     timeout_events,
 )
 from app.pipeline.inbox import Inbox, InboxRow, reply_of
+from app.pipeline.replies import (
+    SESSION_COMMANDS,
+    command_of,
+    conversation_channel,
+    insert_outbox,
+    insert_outbox_row,
+    is_command,
+    outbox_values,
+    reply_for,
+    user_message,
+)
 from app.sessions.lease import SessionLease, check_fence
 from app.sessions.messages import ChatMessage
 from app.sessions.store import SessionState, SessionStore, message_from_row, message_values
 from app.sessions.window import trim_to_legal_window
 
 log = structlog.get_logger(__name__)
-
-SESSION_COMMANDS = {
-    "/new": "Started a new conversation.",
-    "/reset": "The conversation was reset. Earlier messages are kept but no longer used.",
-    "/end": "Conversation ended. Send a message to start a new one.",
-}
-RUN_COMMANDS = ("/stop", "/approve", "/deny")
 
 
 AfterTurn = Callable[[SessionLease, SessionState], Awaitable[None]]
@@ -84,85 +88,7 @@ class WindowLimits:
     max_tokens: int | None
 
 
-def command_of(event: InboundEvent) -> str:
-    text = event.text.strip()
-    return text.split(maxsplit=1)[0].lower() if text else ""
-
-
-def is_command(event: InboundEvent) -> bool:
-    command = command_of(event)
-    return command in SESSION_COMMANDS or command in RUN_COMMANDS
-
-
-def conversation_channel(event: InboundEvent) -> str:
-    """The channel of the conversation an event belongs to: where its replies go.
-
-    A cron fire bound to a session carries the session's chat as `reply_target`; a
-    generation it opens belongs to that chat's channel (its lifecycle, the dashboard),
-    not to `cron`.
-    """
-    target = event.metadata.get("reply_target") or {}
-    return str(target.get("channel") or event.channel)
-
-
-def reply_for(event: InboundEvent, text: str) -> OutboundMessage:
-    target = event.metadata.get("reply_target") or {}
-    return OutboundMessage(
-        channel=target.get("channel", event.channel),
-        chat_id=target.get("chat_id", event.chat_id),
-        thread_id=target.get("thread_id", event.thread_id),
-        parts=(TextPart(text=text),),
-        # Quoting only makes sense in the chat the event came from.
-        reply_to=None if target else event.external_id,
-        session_key=event.session_key,
-        in_reply_to_event=event.event_id,
-        metadata={k: v for k, v in event.metadata.items() if k.startswith("reply_")},
-    )
-
-
-async def insert_outbox(
-    conn: AsyncConnection,
-    message: OutboundMessage,
-    *,
-    session_id: int | None,
-    run_id: int | None,
-    event_id: str | None,
-    sent: bool = False,
-) -> None:
-    values = outbox_values(message, session_id=session_id, run_id=run_id, event_id=event_id, sent=sent)
-    await conn.execute(_INSERT_OUTBOX, values)
-
-
-def outbox_values(
-    message: OutboundMessage,
-    *,
-    session_id: int | None,
-    run_id: int | None,
-    event_id: str | None,
-    now: datetime | None = None,
-    sent: bool = False,
-) -> dict[str, Any]:
-    """An outbox row; `sent`: its channel has nothing to send (`app.channel.delivers`)."""
-    now = now or utcnow()
-    return dict(
-        message_id=message.message_id,
-        session_key=message.session_key or "",
-        session_id=session_id,
-        run_id=run_id,
-        event_id=event_id,
-        channel=message.channel,
-        chat_id=message.chat_id,
-        payload=message.model_dump(mode="json"),
-        status="sent" if sent else "pending",
-        attempts=0,
-        next_attempt_at=now,
-        created_at=now,
-        sent_at=now if sent else None,
-    )
-
-
 # Built once: every turn runs them (the values come with the parameters).
-_INSERT_OUTBOX = outbox.insert()
 _INSERT_RUN = runs.insert().returning(runs.c.id)
 _UPDATE_RUN = update(runs).where(runs.c.id == bindparam("run_id_"))
 
@@ -380,7 +306,7 @@ class TurnHandler:
         event = row.event
         channel = conversation_channel(event)
         now = utcnow()
-        user = _user_message(event)
+        user = user_message(event)
         run, run_row = self._run_values(lease.key, [event], now)
         recall = None
         if self.recall is not None:
@@ -433,7 +359,7 @@ class TurnHandler:
             # Only a retry (attempts > 0: an earlier transaction marked the row) can have
             # appended the event's message already.
             new_user = [
-                _user_message(r.event)
+                user_message(r.event)
                 for r in live
                 if r.attempts == 0 or not await self.store.has_event(conn, session.id, r.event_id)
             ]
@@ -678,7 +604,7 @@ class TurnHandler:
         else:
             async with self._fenced(lease) as conn:
                 seqs = await self.store.append(conn, session.id, [final], run_id=turn.run_id)
-                await conn.execute(_INSERT_OUTBOX, outbox_row)
+                await insert_outbox_row(conn, outbox_row)
                 await Inbox.mark(conn, [r.id for r in rows], "done", run_id=link)
                 await self._save_run(conn, turn, record, finished=True)
             turn.watched = True
@@ -787,7 +713,7 @@ class TurnHandler:
         async with self._fenced(lease) as conn:
             await Inbox.mark(conn, [r.id for r in rows], "processing", bump_attempts=True, run_id=turn.run_id)
             new_user = [
-                _user_message(r.event)
+                user_message(r.event)
                 for r in rows
                 if r.attempts == 0 or not await self.store.has_event(conn, session.id, r.event_id)
             ]
@@ -1111,14 +1037,3 @@ class TurnHandler:
                     )
                 ).scalar_one()
             )
-
-
-def _user_message(event: InboundEvent) -> ChatMessage:
-    others = tuple(p.model_dump(mode="json") for p in event.parts if p.type != "text")
-    return ChatMessage(
-        role="user",
-        content=event.text,
-        parts=others or None,
-        event_id=event.event_id,
-        name=None,
-    )

@@ -12,7 +12,7 @@ from app.db.models import inbox, messages, outbox, utcnow
 from app.events import InboundEvent
 from app.pipeline import retention
 from app.pipeline.inbox import Inbox
-from app.pipeline.turn import insert_outbox, reply_for
+from app.pipeline.replies import insert_outbox, reply_for
 from app.sessions.messages import ChatMessage
 from app.sessions.store import Lifecycle, SessionStore
 from tests.conftest import ServeApp

@@ -10,7 +10,7 @@ from sqlalchemy import select
 
 from app.db.models import outbox
 from app.events import InboundEvent
-from app.pipeline.turn import insert_outbox, reply_for
+from app.pipeline.replies import insert_outbox, reply_for
 from tests.conftest import ServeApp
 
 
