@@ -45,10 +45,9 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
-from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
 
-from app.db.direct import Direct, rows_as_json
+from app.db.direct import Direct, DirectConnection, rows_as_json
 from app.db.engine import lax_commit
 from app.db.models import inbox, messages, outbox, runs, session_keys, sessions
 from app.errors import LeaseLost
@@ -402,7 +401,7 @@ START = {recall: Direct(_start_statement(recall)) for recall in (None, False, Tr
 
 
 async def _execute_fenced(
-    conn: AsyncConnection, statement: Direct, lease: SessionLease, params: dict[str, Any]
+    conn: DirectConnection, statement: Direct, lease: SessionLease, params: dict[str, Any]
 ) -> Any:
     """Run `statement` with the lease's parameters; `LeaseLost` when its fence had no row."""
     params.update(k=lease.key, o=lease.owner, f=lease.fence)
@@ -431,7 +430,7 @@ class Recall:
 
 
 async def start(
-    conn: AsyncConnection,
+    conn: DirectConnection,
     lease: SessionLease,
     *,
     inbox_id: int,
@@ -517,7 +516,7 @@ class Finished(Appended):
 
 
 async def finish(
-    conn: AsyncConnection,
+    conn: DirectConnection,
     lease: SessionLease,
     *,
     session_id: int,
@@ -549,7 +548,7 @@ async def finish(
 
 
 async def append(
-    conn: AsyncConnection,
+    conn: DirectConnection,
     lease: SessionLease,
     *,
     session_id: int,

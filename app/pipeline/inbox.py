@@ -13,7 +13,8 @@ from sqlalchemy import bindparam, func, or_, select, union_all, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.channel import AcceptResult, Reply, WaitResult
-from app.db.direct import Direct
+from app.db import direct
+from app.db.direct import Direct, DirectConnection
 from app.db.engine import autocommit
 from app.db.models import INBOX_UNFINISHED, inbox, one_of, outbox, session_keys, utcnow
 from app.db.upsert import insert_ignore_for
@@ -59,8 +60,10 @@ _INSERT_NEW = {
     )
     for name in ("postgresql", "sqlite")
 }
-_ORIGINAL = select(inbox.c.event_id, inbox.c.session_key).where(
-    inbox.c.channel == bindparam("ch"), inbox.c.external_id == bindparam("ext")
+_ORIGINAL = Direct(
+    select(inbox.c.event_id, inbox.c.session_key).where(
+        inbox.c.channel == bindparam("ch"), inbox.c.external_id == bindparam("ext")
+    )
 )
 
 
@@ -146,7 +149,7 @@ class Inbox:
         now = utcnow()
         # One event is one statement (plus a read if it is a duplicate): no BEGIN/COMMIT.
         single = len(events) == 1
-        async with self.reader.connect() if single else self.engine.begin() as conn:
+        async with direct.connect(self.reader) if single else self.engine.begin() as conn:
             for event in events:
                 results.append(await self._insert(conn, event, now))
         for res in results:
@@ -158,7 +161,7 @@ class Inbox:
                     self.on_accepted(res.session_key)
         return results
 
-    async def _insert(self, conn: AsyncConnection, event: InboundEvent, now: datetime) -> AcceptResult:
+    async def _insert(self, conn: DirectConnection, event: InboundEvent, now: datetime) -> AcceptResult:
         key = event.session_key
         values = dict(
             event_id=event.event_id,
@@ -177,13 +180,15 @@ class Inbox:
         inserted = await _INSERT_NEW[conn.dialect.name].first(conn, values)
         if inserted is not None:
             return AcceptResult(event_id=event.event_id, session_key=key)
-        original = (await conn.execute(_ORIGINAL, {"ch": event.channel, "ext": event.external_id})).one()
-        return AcceptResult(event_id=original[0], session_key=original[1], duplicate=True)
+        original = await _ORIGINAL.one(conn, {"ch": event.channel, "ext": event.external_id})
+        return AcceptResult(
+            event_id=original["event_id"], session_key=original["session_key"], duplicate=True
+        )
 
     # --- for the key's lease holder ----------------------------------------------
 
     async def next_rows(self, key: str, limit: int) -> list[InboxRow]:
-        async with self.reader.connect() as conn:
+        async with direct.connect(self.reader) as conn:
             rows = await _NEXT_ROWS.rows(conn, {"k": key, "limit": limit})
         return [InboxRow.of(r) for r in rows]
 

@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.orm import aliased
 
 from app.channel import ChannelAdapter, delivers
+from app.db import direct
 from app.db.direct import Direct
 from app.db.engine import autocommit
 from app.db.models import OUTBOX_UNDELIVERED, one_of, outbox, utcnow
@@ -161,7 +162,7 @@ class OutboxSender:
             "until": now + timedelta(seconds=self.claim_seconds),
             "limit": self.batch_size,
         }
-        async with self.single.connect() as conn:
+        async with direct.connect(self.single) as conn:
             statement = _claim_statement(conn.dialect.name == "postgresql", tuple(sorted(self.adapters)))
             rows = await statement.rows(conn, params)
         return sorted(rows, key=lambda r: r["id"])

@@ -42,6 +42,7 @@ from app.agent.policy import ToolPolicy
 from app.agent.tools import ToolContext
 from app.bus import SessionBus
 from app.channel import ChannelSettings, WaitResult
+from app.db import direct
 from app.db.models import approvals, messages, runs, utcnow
 from app.errors import LeaseLost
 from app.events import BusyPolicy, InboundEvent, OutboundMessage
@@ -314,7 +315,7 @@ class TurnHandler:
                 event.channel, event.chat_type.value, lease.key, event.sender_id
             )
             recall = fused.Recall(with_user, params)
-        async with self.store.reader.connect() as conn:
+        async with direct.connect(self.store.reader) as conn:
             started = await fused.start(
                 conn,
                 lease,
@@ -491,7 +492,7 @@ class TurnHandler:
                 # A tool result may be the group's last: it reads what the boundary after
                 # the group looks at (`_at_boundary`).
                 handled = turn.handled_ids if new[0].role == "tool" else None
-                async with self.store.reader.connect() as conn:
+                async with direct.connect(self.store.reader) as conn:
                     appended = await fused.append(
                         conn,
                         lease,
@@ -582,9 +583,10 @@ class TurnHandler:
             sent=not self.delivers(reply.channel),
         )
         if self._one_statement:
-            async with self.store.reader.connect() as conn:
-                if turn.run_row is None:  # a resumed run: its row was not read by this turn
+            if turn.run_row is None:  # a resumed run: its row was not read by this turn
+                async with self.store.reader.connect() as conn:
                     await self._read_run_row(conn, turn)
+            async with direct.connect(self.store.reader) as conn:
                 now = outbox_row["created_at"]
                 trace = self._run_trace(turn, record, finished=True, now=now)
                 finished = await fused.finish(

@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import and_, bindparam, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from app.db import direct
 from app.db.direct import Direct
 from app.db.engine import autocommit, lax_commit
 from app.db.models import INBOX_UNFINISHED, inbox, one_of, session_keys, utcnow
@@ -121,12 +122,14 @@ async def acquire_reading(
     now = now or utcnow()
     params = {"k": key, "o": owner, "exp": now + timedelta(seconds=ttl), "now": now}
     # Each statement is atomic on its own: no transaction around them (no BEGIN/COMMIT).
-    async with autocommit(engine).connect() as conn:
+    single = autocommit(engine)
+    async with direct.connect(single) as conn:
         statement = take or _TAKE[conn.dialect.name]
         taken = await statement.first(conn, params)
-        if taken is not None:
-            return SessionLease(key, owner, taken["lease_fence"]), taken
-        fence = (await conn.execute(_TAKE_EXPIRED, params)).scalar()
+    if taken is not None:
+        return SessionLease(key, owner, taken["lease_fence"]), taken
+    async with single.connect() as own:
+        fence = (await own.execute(_TAKE_EXPIRED, params)).scalar()
     return (SessionLease(key, owner, fence, took_over=True) if fence is not None else None), None
 
 
@@ -147,12 +150,14 @@ async def release(engine: AsyncEngine, lease: SessionLease) -> bool:
     while we held the lease (its worker found the key taken and left it to us) is seen
     here, or its worker's next attempt finds the lease free.
     """
-    async with autocommit(engine).connect() as conn:
+    single = autocommit(engine)
+    async with direct.connect(single) as conn:
         released = await _RELEASE[conn.dialect.name].first(conn, _mine(lease))
-        if released is not None:
-            return bool(released["unfinished"])
-        # No longer ours: ask separately.
-        row = (await conn.execute(_ASK_UNFINISHED, {"k": lease.key})).first()
+    if released is not None:
+        return bool(released["unfinished"])
+    # No longer ours: ask separately.
+    async with single.connect() as own:
+        row = (await own.execute(_ASK_UNFINISHED, {"k": lease.key})).first()
     return bool(row is not None and row[0])
 
 
