@@ -58,7 +58,6 @@ from app.pipeline.prefetch import LIMIT, rows_from, upcoming
 from app.sessions.lease import SessionLease
 from app.sessions.messages import ChatMessage
 from app.sessions.store import TAIL_OPEN, SessionState, message_from_row, message_values
-from app.sessions.window import trim_to_legal_window
 
 _K = session_keys.c
 # No parameter is named like a column of a table the statement updates: SQLAlchemy would
@@ -481,18 +480,6 @@ def stored_window(started: Started, user: ChatMessage) -> list[ChatMessage]:
     statement; with `wlimit=max_messages` the newest `max_messages` of these are the read's.
     """
     return [*started.window, message_from_row({**message_values(user, None), "seq": started.seq})]
-
-
-def first_window(
-    started: Started, user: ChatMessage, *, max_messages: int | None, max_tokens: int | None
-) -> list[ChatMessage]:
-    """The run's first history window, as `SessionStore.load_window` would read it now.
-
-    The newest `max_messages` after `last_consolidated`, the new user message among them,
-    made legal. `started` read the window with `wlimit=max_messages`.
-    """
-    stored = stored_window(started, user)
-    return trim_to_legal_window(stored, max_messages=max_messages, max_tokens=max_tokens)
 
 
 def _memory(row: dict[str, Any]) -> Memory:

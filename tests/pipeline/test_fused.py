@@ -27,6 +27,7 @@ from app.sessions import lease as leases
 from app.sessions.lease import SessionLease
 from app.sessions.messages import ChatMessage
 from app.sessions.store import Lifecycle, SessionStore, message_values
+from app.sessions.window import trim_to_legal_window
 from tests.conftest import ServeApp
 
 KEY = "webhook:c"
@@ -262,7 +263,8 @@ async def test_the_start_reads_the_window_load_window_reads_after_it(
     user = ChatMessage(role="user", content="hello", event_id="e1")
     started = await _start(pg_engine, lease, row_id, window_limit=max_messages)
     assert started is not None
-    read = fused.first_window(started, user, max_messages=max_messages, max_tokens=max_tokens)
+    stored = fused.stored_window(started, user)  # what a turn trims for its first window
+    read = trim_to_legal_window(stored, max_messages=max_messages, max_tokens=max_tokens)
     loaded = await store.load_window(started.session, max_messages=max_messages, max_tokens=max_tokens)
     assert read == loaded
     assert read[-1].content == "hello" and all(m.seq is not None and m.seq > consolidated for m in read)
