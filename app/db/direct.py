@@ -61,9 +61,7 @@ async def connect(engine: AsyncEngine) -> AsyncIterator[DirectConnection]:
     and returning it resets nothing, since no transaction was begun on it. Otherwise
     `engine.connect()`.
     """
-    if engine.dialect.name != "postgresql" or engine.get_execution_options().get("isolation_level") != (
-        "AUTOCOMMIT"
-    ):
+    if engine.dialect.name != "postgresql" or not _autocommit(engine.get_execution_options()):
         async with engine.connect() as conn:
             yield conn
         return
@@ -103,7 +101,11 @@ class Direct:
         """The result rows (indexable by column name and position)."""
         if isinstance(conn, Pooled):
             fairy = conn.fairy
-        elif conn.dialect.name != "postgresql" or not _autocommit(conn):
+        elif (
+            conn.dialect.name != "postgresql"
+            or conn.sync_connection is None
+            or not _autocommit(conn.sync_connection.get_execution_options())
+        ):
             result = await conn.execute(self.statement, dict(params))
             return result.mappings().all() if result.returns_rows else []
         else:
@@ -134,9 +136,9 @@ class Direct:
         return rows[0] if rows else None
 
 
-def _autocommit(conn: AsyncConnection) -> bool:
-    sync = conn.sync_connection
-    return sync is not None and sync.get_execution_options().get("isolation_level") == "AUTOCOMMIT"
+def _autocommit(options: Mapping[str, Any]) -> bool:
+    """Whether an engine's or connection's execution options make it autocommit."""
+    return options.get("isolation_level") == "AUTOCOMMIT"
 
 
 def rows_as_json(rows: Any, name: str, *order: Any) -> Any:

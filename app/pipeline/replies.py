@@ -72,9 +72,8 @@ async def insert_outbox(
     session_id: int | None,
     run_id: int | None,
     event_id: str | None,
-    sent: bool = False,
 ) -> None:
-    values = outbox_values(message, session_id=session_id, run_id=run_id, event_id=event_id, sent=sent)
+    values = outbox_values(message, session_id=session_id, run_id=run_id, event_id=event_id)
     await insert_outbox_row(conn, values)
 
 

@@ -64,7 +64,6 @@ from app.pipeline.replies import (
     SESSION_COMMANDS,
     command_of,
     conversation_channel,
-    insert_outbox,
     insert_outbox_row,
     is_command,
     outbox_values,
@@ -211,9 +210,15 @@ class TurnHandler:
         run_id: int | None,
         event_id: str | None,
     ) -> None:
-        """`insert_outbox`, as sent when the message's channel has nothing to send."""
-        await insert_outbox(
-            conn,
+        await insert_outbox_row(
+            conn, self._reply_row(message, session_id=session_id, run_id=run_id, event_id=event_id)
+        )
+
+    def _reply_row(
+        self, message: OutboundMessage, *, session_id: int | None, run_id: int | None, event_id: str | None
+    ) -> dict[str, Any]:
+        """Its outbox row: stored as sent when the message's channel has nothing to send."""
+        return outbox_values(
             message,
             session_id=session_id,
             run_id=run_id,
@@ -575,12 +580,8 @@ class TurnHandler:
         reply = reply_for(reply_to, final.content or "")
         rows = [*turn.rows, *extra]
         link = turn.run_id if turn.link_rows else None
-        outbox_row = outbox_values(
-            reply,
-            session_id=session.id,
-            run_id=turn.run_id,
-            event_id=reply_to.event_id,
-            sent=not self.delivers(reply.channel),
+        outbox_row = self._reply_row(
+            reply, session_id=session.id, run_id=turn.run_id, event_id=reply_to.event_id
         )
         if self._one_statement:
             if turn.run_row is None:  # a resumed run: its row was not read by this turn

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
@@ -66,34 +68,43 @@ async def wait_until(predicate: Any, timeout: float = 10) -> None:
         await asyncio.sleep(0.02)
 
 
-async def test_steer_injects_a_message_at_the_next_tool_boundary(serve: ServeApp) -> None:
+@asynccontextmanager
+async def steering_slow_tool(
+    serve: ServeApp, answer: str
+) -> AsyncIterator[tuple[Any, FakeOpenAI, BlockingTool]]:
+    """The app with the `steer` policy and a model that calls the slow tool, then answers."""
     slow = BlockingTool()
     async with FakeOpenAI() as fake:
-        fake.enqueue(calls(ToolCall("slow", {}, id="call_slow")), text("Done, and noted the extra wish."))
+        fake.enqueue(calls(ToolCall("slow", {}, id="call_slow")), text(answer))
         channel = {"webhook": webhook_settings(busy_policy=BusyPolicy.STEER)}
         async with serve(
             channel_settings=channel, tools=[*builtin_tools(), slow], **openai_settings(fake)
         ) as srv:
-            first = await send(srv, "do the slow thing")
-            await asyncio.wait_for(slow.started.wait(), 10)
-            second = await send(srv, "and make it blue")
-            slow.release.set()
-            async with httpx.AsyncClient(timeout=30) as client:
-                waited = await client.get(f"{srv.url}/healthz")  # server still serving
-            assert waited.status_code == 200
+            yield srv, fake, slow
 
-            async def both_done() -> bool:
-                return all(r["status"] == "done" for r in await inbox_rows(srv))
 
-            await wait_until(both_done)
-            ibx = await inbox_rows(srv)
-            [run] = await rows(srv, runs)
-            await history_is_legal(srv)
-        assert len(fake.requests) == 2  # no separate turn for the steering message
-        sent = fake.requests[1].messages
-        assert [m["role"] for m in sent] == ["system", "user", "assistant", "tool", "user"]
-        assert sent[3]["tool_call_id"] == "call_slow"
-        assert sent[4]["content"] == "and make it blue"
+async def test_steer_injects_a_message_at_the_next_tool_boundary(serve: ServeApp) -> None:
+    async with steering_slow_tool(serve, "Done, and noted the extra wish.") as (srv, fake, slow):
+        first = await send(srv, "do the slow thing")
+        await asyncio.wait_for(slow.started.wait(), 10)
+        second = await send(srv, "and make it blue")
+        slow.release.set()
+        async with httpx.AsyncClient(timeout=30) as client:
+            waited = await client.get(f"{srv.url}/healthz")  # server still serving
+        assert waited.status_code == 200
+
+        async def both_done() -> bool:
+            return all(r["status"] == "done" for r in await inbox_rows(srv))
+
+        await wait_until(both_done)
+        ibx = await inbox_rows(srv)
+        [run] = await rows(srv, runs)
+        await history_is_legal(srv)
+    assert len(fake.requests) == 2  # no separate turn for the steering message
+    sent = fake.requests[1].messages
+    assert [m["role"] for m in sent] == ["system", "user", "assistant", "tool", "user"]
+    assert sent[3]["tool_call_id"] == "call_slow"
+    assert sent[4]["content"] == "and make it blue"
     assert [r["event_id"] for r in ibx] == [first["event_id"], second["event_id"]]
     assert {r["run_id"] for r in ibx} == {run["id"]}
     assert run["event_ids"] == [first["event_id"], second["event_id"]]
@@ -105,30 +116,24 @@ async def test_steer_from_another_replica_is_injected_at_the_boundary(serve: Ser
 
     On PostgreSQL the statement appending the tool result reads it (`fused.append`).
     """
-    slow = BlockingTool()
-    async with FakeOpenAI() as fake:
-        fake.enqueue(calls(ToolCall("slow", {}, id="call_slow")), text("Done, in blue."))
-        channel = {"webhook": webhook_settings(busy_policy=BusyPolicy.STEER)}
-        async with serve(
-            channel_settings=channel, tools=[*builtin_tools(), slow], **openai_settings(fake)
-        ) as srv:
-            first = await send(srv, "do the slow thing")
-            await asyncio.wait_for(slow.started.wait(), 10)
-            other_replica = Inbox(srv.runtime.engine)
-            steering = InboundEvent.from_text("webhook", "c1", "u1", "make it blue")
-            [second] = await other_replica.accept([steering])
-            slow.release.set()
-            done = await other_replica.wait_for_replies(second.event_id, 10)
-            await history_is_legal(srv)
-            [run] = await rows(srv, runs)
-        assert [r.text for r in done.replies] == ["Done, in blue."]
-        assert len(fake.requests) == 2
-        sent = fake.requests[1].messages
-        assert [(m["role"], m.get("content")) for m in sent if m["role"] == "user"] == [
-            ("user", "do the slow thing"),
-            ("user", "make it blue"),
-        ]
-        assert [m["role"] for m in sent] == ["system", "user", "assistant", "tool", "user"]
+    async with steering_slow_tool(serve, "Done, in blue.") as (srv, fake, slow):
+        first = await send(srv, "do the slow thing")
+        await asyncio.wait_for(slow.started.wait(), 10)
+        other_replica = Inbox(srv.runtime.engine)
+        steering = InboundEvent.from_text("webhook", "c1", "u1", "make it blue")
+        [second] = await other_replica.accept([steering])
+        slow.release.set()
+        done = await other_replica.wait_for_replies(second.event_id, 10)
+        await history_is_legal(srv)
+        [run] = await rows(srv, runs)
+    assert [r.text for r in done.replies] == ["Done, in blue."]
+    assert len(fake.requests) == 2
+    sent = fake.requests[1].messages
+    assert [(m["role"], m.get("content")) for m in sent if m["role"] == "user"] == [
+        ("user", "do the slow thing"),
+        ("user", "make it blue"),
+    ]
+    assert [m["role"] for m in sent] == ["system", "user", "assistant", "tool", "user"]
     assert run["event_ids"] == [first["event_id"], second.event_id]
 
 
