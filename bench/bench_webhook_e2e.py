@@ -1,12 +1,13 @@
 """End-to-end throughput and latency through the signed webhook, offline provider, PostgreSQL.
 
     .venv/bin/python -m bench.bench_webhook_e2e [--events 5000] [--sessions 1000]
-        [--servers 2] [--concurrency 64] [--gc-log]
+        [--servers 2] [--concurrency 64] [--warmup 0] [--gc-log]
 
 Starts `--servers` chatgate processes on a throw-away PostgreSQL database, sends
 `--events` signed webhook events spread over `--sessions` sessions from this process
 (aiohttp, `--concurrency` requests in flight, alternating servers), waits until every
-event is answered, and prints:
+event is answered, and prints (with `--warmup N`, N events to other chats go first and
+are waited for; only what follows is measured):
 - accept throughput and the p50/p99 latency of the 202 answer (inbox commit);
 - processing throughput (events answered per second, first accept to last reply);
 - p50/p99 end-to-end latency (event accepted → reply committed to the outbox);
@@ -33,6 +34,7 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
@@ -51,7 +53,9 @@ def _pct(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * p))]
 
 
-async def run(events: int, sessions: int, servers: int, concurrency: int, gc_log: Path | None) -> None:
+async def run(
+    events: int, sessions: int, servers: int, concurrency: int, warmup: int, gc_log: Path | None
+) -> None:
     async with postgres_database() as url:
         env = {
             "DATABASE_URL": url,
@@ -66,56 +70,23 @@ async def run(events: int, sessions: int, servers: int, concurrency: int, gc_log
             env["PYTHONPATH"] = str(Path(__file__).parent / "gcprobe")
         procs = [ServerProcess(env).start()]  # the first one migrates
         procs += [ServerProcess(env).start() for _ in range(servers - 1)]
-        serving_since = time.time()  # start-up's collections are not the load's
-        cpu_before = {"servers": _cpu_seconds(procs), "postgres": _postgres_cpu_seconds()}
         engine = create_async_engine(url)
-        commits_before = await _commits(engine)
-        latencies: list[float] = []
-        queue: asyncio.Queue[int] = asyncio.Queue()
-        for i in range(events):
-            queue.put_nowait(i)
         try:
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as http:
-
-                async def worker() -> None:
-                    while True:
-                        try:
-                            i = queue.get_nowait()
-                        except asyncio.QueueEmpty:
-                            return
-                        body = json.dumps(
-                            {"chat_id": f"s{i % sessions}", "sender_id": "bench", "text": f"event {i}"}
-                        ).encode()
-                        ts = str(int(time.time()))
-                        sig = hmac.new(SECRET.encode(), ts.encode() + b"." + body, hashlib.sha256).hexdigest()
-                        headers = {
-                            "Content-Type": "application/json",
-                            "X-Chatgate-Timestamp": ts,
-                            "X-Chatgate-Signature": f"sha256={sig}",
-                        }
-                        started = time.perf_counter()
-                        target = procs[i % len(procs)].url
-                        async with http.post(
-                            f"{target}/channels/webhook", data=body, headers=headers
-                        ) as resp:
-                            assert resp.status == 202, await resp.text()
-                            await resp.read()
-                        latencies.append((time.perf_counter() - started) * 1000)
-
+                if warmup:
+                    # Other chats than the measured ones: the measured events still open
+                    # their sessions. Only the servers' first contact with the load is
+                    # left out (pool connections opened, statements prepared and planned).
+                    await _send(http, procs, range(warmup), lambda i: f"warm{i % sessions}", concurrency, [])
+                    await _wait_done(engine, warmup)
+                serving_since = time.time()  # start-up's collections are not the load's
+                cpu_before = {"servers": _cpu_seconds(procs), "postgres": _postgres_cpu_seconds()}
+                commits_before = await _commits(engine)
+                latencies: list[float] = []
                 t0 = time.perf_counter()
-                await asyncio.gather(*(worker() for _ in range(concurrency)))
+                await _send(http, procs, range(events), lambda i: f"s{i % sessions}", concurrency, latencies)
                 accept_seconds = time.perf_counter() - t0
-
-            while True:
-                async with engine.connect() as conn:
-                    done = (
-                        await conn.execute(
-                            select(func.count()).select_from(inbox).where(inbox.c.status == "done")
-                        )
-                    ).scalar_one()
-                if done >= events:
-                    break
-                await asyncio.sleep(0.2)
+            await _wait_done(engine, warmup + events)
             cpu = {
                 "servers": _cpu_seconds(procs) - cpu_before["servers"],
                 "postgres": _postgres_cpu_seconds() - cpu_before["postgres"],
@@ -123,13 +94,17 @@ async def run(events: int, sessions: int, servers: int, concurrency: int, gc_log
             commits = await _commits(engine) - commits_before
             async with engine.connect() as conn:
                 acquisitions = (
-                    await conn.execute(select(func.coalesce(func.sum(session_keys.c.lease_fence), 0)))
+                    await conn.execute(
+                        select(func.coalesce(func.sum(session_keys.c.lease_fence), 0)).where(
+                            ~session_keys.c.key.contains("warm")
+                        )
+                    )
                 ).scalar_one()
                 rows = (
                     await conn.execute(
-                        select(inbox.c.created_at, outbox.c.created_at).join(
-                            outbox, outbox.c.event_id == inbox.c.event_id
-                        )
+                        select(inbox.c.created_at, outbox.c.created_at)
+                        .join(outbox, outbox.c.event_id == inbox.c.event_id)
+                        .where(~inbox.c.session_key.contains("warm"))
                     )
                 ).all()
         finally:
@@ -160,6 +135,55 @@ async def run(events: int, sessions: int, servers: int, concurrency: int, gc_log
     )
     if gc_log is not None:
         _print_gc_pauses(gc_log, serving_since)
+
+
+async def _send(
+    http: aiohttp.ClientSession,
+    procs: list[ServerProcess],
+    numbers: range,
+    chat: Callable[[int], str],
+    concurrency: int,
+    latencies: list[float],
+) -> None:
+    """Send one signed event per number, `concurrency` at a time, alternating servers."""
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in numbers:
+        queue.put_nowait(i)
+
+    async def worker() -> None:
+        while True:
+            try:
+                i = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            body = json.dumps({"chat_id": chat(i), "sender_id": "bench", "text": f"event {i}"}).encode()
+            ts = str(int(time.time()))
+            sig = hmac.new(SECRET.encode(), ts.encode() + b"." + body, hashlib.sha256).hexdigest()
+            headers = {
+                "Content-Type": "application/json",
+                "X-Chatgate-Timestamp": ts,
+                "X-Chatgate-Signature": f"sha256={sig}",
+            }
+            started = time.perf_counter()
+            async with http.post(
+                f"{procs[i % len(procs)].url}/channels/webhook", data=body, headers=headers
+            ) as resp:
+                assert resp.status == 202, await resp.text()
+                await resp.read()
+            latencies.append((time.perf_counter() - started) * 1000)
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+
+async def _wait_done(engine: AsyncEngine, events: int) -> None:
+    while True:
+        async with engine.connect() as conn:
+            done = (
+                await conn.execute(select(func.count()).select_from(inbox).where(inbox.c.status == "done"))
+            ).scalar_one()
+        if done >= events:
+            return
+        await asyncio.sleep(0.2)
 
 
 async def _commits(engine: AsyncEngine) -> int:
@@ -223,13 +247,18 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=1000)
     parser.add_argument("--servers", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument(
+        "--warmup", type=int, default=0, help="events sent to other chats first, not measured (default 0)"
+    )
     parser.add_argument("--gc-log", action="store_true", help="log the servers' garbage-collector pauses")
     args = parser.parse_args()
     if not args.gc_log:
-        asyncio.run(run(args.events, args.sessions, args.servers, args.concurrency, None))
+        asyncio.run(run(args.events, args.sessions, args.servers, args.concurrency, args.warmup, None))
         return
     with tempfile.TemporaryDirectory(prefix="chatgate-gc-") as directory:
-        asyncio.run(run(args.events, args.sessions, args.servers, args.concurrency, Path(directory)))
+        asyncio.run(
+            run(args.events, args.sessions, args.servers, args.concurrency, args.warmup, Path(directory))
+        )
 
 
 if __name__ == "__main__":

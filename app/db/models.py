@@ -114,7 +114,6 @@ sessions = Table(
     Column("metadata", JSON, nullable=False, default=dict),
     UniqueConstraint("key", "generation"),
     Index("ix_sessions_status_last_active", "status", "last_active_at"),
-    Index("ix_sessions_channel", "channel"),
 )
 
 messages = Table(
