@@ -178,6 +178,8 @@ class Runtime:
             on_takeover=self.metrics.lease_takeovers.inc,
         )
         self.inbox.on_accepted = self.dispatcher.notify
+        if self.engine.dialect.name == "postgresql":
+            self.inbox.claimer = self.dispatcher
         self._sweeper: asyncio.Task[None] | None = None
         self._started = False
 

@@ -80,7 +80,11 @@ async def run(
                     await _send(http, procs, range(warmup), lambda i: f"warm{i % sessions}", concurrency, [])
                     await _wait_done(engine, warmup)
                 serving_since = time.time()  # start-up's collections are not the load's
-                cpu_before = {"servers": _cpu_seconds(procs), "postgres": _postgres_cpu_seconds()}
+                cpu_before = {
+                    "servers": _cpu_seconds(procs),
+                    "postgres": _postgres_cpu_seconds(),
+                    "load": time.process_time(),
+                }
                 commits_before = await _commits(engine)
                 latencies: list[float] = []
                 t0 = time.perf_counter()
@@ -90,6 +94,7 @@ async def run(
             cpu = {
                 "servers": _cpu_seconds(procs) - cpu_before["servers"],
                 "postgres": _postgres_cpu_seconds() - cpu_before["postgres"],
+                "load": time.process_time() - cpu_before["load"],
             }
             commits = await _commits(engine) - commits_before
             async with engine.connect() as conn:
@@ -127,7 +132,8 @@ async def run(
     )
     print(
         f"CPU per event: servers {cpu['servers'] / events * 1000:.2f} ms, "
-        f"PostgreSQL {cpu['postgres'] / events * 1000:.2f} ms (accept and processing)"
+        f"PostgreSQL {cpu['postgres'] / events * 1000:.2f} ms (accept and processing); "
+        f"this load generator {cpu['load'] / events * 1000:.2f} ms"
     )
     print(
         f"per event: {acquisitions / events:.2f} lease acquisitions, "

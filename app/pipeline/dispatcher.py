@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 import structlog
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.db.direct import Direct
 from app.errors import LeaseLost
 from app.events import BusyPolicy
 from app.pipeline import prefetch
@@ -24,6 +25,9 @@ from app.pipeline.turn import TurnHandler
 from app.sessions import lease as leases
 
 log = structlog.get_logger(__name__)
+
+# A key's lease, and its next rows when they were read with it (None: read them first).
+_Claim = tuple[leases.SessionLease, list[InboxRow] | None]
 
 
 class Dispatcher:
@@ -56,6 +60,7 @@ class Dispatcher:
         self._runs = asyncio.Semaphore(max_concurrent_runs)
         self._room = asyncio.Event()  # a worker ended while fewer keys than run slots had one
         self._workers: dict[str, asyncio.Task[None]] = {}
+        self._reserved: set[str] = set()  # keys with a run slot, their event being accepted
         self._again: set[str] = set()
         self._poller: asyncio.Task[None] | None = None
         self._stopping = False
@@ -86,12 +91,34 @@ class Dispatcher:
         """An event for `key` was accepted: make sure some worker will drain it."""
         if self._stopping:
             return
-        if key in self._workers:
+        if key in self._workers or key in self._reserved:
             self._again.add(key)
             # A running turn looks for /stop (and `steer` input) as soon as it can.
             self.handler.input_arrived(key)
             return
         self._workers[key] = asyncio.create_task(self._drain(key), name=f"drain:{key}")
+
+    # --- taking a lease with the event that needs it (Inbox.claimer, PostgreSQL) ---------
+
+    rows_limit = prefetch.LIMIT
+
+    def accept_statement(self, *, dedup: bool) -> Direct:
+        return prefetch.ACCEPT_TAKING[dedup]
+
+    async def reserve(self, key: str) -> bool:
+        if self._stopping or key in self._workers or key in self._reserved or self._runs.locked():
+            return False
+        await self._runs.acquire()  # not locked: takes the slot without waiting
+        self._reserved.add(key)
+        return True
+
+    def taken(self, key: str, lease: leases.SessionLease, rows: list[InboxRow] | None) -> None:
+        self._reserved.discard(key)
+        self._workers[key] = asyncio.create_task(self._drain(key, (lease, rows)), name=f"drain:{key}")
+
+    def unreserve(self, key: str) -> None:
+        self._reserved.discard(key)
+        self._runs.release()
 
     async def _poll_loop(self) -> None:
         """Take keys nobody is working on: other replicas' events, a dead worker's leftovers.
@@ -131,11 +158,19 @@ class Dispatcher:
                 async with asyncio.timeout(interval):
                     await self._room.wait()
 
-    async def _drain(self, key: str) -> None:
+    async def _drain(self, key: str, claim: _Claim | None = None) -> None:
+        """Drain the key; with a `claim` (lease and rows taken on accept), on its run slot first."""
         try:
             while True:
                 self._again.discard(key)
-                more = await self._drain_once(key)
+                if claim is not None:
+                    try:
+                        more = await self._drain_leased(key, claim)
+                    finally:
+                        claim = None
+                        self._runs.release()
+                else:
+                    more = await self._drain_once(key)
                 # An event accepted while we released the lease found it still held and
                 # relied on us: the release told whether any is left.
                 if self._stopping or not (more or key in self._again):
@@ -164,8 +199,8 @@ class Dispatcher:
             return await prefetch.acquire(self.engine, key, self.owner, self.lease_ttl)
         return await leases.acquire(self.engine, key, self.owner, self.lease_ttl), None
 
-    async def _drain_leased(self, key: str) -> bool:
-        lease, known = await self._acquire(key)
+    async def _drain_leased(self, key: str, claim: _Claim | None = None) -> bool:
+        lease, known = claim if claim is not None else await self._acquire(key)
         if lease is None:
             return False  # its holder looks for new events when it releases the key
         if lease.took_over and self.on_takeover is not None:

@@ -6,8 +6,8 @@ import asyncio
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Any, Protocol
 
 from sqlalchemy import bindparam, func, or_, select, union_all, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -19,6 +19,7 @@ from app.db.engine import autocommit
 from app.db.models import INBOX_UNFINISHED, inbox, one_of, outbox, session_keys, utcnow
 from app.db.upsert import insert_ignore_for
 from app.events import InboundEvent
+from app.sessions.lease import SessionLease
 
 ACTIVE_STATUSES = INBOX_UNFINISHED
 
@@ -52,11 +53,11 @@ _INGESTED = (
     "created_at",
     "updated_at",
 )
-_VALUES = {name: bindparam(name, type_=inbox.c[name].type) for name in _INGESTED}
-_INSERT = Direct(inbox.insert().values(_VALUES))
+INSERT_VALUES = {name: bindparam(name, type_=inbox.c[name].type) for name in _INGESTED}
+_INSERT = Direct(inbox.insert().values(INSERT_VALUES))
 _INSERT_NEW = {
     name: Direct(
-        insert_ignore_for(name, inbox, ["channel", "external_id"]).values(_VALUES).returning(inbox.c.id)
+        insert_ignore_for(name, inbox, ["channel", "external_id"]).values(INSERT_VALUES).returning(inbox.c.id)
     )
     for name in ("postgresql", "sqlite")
 }
@@ -131,6 +132,30 @@ class InboxRow:
         )
 
 
+class Claimer(Protocol):
+    """Who may take a key's lease in the statement that accepts its event (the dispatcher)."""
+
+    owner: str
+    lease_ttl: float
+    rows_limit: int  # how many of the key's next rows a claim hands over at most
+
+    def accept_statement(self, *, dedup: bool) -> Direct: ...
+
+    async def reserve(self, key: str) -> bool:
+        """A run slot for `key`, if one is free and no worker of `key` runs here."""
+        ...
+
+    def taken(self, key: str, lease: SessionLease, rows: list[InboxRow] | None) -> None:
+        """The lease was taken with the event: start the key's turns (uses the slot)."""
+
+    def unreserve(self, key: str) -> None:
+        """The lease was not taken: give the slot back."""
+
+
+# A lease taken with an event, and the key's next rows when they could be read with it.
+_Claim = tuple[SessionLease, list[InboxRow] | None]
+
+
 class Inbox:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
@@ -140,50 +165,98 @@ class Inbox:
         # database before the first wake-up (bounded; other replicas' work is polled).
         self._unhandled: OrderedDict[str, None] = OrderedDict()
         self.on_accepted: Callable[[str], None] | None = None
+        self.claimer: Claimer | None = None
         # Results handed over by the turn that handled a waited-for event here.
         self._known: dict[str, WaitResult] = {}
 
     async def accept(self, events: Sequence[InboundEvent]) -> list[AcceptResult]:
-        """Store events (dedup on channel + external id) and commit; then wake the dispatcher."""
+        """Store events (dedup on channel + external id) and commit; then wake the dispatcher.
+
+        With a `claimer` (PostgreSQL), a single event's statement also takes its key's
+        lease when the lease is free and the claimer has a run slot for the key: the
+        claimer then starts the key's turns with that lease (`prefetch.ACCEPT_TAKING`).
+        """
         results: list[AcceptResult] = []
         now = utcnow()
         # One event is one statement (plus a read if it is a duplicate): no BEGIN/COMMIT.
         single = len(events) == 1
-        async with direct.connect(self.reader) if single else self.engine.begin() as conn:
-            for event in events:
-                results.append(await self._insert(conn, event, now))
+        claimer = self.claimer if single else None
+        reserved = claimer is not None and await claimer.reserve(events[0].session_key)
+        claim: _Claim | None = None
+        try:
+            async with direct.connect(self.reader) if single else self.engine.begin() as conn:
+                for event in events:
+                    if reserved:
+                        assert claimer is not None
+                        result, claim = await self._insert_taking(conn, event, now, claimer)
+                    else:
+                        result = await self._insert(conn, event, now)
+                    results.append(result)
+        finally:
+            if reserved and claim is None:
+                assert claimer is not None
+                claimer.unreserve(events[0].session_key)
         for res in results:
             if not res.duplicate:
                 self._unhandled[res.event_id] = None
                 if len(self._unhandled) > 10_000:
                     self._unhandled.popitem(last=False)
-                if self.on_accepted is not None:
+                if claim is not None:
+                    assert claimer is not None
+                    claimer.taken(res.session_key, *claim)
+                elif self.on_accepted is not None:
                     self.on_accepted(res.session_key)
         return results
 
-    async def _insert(self, conn: DirectConnection, event: InboundEvent, now: datetime) -> AcceptResult:
-        key = event.session_key
-        values = dict(
+    @staticmethod
+    def _values(event: InboundEvent, now: datetime) -> dict[str, Any]:
+        return dict(
             event_id=event.event_id,
             channel=event.channel,
             external_id=event.external_id,
-            session_key=key,
+            session_key=event.session_key,
             payload=event.model_dump(mode="json"),
             status="pending",
             attempts=0,
             created_at=now,
             updated_at=now,
         )
+
+    async def _insert(self, conn: DirectConnection, event: InboundEvent, now: datetime) -> AcceptResult:
+        key = event.session_key
+        values = self._values(event, now)
         if event.external_id is None:
             await _INSERT.rows(conn, values)
             return AcceptResult(event_id=event.event_id, session_key=key)
         inserted = await _INSERT_NEW[conn.dialect.name].first(conn, values)
         if inserted is not None:
             return AcceptResult(event_id=event.event_id, session_key=key)
+        return await self._duplicate(conn, event)
+
+    async def _duplicate(self, conn: DirectConnection, event: InboundEvent) -> AcceptResult:
         original = await _ORIGINAL.one(conn, {"ch": event.channel, "ext": event.external_id})
         return AcceptResult(
             event_id=original["event_id"], session_key=original["session_key"], duplicate=True
         )
+
+    async def _insert_taking(
+        self, conn: DirectConnection, event: InboundEvent, now: datetime, claimer: Claimer
+    ) -> tuple[AcceptResult, _Claim | None]:
+        """`_insert`, also taking the key's lease if it is free (then the claim is not None)."""
+        key = event.session_key
+        params = self._values(event, now)
+        params.update(k=key, o=claimer.owner, exp=now + timedelta(seconds=claimer.lease_ttl))
+        row = await claimer.accept_statement(dedup=event.external_id is not None).one(conn, params)
+        if row["id"] is None:
+            return await self._duplicate(conn, event), None
+        accepted = AcceptResult(event_id=event.event_id, session_key=key)
+        if row["fence"] is None:
+            return accepted, None
+        rows = None
+        if row["upcoming"] is not None:
+            this = InboxRow(row["id"], event.event_id, event.channel, key, 0, event)
+            rows = [*(InboxRow.of(r) for r in row["upcoming"]), this][: claimer.rows_limit]
+        return accepted, (SessionLease(key, claimer.owner, row["fence"]), rows)
 
     # --- for the key's lease holder ----------------------------------------------
 

@@ -15,19 +15,27 @@ when the statement's own snapshot shows the lease free (or ours, or the key new)
 fence just below the one it took: nobody held the lease in between. Otherwise they are
 left out (`None`) and read separately. `tests/pipeline/test_prefetch.py` makes that
 interleaving happen.
+
+An event's own acceptance can take the lease too (`ACCEPT_TAKING`): when the key's lease
+is free and this replica has a run slot for it, the statement that stores the event also
+takes the lease and reads the key's rows, and the dispatcher starts the turn without a
+statement of its own (`Inbox.claimer`). The same rule decides whether the rows count; the
+event just stored is not among them (the statement cannot see its own insert) and is
+added by the caller.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Integer, and_, bindparam, case, func, literal_column, or_, select
+from sqlalchemy import Integer, and_, bindparam, case, func, literal, literal_column, or_, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db.direct import Direct, rows_as_json
 from app.db.engine import lax_commit
 from app.db.models import inbox, session_keys
-from app.pipeline.inbox import InboxRow, unfinished_rows
+from app.db.upsert import insert_for, insert_ignore_for
+from app.pipeline.inbox import INSERT_VALUES, InboxRow, unfinished_rows
 from app.sessions import lease as leases
 
 _K = session_keys.c
@@ -68,6 +76,52 @@ def _take_statement() -> Any:
 
 
 TAKE = Direct(_take_statement())
+
+
+def _accept_taking(dedup: bool) -> Any:
+    """Insert the event (skipping a duplicate when `dedup`) and take the key's free lease.
+
+    Returns the new row's `id` (None for a duplicate), the `fence` taken (None when the
+    lease was held, or the event a duplicate) and `upcoming`, the key's other unfinished
+    rows when they count (see the module). A lease that is ours already is not taken:
+    some worker of this replica holds it, and bumping its fence would fence it out.
+    Commits like any ingest: durably, not with `lax_commit`.
+    """
+    store = insert_ignore_for("postgresql", inbox, ["channel", "external_id"]) if dedup else inbox.insert()
+    stored = store.values(INSERT_VALUES).returning(inbox.c.id).cte("stored")
+    owner: Any = bindparam("o")
+    expires: Any = bindparam("exp")
+    take = insert_for("postgresql", session_keys).from_select(
+        ["key", "lease_owner", "lease_fence", "lease_expires_at"],
+        select(bindparam("k", type_=_K.key.type), owner, literal(1), expires).where(
+            select(stored.c.id).exists()
+        ),
+    )
+    taken = (
+        take.on_conflict_do_update(
+            index_elements=["key"],
+            set_={"lease_owner": owner, "lease_fence": _K.lease_fence + 1, "lease_expires_at": expires},
+            where=_K.lease_owner.is_(None),
+        )
+        .returning(_K.lease_fence)
+        .cte("taken")
+    )
+    prior = select(_K.lease_owner, _K.lease_fence).where(_K.key == bindparam("k")).subquery("prior")
+    before = select(prior.c.lease_fence).where(prior.c.lease_owner.is_(None))
+    nobody_between = or_(
+        and_(~select(prior.c.lease_fence).exists(), taken.c.lease_fence == 1),
+        taken.c.lease_fence == before.scalar_subquery() + literal_column("1", Integer),
+    )
+    rows = select(case((nobody_between, upcoming(LIMIT)), else_=None)).select_from(taken)
+    return select(
+        select(stored.c.id).scalar_subquery().label("id"),
+        select(taken.c.lease_fence).scalar_subquery().label("fence"),
+        rows.scalar_subquery().label("upcoming"),
+    )
+
+
+# By whether the event has an external id to deduplicate on.
+ACCEPT_TAKING = {dedup: Direct(_accept_taking(dedup)) for dedup in (True, False)}
 
 
 async def acquire(

@@ -1,0 +1,161 @@
+"""PostgreSQL: accepting an event takes its key's free lease in the same statement.
+
+The dispatcher then starts the key's turn without a statement of its own to take the
+lease (`prefetch.ACCEPT_TAKING`, `Inbox.claimer`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+import asyncpg
+import pytest
+from sqlalchemy import event, select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.db import direct
+from app.db.engine import autocommit
+from app.db.models import inbox, session_keys, utcnow
+from app.events import InboundEvent
+from app.pipeline import prefetch
+from app.pipeline.inbox import Inbox
+from app.sessions import lease as leases
+from tests.conftest import ServeApp
+
+KEY = "webhook:c"
+
+
+async def _accept_taking(engine: AsyncEngine, text: str, owner: str, external_id: str | None = None) -> Any:
+    """Run the statement as `Inbox.accept` does; returns its row (id, fence, upcoming)."""
+    one = InboundEvent.from_text("webhook", "c", "u", text, external_id=external_id)
+    now = utcnow()
+    params = Inbox._values(one, now)
+    params.update(k=one.session_key, o=owner, exp=now + timedelta(seconds=30))
+    async with direct.connect(autocommit(engine)) as conn:  # as Inbox.accept: no BEGIN/COMMIT
+        return dict(await prefetch.ACCEPT_TAKING[external_id is not None].one(conn, params))
+
+
+async def _lease(engine: AsyncEngine) -> tuple[str | None, int]:
+    async with engine.connect() as conn:
+        row = (
+            await conn.execute(
+                select(session_keys.c.lease_owner, session_keys.c.lease_fence).where(
+                    session_keys.c.key == KEY
+                )
+            )
+        ).one()
+    return row[0], row[1]
+
+
+async def _pending(engine: AsyncEngine) -> list[str]:
+    async with engine.connect() as conn:
+        rows = await conn.execute(
+            select(inbox.c.event_id).where(inbox.c.status == "pending").order_by(inbox.c.id)
+        )
+    return [r[0] for r in rows]
+
+
+async def test_the_statement_takes_a_free_lease_and_reads_the_rows_before_the_event(
+    pg_engine: AsyncEngine,
+) -> None:
+    first = await _accept_taking(pg_engine, "one", "me")
+    assert first["id"] is not None and first["fence"] == 1  # a new key: its row is created
+    assert first["upcoming"] == []  # the statement does not see its own insert
+    assert await _lease(pg_engine) == ("me", 1)
+
+    held = await _accept_taking(pg_engine, "two", "other")  # held by "me": stored, not taken
+    assert held["id"] is not None and held["fence"] is None and held["upcoming"] is None
+    mine = await _accept_taking(pg_engine, "three", "me")  # ours already: not taken again
+    assert mine["fence"] is None and await _lease(pg_engine) == ("me", 1)
+
+    assert await leases.release(pg_engine, leases.SessionLease(KEY, "me", 1))
+    free = await _accept_taking(pg_engine, "four", "other")
+    assert free["fence"] == 2
+    assert [r["payload"]["parts"][0]["text"] for r in free["upcoming"]] == ["one", "two"]  # LIMIT 2
+    assert len(await _pending(pg_engine)) == 4
+
+
+async def test_a_duplicate_is_not_stored_and_takes_no_lease(pg_engine: AsyncEngine) -> None:
+    first = await _accept_taking(pg_engine, "one", "me", external_id="x-1")
+    assert first["fence"] == 1
+    assert await leases.release(pg_engine, leases.SessionLease(KEY, "me", 1))
+    again = await _accept_taking(pg_engine, "one", "other", external_id="x-1")
+    assert again == {"id": None, "fence": None, "upcoming": None}
+    assert await _lease(pg_engine) == (None, 1)
+    assert len(await _pending(pg_engine)) == 1
+
+
+async def test_rows_a_worker_finished_while_the_statement_waited_for_its_release_are_not_read(
+    pg_engine: AsyncEngine, pg_url: str
+) -> None:
+    """As `test_prefetch`'s take: the statement read the rows before it got the key's row lock.
+
+    Another worker takes the lease, finishes the pending event and releases, committing
+    while the accepting statement waits for the lock. The statement then takes the free
+    lease two fences on, and must not hand over the finished event as unfinished.
+    """
+    event_id = (await _accept_taking(pg_engine, "hello", "old"))["id"]
+    assert await leases.release(pg_engine, leases.SessionLease(KEY, "old", 1))
+    dsn = pg_url.replace("postgresql+asyncpg://", "postgresql://")
+    other, watcher = await asyncpg.connect(dsn), await asyncpg.connect(dsn)
+    try:
+        tx = other.transaction()
+        await tx.start()
+        await other.execute(
+            "UPDATE session_keys SET lease_owner = 'other', lease_fence = lease_fence + 1 WHERE key = $1", KEY
+        )
+        await other.execute("UPDATE inbox SET status = 'done' WHERE id = $1", event_id)
+        await other.execute("UPDATE session_keys SET lease_owner = NULL WHERE key = $1", KEY)
+        accepting = asyncio.create_task(_accept_taking(pg_engine, "next", "me"))
+        for _ in range(200):  # until the statement waits for the other worker's row lock
+            waiting = await watcher.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND wait_event_type = 'Lock' AND query LIKE 'WITH%'"
+            )
+            if waiting:
+                break
+            await asyncio.sleep(0.02)
+        assert waiting == 1
+        await tx.commit()
+        taken = await accepting
+    finally:
+        await other.close()
+        await watcher.close()
+    assert taken["fence"] == 3
+    assert taken["upcoming"] is None  # not the stale [hello]: the dispatcher reads the rows
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+async def test_an_idle_key_is_answered_without_a_statement_to_take_its_lease(serve: ServeApp) -> None:
+    """The served path: the accept takes the lease, and the turn runs on it."""
+    async with serve() as srv:
+        seen: list[str] = []
+
+        def logged(query: Any) -> None:  # asyncpg's query logger: every statement, however run
+            seen.append(query.query)
+
+        def checkout(dbapi_conn: Any, *_rest: Any) -> None:
+            dbapi_conn.driver_connection.add_query_logger(logged)
+
+        pool = srv.runtime.engine.sync_engine.pool
+        event.listen(pool, "checkout", checkout)
+        try:
+            for text in ("one", "two"):  # the second finds the lease released again
+                [accepted] = await srv.runtime.inbox.accept(
+                    [InboundEvent.from_text("webhook", "c", "u", text)]
+                )
+                result = await srv.runtime.inbox.wait_for_replies(accepted.event_id, 10)
+                assert result.done and result.replies[0].text
+                for _ in range(100):  # the worker releases the lease after the reply
+                    if (await _lease(srv.runtime.engine))[0] is None:
+                        break
+                    await asyncio.sleep(0.02)
+        finally:
+            event.remove(pool, "checkout", checkout)
+        engine = srv.runtime.engine
+        take = prefetch.TAKE._plan_for(engine.dialect).sql
+        accept = prefetch.ACCEPT_TAKING[False]._plan_for(engine.dialect).sql
+        assert seen.count(accept) == 2 and take not in seen
+        assert await _lease(engine) == (None, 2)  # one lease per turn, both taken on accept
