@@ -95,15 +95,19 @@ class Consolidator:
         self.summarizer = summarizer
         self.limits = limits
 
-    async def __call__(self, lease: SessionLease, session: SessionState) -> None:
-        """After a turn: consolidate if due. `session` is as the turn left it.
+    def due(self, session: SessionState) -> bool:
+        """Whether consolidation may be due after a turn that left `session` so.
 
         Its `next_seq` is exact (the turn appended last, under the lease) and its
         `last_consolidated` at most the stored one (only consolidation moves it, forward,
         under the same lease), so the pending count read from it is at least the real one:
         at most `keep_messages` of them means nothing is due, without asking the database.
         """
-        if session.next_seq - 1 - session.last_consolidated <= self.limits.keep_messages:
+        return session.next_seq - 1 - session.last_consolidated > self.limits.keep_messages
+
+    async def __call__(self, lease: SessionLease, session: SessionState) -> None:
+        """After a turn: consolidate if due (`due`). `session` is as the turn left it."""
+        if not self.due(session):
             return
         await self.consolidate(lease, session.id)
 

@@ -208,7 +208,8 @@ class Dispatcher:
             self.on_takeover()
         worker = asyncio.current_task()
         assert worker is not None
-        renewer = asyncio.create_task(self._renew(lease, worker))
+        released = asyncio.Event()  # a turn's end released the lease: the renewer must not mind
+        renewer = asyncio.create_task(self._renew(lease, worker, released))
         structlog.contextvars.bind_contextvars(session_key=key)
         try:
             if lease.fence > 1:
@@ -220,13 +221,21 @@ class Dispatcher:
                     break
                 structlog.contextvars.bind_contextvars(channel=batch[-1].channel, event_id=batch[-1].event_id)
                 try:
-                    known = await self.handler.handle(lease, batch)
+                    handled = await self.handler.handle(lease, batch)
+                    known = handled.upcoming
                 except LeaseLost:
                     raise
                 except Exception:
                     log.exception("turn_failed")
                     await asyncio.sleep(0.2)  # the rows stay unfinished: retried, then failed
                     known, more = None, True
+                else:
+                    if handled.released:
+                        # The key had no rows left; events accepted here since are in
+                        # `_again` (the drain takes the lease anew), other replicas' take
+                        # it themselves.
+                        released.set()
+                        break
                 if known is not None:  # read at the turn's end: newer than `more`
                     more = bool(known)
                 # Events accepted here meanwhile are in `_again`; events accepted by other
@@ -244,6 +253,8 @@ class Dispatcher:
                 await renewer
             structlog.contextvars.unbind_contextvars("session_key", "channel", "event_id")
             self.handler.store.release(key)  # cached state is only valid under this lease
+        if released.is_set():
+            return False
         return await leases.release(self.engine, lease)
 
     async def _next_batch(self, key: str, known: list[InboxRow] | None) -> tuple[list[InboxRow], bool]:
@@ -269,7 +280,9 @@ class Dispatcher:
         batch = batch or rows[:1]
         return batch, len(rows) > len(batch)
 
-    async def _renew(self, lease: leases.SessionLease, worker: asyncio.Task[None]) -> None:
+    async def _renew(
+        self, lease: leases.SessionLease, worker: asyncio.Task[None], released: asyncio.Event
+    ) -> None:
         while True:
             await asyncio.sleep(self.lease_ttl / 3)
             try:
@@ -280,6 +293,13 @@ class Dispatcher:
                 log.exception("lease_renew_failed")
                 continue
             if not held:
+                # A turn's end may have released it, its worker about to notice: no
+                # takeover then. (A real takeover loses nothing by the wait: writes under
+                # the old fence fail.)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(1.0):
+                        await released.wait()
+                        return
                 log.warning("lease_taken_over", fence=lease.fence)
                 worker.cancel()  # stop the model call early; writes would fail anyway
                 return

@@ -31,10 +31,12 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     Integer,
     Table,
     and_,
     bindparam,
+    case,
     func,
     insert,
     literal,
@@ -49,7 +51,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from app.db.direct import Direct, DirectConnection, rows_as_json
 from app.db.engine import lax_commit
-from app.db.models import inbox, messages, outbox, runs, session_keys, sessions
+from app.db.models import INBOX_UNFINISHED, inbox, messages, one_of, outbox, runs, session_keys, sessions
 from app.errors import LeaseLost
 from app.memory.recall import recall_query
 from app.memory.store import Memory, memory_from_row
@@ -73,13 +75,34 @@ def _watched(fence: Any) -> Any:
     return func.coalesce(select(fence.c.watched).scalar_subquery(), False).label("watched")
 
 
-def _fence() -> Any:
-    """The `check_fence` update as a CTE: one row while the lease is ours, none after a takeover."""
+def _fence(*, release: bool = False) -> Any:
+    """The `check_fence` update as a CTE: one row while the lease is ours, none after a takeover.
+
+    With `release`, it also gives the lease up (as `leases.release`) when the `release`
+    parameter is true and the key has no unfinished rows but the `inbox_ids` the
+    statement finishes; `released` tells whether it did.
+    """
+    check = update(session_keys).where(
+        _K.key == bindparam("k"), _K.lease_owner == bindparam("o"), _K.lease_fence == bindparam("f")
+    )
+    if not release:
+        return check.values(lease_fence=_K.lease_fence).returning(_K.key, _WATCHED).cte("fence")
+    idle = ~(
+        select(inbox.c.id)
+        .where(
+            inbox.c.session_key == bindparam("k"),
+            one_of(inbox.c.status, INBOX_UNFINISHED),
+            inbox.c.id != func.all(_INBOX_IDS),
+        )
+        .exists()
+    )
+    let_go = and_(bindparam("release", type_=Boolean), idle)
     return (
-        update(session_keys)
-        .where(_K.key == bindparam("k"), _K.lease_owner == bindparam("o"), _K.lease_fence == bindparam("f"))
-        .values(lease_fence=_K.lease_fence)
-        .returning(_K.key, _WATCHED)
+        check.values(
+            lease_owner=case((let_go, None), else_=_K.lease_owner),
+            lease_expires_at=case((let_go, None), else_=_K.lease_expires_at),
+        )
+        .returning(_K.key, _WATCHED, _K.lease_owner.is_(None).label("released"))
         .cte("fence")
     )
 
@@ -162,9 +185,9 @@ def _count(cte: Any, label: str) -> Any:
     return select(func.count()).select_from(cte).scalar_subquery().label(label)
 
 
-def _fenced_message() -> tuple[Any, Any, Any]:
+def _fenced_message(*, release: bool = False) -> tuple[Any, Any, Any]:
     """The fence check, the session's seq bump under it and the one message row numbered by it."""
-    fence = _fence()
+    fence = _fence(release=release)
     bump = (
         update(sessions)
         .where(sessions.c.id == bindparam("sid"), select(fence.c.key).exists())
@@ -180,8 +203,12 @@ def _fenced_message() -> tuple[Any, Any, Any]:
 
 
 def _finish_statement() -> Any:
-    """The end of a turn: answer, outbox row, inbox rows done, run trace; one statement."""
-    fence, bump, message = _fenced_message()
+    """The end of a turn: answer, outbox row, inbox rows done, run trace; one statement.
+
+    With the `release` parameter it also releases the lease if nothing is left to do for
+    the key (`_fence`): the worker then needs no statement of its own for that.
+    """
+    fence, bump, message = _fenced_message(release=True)
     landed = select(bump.c.id).exists()  # all or nothing: the rest only with the answer
     reply = (
         insert(outbox)
@@ -215,6 +242,7 @@ def _finish_statement() -> Any:
         _count(done, "done"),
         _count(trace, "traced"),
         upcoming(LIMIT, exclude=_INBOX_IDS).label("upcoming"),
+        select(fence.c.released).scalar_subquery().label("released"),
     )
 
 
@@ -500,6 +528,7 @@ class Finished(Appended):
     # The key's next unfinished rows (`app.pipeline.prefetch`): the first `LIMIT`, but
     # those the statement finished.
     upcoming: list[InboxRow]
+    released: bool = False  # the statement released the lease (asked to, and no rows left)
 
 
 async def finish(
@@ -514,12 +543,16 @@ async def finish(
     link: int | None,
     run_id: int,
     trace: Mapping[str, Any],
+    release: bool = False,
 ) -> Finished:
     """End a turn in one statement (see `_finish_statement`).
 
-    Raises `LeaseLost`, having written nothing, when the lease is no longer ours.
+    With `release`, the lease is released too when the key has nothing left to do
+    (`Finished.released`). Raises `LeaseLost`, having written nothing, when the lease is
+    no longer ours.
     """
     params: dict[str, Any] = {
+        "release": release,
         "sid": session_id,
         "now": now,
         "inbox_ids": list(inbox_ids),
@@ -531,7 +564,7 @@ async def finish(
     params.update({"r_" + name: trace.get(name) for name in _RUN_TRACE})
     row = await _execute_fenced(conn, FINISH, lease, params)
     seq = _appended_seq(row, session_id, lease)
-    return Finished(seq, row["watched"], upcoming=rows_from(row["upcoming"]))
+    return Finished(seq, row["watched"], upcoming=rows_from(row["upcoming"]), released=bool(row["released"]))
 
 
 async def append(

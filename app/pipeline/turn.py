@@ -139,10 +139,27 @@ class _Turn:
     # Whether another replica may watch the key, as its latest one-statement write saw it
     # (`app.gateway.pg_bus`): if not, its messages and deltas are not NOTIFYed.
     watched: bool = True
+    # Whether the turn's one-statement end may release the lease when nothing is left to
+    # do for the key, and whether it did (`fused.finish`).
+    may_release: bool = False
+    released: bool = False
 
     @property
     def handled_ids(self) -> set[int]:
         return {r.id for r in self.rows}
+
+
+@dataclass(frozen=True)
+class Handled:
+    """What a turn leaves its key's worker.
+
+    `upcoming`: the key's next rows as the turn's end read them (None: not read).
+    `released`: the turn's end released the lease, the key having nothing left to do:
+    the worker must neither write under it nor release it again.
+    """
+
+    upcoming: list[InboxRow] | None = None
+    released: bool = False
 
 
 class TurnHandler:
@@ -232,11 +249,11 @@ class TurnHandler:
             await check_fence(conn, lease)
             yield conn
 
-    async def handle(self, lease: SessionLease, rows: Sequence[InboxRow]) -> list[InboxRow] | None:
+    async def handle(self, lease: SessionLease, rows: Sequence[InboxRow]) -> Handled:
         """Handle a batch of the key's events as one turn (one event unless `collect`).
 
         Returns the key's next unfinished rows when the turn's last statement read them
-        (`app.pipeline.prefetch`), else None.
+        (`app.pipeline.prefetch`), and whether that statement released the lease.
         """
         live: list[InboxRow] = []
         poisoned: list[InboxRow] = []
@@ -245,19 +262,19 @@ class TurnHandler:
         if poisoned:
             await self._fail(lease, poisoned)
         if not live:
-            return None
+            return Handled()
         events = [r.event for r in live]
         last = events[-1]
         command = command_of(last)
         if len(events) == 1 and command in SESSION_COMMANDS:
             await self._session_command(lease, live[0], command)
-            return None
+            return Handled()
         if len(events) == 1 and command == "/stop":
             await self._stop_command(lease, live[0])
-            return None
+            return Handled()
         if len(events) == 1 and command in ("/approve", "/deny"):
             await self._decision_command(lease, live[0], command)
-            return None
+            return Handled()
         self._input_signals.setdefault(lease.key, asyncio.Event())
         try:
             return await self._agent_turn(lease, live)
@@ -266,7 +283,7 @@ class TurnHandler:
 
     # --- a normal turn --------------------------------------------------------------
 
-    async def _agent_turn(self, lease: SessionLease, live: list[InboxRow]) -> list[InboxRow] | None:
+    async def _agent_turn(self, lease: SessionLease, live: list[InboxRow]) -> Handled:
         events = [r.event for r in live]
         last = events[-1]
         answer = not all(e.metadata.get("no_reply") for e in events)
@@ -281,7 +298,7 @@ class TurnHandler:
         await self._publish(lease.key, session.id, added, seqs, remote=watched)
         if run_id is None:
             self.inbox.wake([e.event_id for e in events])
-            return None
+            return Handled()
         turn = _Turn(
             lease=lease,
             session=session,
@@ -293,14 +310,16 @@ class TurnHandler:
             stored=read.stored if read is not None else None,
             recalled=read.recalled if read is not None else None,
             watched=watched,
+            may_release=True,
         )
         record = RunRecord(provider=self.runner.provider.name, model=self.models.get(last.channel))
         record = await self.runner.resume(
             self._hooks(turn), self._tool_context(turn), record, calls=(), decisions={}, model=record.model
         )
-        if record.outcome != "awaiting_approval":
+        # A released lease means no after-turn hook was due (`_finish`).
+        if record.outcome != "awaiting_approval" and not turn.released:
             await self._after_turn(lease, turn.session)
-        return turn.upcoming
+        return Handled(turn.upcoming, turn.released)
 
     async def _start_in_one_statement(
         self, lease: SessionLease, row: InboxRow
@@ -587,6 +606,9 @@ class TurnHandler:
             if turn.run_row is None:  # a resumed run: its row was not read by this turn
                 async with self.store.reader.connect() as conn:
                     await self._read_run_row(conn, turn)
+            # The answer will be the session's newest message (seq `next_seq`).
+            after = replace(session, next_seq=session.next_seq + 1)
+            release = turn.may_release and not self._after_turn_due(after)
             async with direct.connect(self.store.reader) as conn:
                 now = outbox_row["created_at"]
                 trace = self._run_trace(turn, record, finished=True, now=now)
@@ -601,9 +623,11 @@ class TurnHandler:
                     link=link,
                     run_id=turn.run_id,
                     trace=trace,
+                    release=release,
                 )
             self._run_saved(turn, record, trace, finished=True)
             seqs, turn.watched, turn.upcoming = [finished.seq], finished.watched, finished.upcoming
+            turn.released = finished.released
         else:
             async with self._fenced(lease) as conn:
                 seqs = await self.store.append(conn, session.id, [final], run_id=turn.run_id)
@@ -986,6 +1010,17 @@ class TurnHandler:
         log.error("events_failed", event_ids=[r.event_id for r in rows])
         self.inbox.wake([r.event_id for r in rows])
         self.on_outbox()
+
+    def _after_turn_due(self, session: SessionState) -> bool:
+        """Whether some after-turn hook may have work (under the lease) for `session`.
+
+        A hook says so with a `due(session)` method; one without it always may.
+        """
+        for hook in self.after_turn:
+            due: Callable[[SessionState], bool] | None = getattr(hook, "due", None)
+            if due is None or due(session):
+                return True
+        return False
 
     async def _after_turn(self, lease: SessionLease, session: SessionState) -> None:
         for hook in self.after_turn:

@@ -7,6 +7,7 @@ and a start that is not the common case writes nothing and leaves the general pa
 
 from __future__ import annotations
 
+import uuid
 from datetime import timedelta
 from typing import Any
 
@@ -78,7 +79,9 @@ async def _start(engine: AsyncEngine, lease: SessionLease, inbox_id: int, **over
         return await fused.start(conn, lease, **args)
 
 
-async def finish(engine: AsyncEngine, lease: SessionLease, started: Any, row_id: int, answer: str) -> Any:
+async def finish(
+    engine: AsyncEngine, lease: SessionLease, started: Any, row_id: int, answer: str, *, release: bool = False
+) -> Any:
     """`fused.finish` of the turn `_start` started for the inbox row `row_id`, answering `answer`."""
     now = utcnow()
     async with autocommit(engine).connect() as conn:
@@ -89,7 +92,7 @@ async def finish(engine: AsyncEngine, lease: SessionLease, started: Any, row_id:
             now=now,
             message=message_values(ChatMessage(role="assistant", content=answer), started.run_id),
             reply=dict(
-                message_id="m1",
+                message_id=uuid.uuid4().hex,
                 session_key=KEY,
                 session_id=started.session.id,
                 run_id=started.run_id,
@@ -106,6 +109,7 @@ async def finish(engine: AsyncEngine, lease: SessionLease, started: Any, row_id:
             inbox_ids=[row_id],
             link=started.run_id,
             run_id=started.run_id,
+            release=release,
             trace={
                 "outcome": "answered",
                 "tool_calls": [],

@@ -144,7 +144,8 @@ async def test_cut_and_resumed_runs_leave_a_legal_history(
         provider=provider,
         tools=[EchoTool()],
     )
-    runtime.inbox.on_accepted = None  # this test is the only worker: no dispatcher
+    # This test is the only worker: no dispatcher is told of events or takes their leases.
+    runtime.inbox.on_accepted, runtime.inbox.claimer = None, None
     bus = CuttingBus()
     handler = TurnHandler(
         runtime.engine,
@@ -234,7 +235,7 @@ async def test_stop_steer_and_approvals_with_cuts_leave_a_legal_history(
         provider=provider,
         tools=[EchoTool(), RiskyEchoTool()],
     )
-    runtime.inbox.on_accepted = None
+    runtime.inbox.on_accepted, runtime.inbox.claimer = None, None
     bus = CuttingBus()
     handler = TurnHandler(
         runtime.engine,

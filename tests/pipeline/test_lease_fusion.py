@@ -1,12 +1,17 @@
-"""PostgreSQL: accepting an event takes its key's free lease in the same statement.
+"""PostgreSQL: the lease is taken by the statement accepting an event and given up by the
+statement ending its turn.
 
-The dispatcher then starts the key's turn without a statement of its own to take the
-lease (`prefetch.ACCEPT_TAKING`, `Inbox.claimer`).
+Accepting an event takes its key's free lease in the same statement, and the dispatcher
+starts the key's turn without a statement of its own to take it (`prefetch.ACCEPT_TAKING`,
+`Inbox.claimer`). The turn's end releases the lease when the key has nothing left to do
+and no after-turn work is due (`fused.finish(release=True)`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -18,11 +23,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.db import direct
 from app.db.engine import autocommit
 from app.db.models import inbox, session_keys, utcnow
+from app.errors import LeaseLost
 from app.events import InboundEvent
 from app.pipeline import prefetch
 from app.pipeline.inbox import Inbox
 from app.sessions import lease as leases
 from tests.conftest import ServeApp
+from tests.pipeline.test_fused import ANSWERED, _start, _with_session, finish
 
 KEY = "webhook:c"
 
@@ -127,35 +134,93 @@ async def test_rows_a_worker_finished_while_the_statement_waited_for_its_release
     assert taken["upcoming"] is None  # not the stale [hello]: the dispatcher reads the rows
 
 
+@contextlib.contextmanager
+def _statements(srv: Any) -> Iterator[list[str]]:
+    """Every statement the served app sends to PostgreSQL meanwhile (asyncpg's query logger)."""
+    seen: list[str] = []
+    logged: set[Any] = set()
+
+    def log(query: Any) -> None:
+        seen.append(query.query)
+
+    def checkout(dbapi_conn: Any, *_rest: Any) -> None:
+        if dbapi_conn.driver_connection not in logged:  # once per connection, not per checkout
+            logged.add(dbapi_conn.driver_connection)
+            dbapi_conn.driver_connection.add_query_logger(log)
+
+    pool = srv.runtime.engine.sync_engine.pool
+    event.listen(pool, "checkout", checkout)
+    try:
+        yield seen
+    finally:
+        event.remove(pool, "checkout", checkout)
+        for conn in logged:
+            conn.remove_query_logger(log)
+
+
+async def _turns(srv: Any, *texts: str) -> None:
+    """One turn per text, each after the previous one's worker ended."""
+    for text in texts:
+        [accepted] = await srv.runtime.inbox.accept([InboundEvent.from_text("webhook", "c", "u", text)])
+        result = await srv.runtime.inbox.wait_for_replies(accepted.event_id, 10)
+        assert result.done and result.replies[0].text
+        for _ in range(100):
+            if not srv.runtime.dispatcher.busy_keys:
+                break
+            await asyncio.sleep(0.02)
+
+
+def _sql(srv: Any, statement: Any) -> str:
+    return str(statement._plan_for(srv.runtime.engine.dialect).sql)
+
+
 @pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
-async def test_an_idle_key_is_answered_without_a_statement_to_take_its_lease(serve: ServeApp) -> None:
-    """The served path: the accept takes the lease, and the turn runs on it."""
+async def test_an_idle_key_is_answered_without_statements_to_take_or_release_its_lease(
+    serve: ServeApp,
+) -> None:
+    """The served path: the accept takes the lease, the turn runs on it, its end releases it."""
     async with serve() as srv:
-        seen: list[str] = []
+        with _statements(srv) as seen:
+            await _turns(srv, "one", "two")  # the second finds the lease released again
+        assert seen.count(_sql(srv, prefetch.ACCEPT_TAKING[False])) == 2
+        assert _sql(srv, prefetch.TAKE) not in seen
+        assert _sql(srv, leases._RELEASE["postgresql"]) not in seen
+        assert await _lease(srv.runtime.engine) == (None, 2)  # one lease per turn, both taken on accept
 
-        def logged(query: Any) -> None:  # asyncpg's query logger: every statement, however run
-            seen.append(query.query)
 
-        def checkout(dbapi_conn: Any, *_rest: Any) -> None:
-            dbapi_conn.driver_connection.add_query_logger(logged)
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+async def test_a_due_after_turn_hook_keeps_the_lease_for_itself(serve: ServeApp) -> None:
+    """Consolidation may be due after the turn: its end keeps the lease, the hook runs under it,
+    and the worker releases the lease after the hook."""
+    async with serve(consolidation_keep_messages=1, consolidation_threshold_messages=1000) as srv:
+        with _statements(srv) as seen:
+            await _turns(srv, "one")  # leaves 2 messages: more than keep_messages
+        assert seen.count(_sql(srv, leases._RELEASE["postgresql"])) == 1
+        assert await _lease(srv.runtime.engine) == (None, 1)
 
-        pool = srv.runtime.engine.sync_engine.pool
-        event.listen(pool, "checkout", checkout)
-        try:
-            for text in ("one", "two"):  # the second finds the lease released again
-                [accepted] = await srv.runtime.inbox.accept(
-                    [InboundEvent.from_text("webhook", "c", "u", text)]
-                )
-                result = await srv.runtime.inbox.wait_for_replies(accepted.event_id, 10)
-                assert result.done and result.replies[0].text
-                for _ in range(100):  # the worker releases the lease after the reply
-                    if (await _lease(srv.runtime.engine))[0] is None:
-                        break
-                    await asyncio.sleep(0.02)
-        finally:
-            event.remove(pool, "checkout", checkout)
-        engine = srv.runtime.engine
-        take = prefetch.TAKE._plan_for(engine.dialect).sql
-        accept = prefetch.ACCEPT_TAKING[False]._plan_for(engine.dialect).sql
-        assert seen.count(accept) == 2 and take not in seen
-        assert await _lease(engine) == (None, 2)  # one lease per turn, both taken on accept
+
+async def test_a_turns_end_releases_the_lease_only_when_asked_and_nothing_is_left(
+    pg_engine: AsyncEngine,
+) -> None:
+    _, lease, row_id = await _with_session(pg_engine, *ANSWERED)
+    started = await _start(pg_engine, lease, row_id)
+    kept = await finish(pg_engine, lease, started, row_id, "hi")  # not asked
+    assert not kept.released and await _lease(pg_engine) == ("me", lease.fence)
+
+    inbox_ = Inbox(pg_engine)
+    await inbox_.accept([InboundEvent.from_text("webhook", "c", "u", "two")])
+    [row] = await inbox_.next_rows(KEY, limit=1)
+    started = await _start(pg_engine, lease, row.id)
+    [later] = await inbox_.accept([InboundEvent.from_text("webhook", "c", "u", "three")])
+    busy = await finish(pg_engine, lease, started, row.id, "hi", release=True)
+    assert not busy.released  # "three" waits
+    assert [r.event_id for r in busy.upcoming] == [later.event_id]
+    assert await _lease(pg_engine) == ("me", lease.fence)
+
+    [last] = await inbox_.next_rows(KEY, limit=1)
+    started = await _start(pg_engine, lease, last.id)
+    idle = await finish(pg_engine, lease, started, last.id, "hi", release=True)
+    assert idle.released and idle.upcoming == []
+    assert await _lease(pg_engine) == (None, lease.fence)  # free, at the same fence
+    with pytest.raises(LeaseLost):  # and no longer ours to write under
+        await _start(pg_engine, lease, last.id)
