@@ -176,37 +176,45 @@ class Inbox:
         lease when the lease is free and the claimer has a run slot for the key: the
         claimer then starts the key's turns with that lease (`prefetch.ACCEPT_TAKING`).
         """
-        results: list[AcceptResult] = []
         now = utcnow()
+        claimer = self.claimer if len(events) == 1 else None
+        if claimer is not None and await claimer.reserve(events[0].session_key):
+            # Shielded: a caller cancelled mid-statement must not leave the lease taken
+            # and nobody working under it (until it expired).
+            return [await asyncio.shield(self._accept_claiming(events[0], now, claimer))]
+        results: list[AcceptResult] = []
         # One event is one statement (plus a read if it is a duplicate): no BEGIN/COMMIT.
-        single = len(events) == 1
-        claimer = self.claimer if single else None
-        reserved = claimer is not None and await claimer.reserve(events[0].session_key)
-        claim: _Claim | None = None
-        try:
-            async with direct.connect(self.reader) if single else self.engine.begin() as conn:
-                for event in events:
-                    if reserved:
-                        assert claimer is not None
-                        result, claim = await self._insert_taking(conn, event, now, claimer)
-                    else:
-                        result = await self._insert(conn, event, now)
-                    results.append(result)
-        finally:
-            if reserved and claim is None:
-                assert claimer is not None
-                claimer.unreserve(events[0].session_key)
+        async with direct.connect(self.reader) if len(events) == 1 else self.engine.begin() as conn:
+            for event in events:
+                results.append(await self._insert(conn, event, now))
         for res in results:
             if not res.duplicate:
-                self._unhandled[res.event_id] = None
-                if len(self._unhandled) > 10_000:
-                    self._unhandled.popitem(last=False)
-                if claim is not None:
-                    assert claimer is not None
-                    claimer.taken(res.session_key, *claim)
-                elif self.on_accepted is not None:
+                self._accepted(res)
+                if self.on_accepted is not None:
                     self.on_accepted(res.session_key)
         return results
+
+    async def _accept_claiming(self, event: InboundEvent, now: datetime, claimer: Claimer) -> AcceptResult:
+        """`accept` of one event whose key has a run slot reserved: hand the slot on or back."""
+        claim: _Claim | None = None
+        try:
+            async with direct.connect(self.reader) as conn:
+                result, claim = await self._insert_taking(conn, event, now, claimer)
+        finally:
+            if claim is None:
+                claimer.unreserve(event.session_key)
+        if not result.duplicate:
+            self._accepted(result)
+            if claim is not None:
+                claimer.taken(result.session_key, *claim)
+            elif self.on_accepted is not None:
+                self.on_accepted(result.session_key)
+        return result
+
+    def _accepted(self, result: AcceptResult) -> None:
+        self._unhandled[result.event_id] = None
+        if len(self._unhandled) > 10_000:
+            self._unhandled.popitem(last=False)
 
     @staticmethod
     def _values(event: InboundEvent, now: datetime) -> dict[str, Any]:

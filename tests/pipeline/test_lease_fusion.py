@@ -224,3 +224,39 @@ async def test_a_turns_end_releases_the_lease_only_when_asked_and_nothing_is_lef
     assert await _lease(pg_engine) == (None, lease.fence)  # free, at the same fence
     with pytest.raises(LeaseLost):  # and no longer ours to write under
         await _start(pg_engine, lease, last.id)
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+async def test_an_accept_cancelled_mid_statement_still_hands_its_lease_to_a_worker(serve: ServeApp) -> None:
+    """The caller goes away while the statement waits for the key's row lock.
+
+    The statement runs on (shielded) and takes the lease when the lock is released; the
+    event it stored is answered at once, not after the lease expired.
+    """
+    async with serve(lease_ttl_seconds=60) as srv:
+        await _turns(srv, "first")  # the key's row exists, its lease free
+        url = srv.runtime.engine.url.set(drivername="postgresql")
+        other = await asyncpg.connect(url.render_as_string(hide_password=False))
+        try:
+            tx = other.transaction()
+            await tx.start()
+            await other.execute("SELECT 1 FROM session_keys WHERE key = $1 FOR UPDATE", KEY)
+            one = InboundEvent.from_text("webhook", "c", "u", "second")
+            accepting = asyncio.create_task(srv.runtime.inbox.accept([one]))
+            for _ in range(200):  # until the statement waits for the lock
+                waiting = await other.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND wait_event_type = 'Lock' AND query LIKE 'WITH stored%'"
+                )
+                if waiting:
+                    break
+                await asyncio.sleep(0.02)
+            assert waiting == 1
+            accepting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await accepting
+            await tx.commit()
+        finally:
+            await other.close()
+        result = await srv.runtime.inbox.wait_for_replies(one.event_id, 10)
+        assert result.done and result.replies[0].text
