@@ -107,3 +107,21 @@ async def test_a_failing_adapter_gets_a_500_and_the_server_keeps_serving(serve: 
     # A chunked body (no content-length) is counted as it arrives.
     assert too_large.status_code == 413 and too_large.json()["error"] == "payload_too_large"
     assert fine.status_code == 200 and [r.path for r in echo.seen] == ["ok"]
+
+
+async def test_a_root_path_is_honoured_as_fastapi_honours_it(serve: ServeApp) -> None:
+    """Behind a proxy that mounts the app under a prefix (ASGI `root_path`)."""
+    echo = _EchoChannel()
+    async with serve() as srv:
+        srv.runtime.adapters["echo"] = echo
+
+        async def through_fastapi(scope: Any, receive: Any, send: Any) -> None:
+            await FastAPI.__call__(srv.app, scope, receive, send)
+
+        answers = []
+        for app in (srv.app, through_fastapi):
+            transport = httpx.ASGITransport(app=app, root_path="/api")
+            async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+                answers.append(await client.post("/api/channels/echo/sub", content=b"{}"))
+    assert [(a.status_code, a.json()) for a in answers] == [(200, {"path": "sub", "method": "POST"})] * 2
+    assert [r.path for r in echo.seen] == ["sub", "sub"]
