@@ -164,10 +164,11 @@ async def _turns(srv: Any, *texts: str) -> None:
         [accepted] = await srv.runtime.inbox.accept([InboundEvent.from_text("webhook", "c", "u", text)])
         result = await srv.runtime.inbox.wait_for_replies(accepted.event_id, 10)
         assert result.done and result.replies[0].text
-        for _ in range(100):
+        for _ in range(500):
             if not srv.runtime.dispatcher.busy_keys:
                 break
             await asyncio.sleep(0.02)
+        assert not srv.runtime.dispatcher.busy_keys, "the key's worker did not end"
 
 
 def _sql(srv: Any, statement: Any) -> str:
