@@ -19,15 +19,12 @@ from app.db.direct import Direct
 from app.errors import LeaseLost
 from app.events import BusyPolicy
 from app.pipeline import prefetch
-from app.pipeline.inbox import Inbox, InboxRow
+from app.pipeline.inbox import Claim, Inbox, InboxRow
 from app.pipeline.replies import is_command
 from app.pipeline.turn import TurnHandler
 from app.sessions import lease as leases
 
 log = structlog.get_logger(__name__)
-
-# A key's lease, and its next rows when they were read with it (None: read them first).
-_Claim = tuple[leases.SessionLease, list[InboxRow] | None]
 
 
 class Dispatcher:
@@ -158,19 +155,11 @@ class Dispatcher:
                 async with asyncio.timeout(interval):
                     await self._room.wait()
 
-    async def _drain(self, key: str, claim: _Claim | None = None) -> None:
-        """Drain the key; with a `claim` (lease and rows taken on accept), on its run slot first."""
+    async def _drain(self, key: str, claim: Claim | None = None) -> None:
         try:
             while True:
                 self._again.discard(key)
-                if claim is not None:
-                    try:
-                        more = await self._drain_leased(key, claim)
-                    finally:
-                        claim = None
-                        self._runs.release()
-                else:
-                    more = await self._drain_once(key)
+                more, claim = await self._drain_once(key, claim), None
                 # An event accepted while we released the lease found it still held and
                 # relied on us: the release told whether any is left.
                 if self._stopping or not (more or key in self._again):
@@ -184,12 +173,18 @@ class Dispatcher:
             if len(self._workers) < self.max_concurrent_runs:
                 self._room.set()
 
-    async def _drain_once(self, key: str) -> bool:
+    async def _drain_once(self, key: str, claim: Claim | None = None) -> bool:
         """Hold the key's lease while it has events; returns whether some are left.
 
         The run slot is taken before the lease: a key waiting for a slot holds no lease
-        (nothing to renew, and another replica with a free slot may take the key).
+        (nothing to renew, and another replica with a free slot may take the key). A
+        `claim` (lease and rows taken on accept) comes with its slot reserved already.
         """
+        if claim is not None:
+            try:
+                return await self._drain_leased(key, claim)
+            finally:
+                self._runs.release()
         async with self._runs:
             return await self._drain_leased(key)
 
@@ -199,7 +194,7 @@ class Dispatcher:
             return await prefetch.acquire(self.engine, key, self.owner, self.lease_ttl)
         return await leases.acquire(self.engine, key, self.owner, self.lease_ttl), None
 
-    async def _drain_leased(self, key: str, claim: _Claim | None = None) -> bool:
+    async def _drain_leased(self, key: str, claim: Claim | None = None) -> bool:
         lease, known = claim if claim is not None else await self._acquire(key)
         if lease is None:
             return False  # its holder looks for new events when it releases the key

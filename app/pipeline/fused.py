@@ -51,11 +51,11 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from app.db.direct import Direct, DirectConnection, rows_as_json
 from app.db.engine import lax_commit
-from app.db.models import INBOX_UNFINISHED, inbox, messages, one_of, outbox, runs, session_keys, sessions
+from app.db.models import inbox, messages, outbox, runs, session_keys, sessions
 from app.errors import LeaseLost
 from app.memory.recall import recall_query
 from app.memory.store import Memory, memory_from_row
-from app.pipeline.inbox import InboxRow
+from app.pipeline.inbox import InboxRow, unfinished_rows
 from app.pipeline.prefetch import LIMIT, rows_from, upcoming
 from app.sessions.lease import SessionLease
 from app.sessions.messages import ChatMessage
@@ -87,15 +87,7 @@ def _fence(*, release: bool = False) -> Any:
     )
     if not release:
         return check.values(lease_fence=_K.lease_fence).returning(_K.key, _WATCHED).cte("fence")
-    idle = ~(
-        select(inbox.c.id)
-        .where(
-            inbox.c.session_key == bindparam("k"),
-            one_of(inbox.c.status, INBOX_UNFINISHED),
-            inbox.c.id != func.all(_INBOX_IDS),
-        )
-        .exists()
-    )
+    idle = ~unfinished_rows().where(inbox.c.id != func.all(_INBOX_IDS)).exists()
     let_go = and_(bindparam("release", type_=Boolean), idle)
     return (
         check.values(

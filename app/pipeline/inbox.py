@@ -153,7 +153,7 @@ class Claimer(Protocol):
 
 
 # A lease taken with an event, and the key's next rows when they could be read with it.
-_Claim = tuple[SessionLease, list[InboxRow] | None]
+Claim = tuple[SessionLease, list[InboxRow] | None]
 
 
 class Inbox:
@@ -196,7 +196,7 @@ class Inbox:
 
     async def _accept_claiming(self, event: InboundEvent, now: datetime, claimer: Claimer) -> AcceptResult:
         """`accept` of one event whose key has a run slot reserved: hand the slot on or back."""
-        claim: _Claim | None = None
+        claim: Claim | None = None
         try:
             async with direct.connect(self.reader) as conn:
                 result, claim = await self._insert_taking(conn, event, now, claimer)
@@ -249,7 +249,7 @@ class Inbox:
 
     async def _insert_taking(
         self, conn: DirectConnection, event: InboundEvent, now: datetime, claimer: Claimer
-    ) -> tuple[AcceptResult, _Claim | None]:
+    ) -> tuple[AcceptResult, Claim | None]:
         """`_insert`, also taking the key's lease if it is free (then the claim is not None)."""
         key = event.session_key
         params = self._values(event, now)

@@ -4,7 +4,8 @@ A message whose text starts with one of the session commands (`/new`, `/reset`, 
 or run commands (`/stop`, `/approve`, `/deny`) is handled by `app.pipeline.turn` instead
 of going to the model. Everything else becomes a user message (`user_message`). Replies
 go where the event came from, or to the chat a cron fire names (`reply_target`), and are
-written to the outbox in the transaction that finishes the turn (`insert_outbox`).
+written to the outbox in the transaction that finishes the turn (`outbox_values`,
+`insert_outbox_row`).
 """
 
 from __future__ import annotations
@@ -63,18 +64,6 @@ def reply_for(event: InboundEvent, text: str) -> OutboundMessage:
 
 
 _INSERT_OUTBOX = outbox.insert()  # built once: the values come with the parameters
-
-
-async def insert_outbox(
-    conn: AsyncConnection,
-    message: OutboundMessage,
-    *,
-    session_id: int | None,
-    run_id: int | None,
-    event_id: str | None,
-) -> None:
-    values = outbox_values(message, session_id=session_id, run_id=run_id, event_id=event_id)
-    await insert_outbox_row(conn, values)
 
 
 async def insert_outbox_row(conn: AsyncConnection, values: dict[str, Any]) -> None:

@@ -10,14 +10,12 @@ and no after-turn work is due (`fused.finish(release=True)`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
 import asyncpg
 import pytest
-from sqlalchemy import event, select
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db import direct
@@ -30,6 +28,7 @@ from app.pipeline.inbox import Inbox
 from app.sessions import lease as leases
 from tests.conftest import ServeApp
 from tests.pipeline.test_fused import ANSWERED, _start, _with_session, finish
+from tests.support.pg_probe import asyncpg_dsn, statements, wait_until_blocked, while_another_worker_finishes
 
 KEY = "webhook:c"
 
@@ -103,59 +102,13 @@ async def test_rows_a_worker_finished_while_the_statement_waited_for_its_release
     while the accepting statement waits for the lock. The statement then takes the free
     lease two fences on, and must not hand over the finished event as unfinished.
     """
-    event_id = (await _accept_taking(pg_engine, "hello", "old"))["id"]
+    row_id = (await _accept_taking(pg_engine, "hello", "old"))["id"]
     assert await leases.release(pg_engine, leases.SessionLease(KEY, "old", 1))
-    dsn = pg_url.replace("postgresql+asyncpg://", "postgresql://")
-    other, watcher = await asyncpg.connect(dsn), await asyncpg.connect(dsn)
-    try:
-        tx = other.transaction()
-        await tx.start()
-        await other.execute(
-            "UPDATE session_keys SET lease_owner = 'other', lease_fence = lease_fence + 1 WHERE key = $1", KEY
-        )
-        await other.execute("UPDATE inbox SET status = 'done' WHERE id = $1", event_id)
-        await other.execute("UPDATE session_keys SET lease_owner = NULL WHERE key = $1", KEY)
-        accepting = asyncio.create_task(_accept_taking(pg_engine, "next", "me"))
-        for _ in range(200):  # until the statement waits for the other worker's row lock
-            waiting = await watcher.fetchval(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                " AND wait_event_type = 'Lock' AND query LIKE 'WITH%'"
-            )
-            if waiting:
-                break
-            await asyncio.sleep(0.02)
-        assert waiting == 1
-        await tx.commit()
-        taken = await accepting
-    finally:
-        await other.close()
-        await watcher.close()
+    taken = await while_another_worker_finishes(
+        asyncpg_dsn(pg_url), KEY, row_id, lambda: _accept_taking(pg_engine, "next", "me")
+    )
     assert taken["fence"] == 3
     assert taken["upcoming"] is None  # not the stale [hello]: the dispatcher reads the rows
-
-
-@contextlib.contextmanager
-def _statements(srv: Any) -> Iterator[list[str]]:
-    """Every statement the served app sends to PostgreSQL meanwhile (asyncpg's query logger)."""
-    seen: list[str] = []
-    logged: set[Any] = set()
-
-    def log(query: Any) -> None:
-        seen.append(query.query)
-
-    def checkout(dbapi_conn: Any, *_rest: Any) -> None:
-        if dbapi_conn.driver_connection not in logged:  # once per connection, not per checkout
-            logged.add(dbapi_conn.driver_connection)
-            dbapi_conn.driver_connection.add_query_logger(log)
-
-    pool = srv.runtime.engine.sync_engine.pool
-    event.listen(pool, "checkout", checkout)
-    try:
-        yield seen
-    finally:
-        event.remove(pool, "checkout", checkout)
-        for conn in logged:
-            conn.remove_query_logger(log)
 
 
 async def _turns(srv: Any, *texts: str) -> None:
@@ -181,7 +134,7 @@ async def test_an_idle_key_is_answered_without_statements_to_take_or_release_its
 ) -> None:
     """The served path: the accept takes the lease, the turn runs on it, its end releases it."""
     async with serve() as srv:
-        with _statements(srv) as seen:
+        with statements(srv.runtime.engine) as seen:
             await _turns(srv, "one", "two")  # the second finds the lease released again
         assert seen.count(_sql(srv, prefetch.ACCEPT_TAKING[False])) == 2
         assert _sql(srv, prefetch.TAKE) not in seen
@@ -194,7 +147,7 @@ async def test_a_due_after_turn_hook_keeps_the_lease_for_itself(serve: ServeApp)
     """Consolidation may be due after the turn: its end keeps the lease, the hook runs under it,
     and the worker releases the lease after the hook."""
     async with serve(consolidation_keep_messages=1, consolidation_threshold_messages=1000) as srv:
-        with _statements(srv) as seen:
+        with statements(srv.runtime.engine) as seen:
             await _turns(srv, "one")  # leaves 2 messages: more than keep_messages
         assert seen.count(_sql(srv, leases._RELEASE["postgresql"])) == 1
         assert await _lease(srv.runtime.engine) == (None, 1)
@@ -244,15 +197,7 @@ async def test_an_accept_cancelled_mid_statement_still_hands_its_lease_to_a_work
             await other.execute("SELECT 1 FROM session_keys WHERE key = $1 FOR UPDATE", KEY)
             one = InboundEvent.from_text("webhook", "c", "u", "second")
             accepting = asyncio.create_task(srv.runtime.inbox.accept([one]))
-            for _ in range(200):  # until the statement waits for the lock
-                waiting = await other.fetchval(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                    " AND wait_event_type = 'Lock' AND query LIKE 'WITH stored%'"
-                )
-                if waiting:
-                    break
-                await asyncio.sleep(0.02)
-            assert waiting == 1
+            await wait_until_blocked(other, "WITH stored")
             accepting.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await accepting

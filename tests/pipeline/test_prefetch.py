@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
-from typing import Any
-
-import asyncpg
 import pytest
-from sqlalchemy import event, update
+from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db.models import inbox
@@ -17,6 +13,7 @@ from app.pipeline.inbox import _NEXT_ROWS, Inbox, InboxRow
 from app.sessions import lease as leases
 from tests.conftest import ServeApp
 from tests.pipeline.test_fused import ANSWERED, KEY, _start, _with_session, finish
+from tests.support.pg_probe import asyncpg_dsn, statements, while_another_worker_finishes
 
 
 async def _take(engine: AsyncEngine, owner: str) -> tuple[int, list[InboxRow] | None] | None:
@@ -59,31 +56,11 @@ async def test_rows_a_worker_finished_while_the_take_waited_for_its_release_are_
     lease = await leases.acquire(pg_engine, KEY, "old", ttl=30)
     assert lease is not None and await leases.release(pg_engine, lease)
 
-    other = await asyncpg.connect(pg_url.replace("postgresql+asyncpg://", "postgresql://"))
-    watcher = await asyncpg.connect(pg_url.replace("postgresql+asyncpg://", "postgresql://"))
-    try:
-        tx = other.transaction()
-        await tx.start()
-        await other.execute(
-            "UPDATE session_keys SET lease_owner = 'other', lease_fence = lease_fence + 1 WHERE key = $1", KEY
-        )
-        await other.execute("UPDATE inbox SET status = 'done' WHERE event_id = $1", event_id)
-        await other.execute("UPDATE session_keys SET lease_owner = NULL WHERE key = $1", KEY)
-        taking = asyncio.create_task(_take(pg_engine, "me"))
-        for _ in range(200):  # until the take waits for the other worker's row lock
-            waiting = await watcher.fetchval(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                " AND wait_event_type = 'Lock' AND query LIKE 'WITH%'"
-            )
-            if waiting:
-                break
-            await asyncio.sleep(0.02)
-        assert waiting == 1
-        await tx.commit()
-        taken = await taking
-    finally:
-        await other.close()
-        await watcher.close()
+    [row] = await inbox_.next_rows(KEY, limit=1)
+    assert row.event_id == event_id
+    taken = await while_another_worker_finishes(
+        asyncpg_dsn(pg_url), KEY, row.id, lambda: _take(pg_engine, "me")
+    )
     assert taken is not None
     fence, rows = taken
     assert fence == lease.fence + 2
@@ -109,24 +86,12 @@ async def test_a_turns_end_reads_the_rows_after_the_ones_it_finishes(pg_engine: 
 @pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
 async def test_queued_turns_of_a_key_never_read_their_rows_separately(serve: ServeApp) -> None:
     async with serve() as srv:
-        seen: list[str] = []
-
-        def logged(query: Any) -> None:  # asyncpg's query logger: every statement, however run
-            seen.append(query.query)
-
-        def checkout(dbapi_conn: Any, *_rest: Any) -> None:
-            dbapi_conn.driver_connection.add_query_logger(logged)
-
-        pool = srv.runtime.engine.sync_engine.pool
-        event.listen(pool, "checkout", checkout)
-        try:
+        with statements(srv.runtime.engine) as seen:
             accepted = await srv.runtime.inbox.accept(
                 [InboundEvent.from_text("webhook", "c", "u", f"hello {i}") for i in range(3)]
             )
             for one in accepted:
                 assert (await srv.runtime.inbox.wait_for_replies(one.event_id, 10)).done
-        finally:
-            event.remove(pool, "checkout", checkout)
         next_rows = _NEXT_ROWS._plan_for(srv.runtime.engine.dialect).sql
         assert sum(s.startswith("WITH fence AS MATERIALIZED") for s in seen) == 3  # three turns
         assert next_rows not in seen

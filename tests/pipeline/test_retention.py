@@ -12,7 +12,7 @@ from app.db.models import inbox, messages, outbox, utcnow
 from app.events import InboundEvent
 from app.pipeline import retention
 from app.pipeline.inbox import Inbox
-from app.pipeline.replies import insert_outbox, reply_for
+from app.pipeline.replies import insert_outbox_row, outbox_values, reply_for
 from app.sessions.messages import ChatMessage
 from app.sessions.store import Lifecycle, SessionStore
 from tests.conftest import ServeApp
@@ -36,8 +36,9 @@ async def _event(engine: AsyncEngine, n: int, status: str, age_days: float) -> s
                 updated_at=when,
             )
         )
-        await insert_outbox(
-            conn, reply_for(event, "reply"), session_id=None, run_id=None, event_id=event.event_id
+        await insert_outbox_row(
+            conn,
+            outbox_values(reply_for(event, "reply"), session_id=None, run_id=None, event_id=event.event_id),
         )
         await conn.execute(
             update(outbox)

@@ -8,7 +8,7 @@ from urllib.parse import parse_qsl
 
 from fastapi import APIRouter, Request, Response, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse, PlainTextResponse
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from app.api.deps import get_runtime
 from app.channel import ChannelAdapter, ChannelRequest, ChannelResponse, HttpChannel, WebSocketChannel
@@ -133,24 +133,16 @@ async def serve_http(runtime: Runtime, scope: Scope, receive: Receive, send: Sen
             client=client[0] if client else None,
         )
 
-    started = False
-
-    async def tracked_send(message: Message) -> None:
-        nonlocal started
-        started = True
-        await send(message)
-
     try:
         response = await _handle(runtime, name, subpath, read_body, make_request)
-        await response(scope, receive, tracked_send)
     except _Disconnected:
         return
     except Exception:
-        # As Starlette's ServerErrorMiddleware: a plain 500 if nothing was sent yet, and
-        # the exception goes on to the server, which logs it.
-        if not started:
-            await PlainTextResponse("Internal Server Error", status_code=500)(scope, receive, send)
+        # As Starlette's ServerErrorMiddleware: a plain 500, and the exception goes on to
+        # the server, which logs it.
+        await PlainTextResponse("Internal Server Error", status_code=500)(scope, receive, send)
         raise
+    await response(scope, receive, send)
 
 
 async def channel_root(name: str, request: Request) -> Response:
