@@ -19,6 +19,7 @@ from app.db.engine import autocommit
 from app.db.models import INBOX_UNFINISHED, inbox, one_of, outbox, session_keys, utcnow
 from app.db.upsert import insert_ignore_for
 from app.events import InboundEvent
+from app.pipeline.group_insert import GroupInsert
 from app.sessions.lease import SessionLease
 
 ACTIVE_STATUSES = INBOX_UNFINISHED
@@ -168,6 +169,11 @@ class Inbox:
         self.claimer: Claimer | None = None
         # Results handed over by the turn that handled a waited-for event here.
         self._known: dict[str, WaitResult] = {}
+        self._group = (
+            GroupInsert(self.reader, insert_one=self._insert_alone, stored=self._stored)
+            if engine.dialect.name == "postgresql"
+            else None
+        )
 
     async def accept(self, events: Sequence[InboundEvent]) -> list[AcceptResult]:
         """Store events (dedup on channel + external id) and commit; then wake the dispatcher.
@@ -182,6 +188,13 @@ class Inbox:
             # Shielded: a caller cancelled mid-statement must not leave the lease taken
             # and nobody working under it (until it expired).
             return [await asyncio.shield(self._accept_claiming(events[0], now, claimer))]
+        if len(events) == 1 and self._group is not None:
+            # With the other single events arriving now (`GroupInsert` calls `_stored`).
+            event = events[0]
+            if await self._group.insert(event, now):
+                return [AcceptResult(event_id=event.event_id, session_key=event.session_key)]
+            async with direct.connect(self.reader) as conn:
+                return [await self._duplicate(conn, event)]
         results: list[AcceptResult] = []
         # One event is one statement (plus a read if it is a duplicate): no BEGIN/COMMIT.
         async with direct.connect(self.reader) if len(events) == 1 else self.engine.begin() as conn:
@@ -189,10 +202,21 @@ class Inbox:
                 results.append(await self._insert(conn, event, now))
         for res in results:
             if not res.duplicate:
-                self._accepted(res)
+                self._accepted(res.event_id)
                 if self.on_accepted is not None:
                     self.on_accepted(res.session_key)
         return results
+
+    def _stored(self, event: InboundEvent) -> None:
+        """`event` was stored (by `GroupInsert`): a waiter may wait, the dispatcher wakes."""
+        self._accepted(event.event_id)
+        if self.on_accepted is not None:
+            self.on_accepted(event.session_key)
+
+    async def _insert_alone(self, event: InboundEvent, now: datetime) -> bool:
+        """One event in a statement of its own (`GroupInsert`'s retry): whether it was stored."""
+        async with direct.connect(self.reader) as conn:
+            return not (await self._insert(conn, event, now)).duplicate
 
     async def _accept_claiming(self, event: InboundEvent, now: datetime, claimer: Claimer) -> AcceptResult:
         """`accept` of one event whose key has a run slot reserved: hand the slot on or back."""
@@ -204,15 +228,15 @@ class Inbox:
             if claim is None:
                 claimer.unreserve(event.session_key)
         if not result.duplicate:
-            self._accepted(result)
+            self._accepted(result.event_id)
             if claim is not None:
                 claimer.taken(result.session_key, *claim)
             elif self.on_accepted is not None:
                 self.on_accepted(result.session_key)
         return result
 
-    def _accepted(self, result: AcceptResult) -> None:
-        self._unhandled[result.event_id] = None
+    def _accepted(self, event_id: str) -> None:
+        self._unhandled[event_id] = None
         if len(self._unhandled) > 10_000:
             self._unhandled.popitem(last=False)
 
