@@ -11,16 +11,19 @@ import asyncio
 import contextlib
 import itertools
 from collections.abc import Callable, Mapping
+from datetime import timedelta
 
 import structlog
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db.direct import Direct
+from app.db.models import utcnow
 from app.errors import LeaseLost
 from app.events import BusyPolicy
-from app.pipeline import prefetch
+from app.pipeline import fused, prefetch
 from app.pipeline.inbox import Claim, Inbox, InboxRow
 from app.pipeline.replies import is_command
+from app.pipeline.slots import RunSlots
 from app.pipeline.turn import TurnHandler
 from app.sessions import lease as leases
 
@@ -54,7 +57,8 @@ class Dispatcher:
         self.collect_debounce = collect_debounce
         self.approval_sweep = approval_sweep
         self.max_concurrent_runs = max_concurrent_runs
-        self._runs = asyncio.Semaphore(max_concurrent_runs)
+        self._runs: RunSlots[Claim] = RunSlots(max_concurrent_runs)
+        self._handed_on: set[str] = set()  # keys whose worker handed its run slot on
         self._room = asyncio.Event()  # a worker ended while fewer keys than run slots had one
         self._workers: dict[str, asyncio.Task[None]] = {}
         self._reserved: set[str] = set()  # keys with a run slot, their event being accepted
@@ -103,9 +107,8 @@ class Dispatcher:
         return prefetch.ACCEPT_TAKING[dedup]
 
     async def reserve(self, key: str) -> bool:
-        if self._stopping or key in self._workers or key in self._reserved or self._runs.locked():
+        if self._stopping or key in self._workers or key in self._reserved or not self._runs.try_take():
             return False
-        await self._runs.acquire()  # not locked: takes the slot without waiting
         self._reserved.add(key)
         return True
 
@@ -178,15 +181,18 @@ class Dispatcher:
 
         The run slot is taken before the lease: a key waiting for a slot holds no lease
         (nothing to renew, and another replica with a free slot may take the key). A
-        `claim` (lease and rows taken on accept) comes with its slot reserved already.
+        `claim` (lease and rows taken on accept) comes with its slot reserved already; a
+        slot handed on by another key's worker may come with one too (`_Handoff`).
         """
-        if claim is not None:
-            try:
-                return await self._drain_leased(key, claim)
-            finally:
+        if claim is None:
+            claim = await self._runs.take(key)
+        try:
+            return await self._drain_leased(key, claim)
+        finally:
+            if key in self._handed_on:
+                self._handed_on.discard(key)
+            else:
                 self._runs.release()
-        async with self._runs:
-            return await self._drain_leased(key)
 
     async def _acquire(self, key: str) -> tuple[leases.SessionLease | None, list[InboxRow] | None]:
         """The key's lease, and its next rows when the taking statement could read them."""
@@ -215,8 +221,13 @@ class Dispatcher:
                 if not batch:
                     break
                 structlog.contextvars.bind_contextvars(channel=batch[-1].channel, event_id=batch[-1].event_id)
+                handoff = _Handoff(self, key) if self._prefetch else None
                 try:
-                    handled = await self.handler.handle(lease, batch)
+                    try:
+                        handled = await self.handler.handle(lease, batch, handoff=handoff)
+                    finally:
+                        if handoff is not None:
+                            handoff.close()
                     known = handled.upcoming
                 except LeaseLost:
                     raise
@@ -298,3 +309,44 @@ class Dispatcher:
                 log.warning("lease_taken_over", fence=lease.fence)
                 worker.cancel()  # stop the model call early; writes would fail anyway
                 return
+
+
+class _Handoff:
+    """A worker's run slot for the next key in line, if its turn's end releases the lease.
+
+    (`turn.Handoff`.) The releasing statement also takes the picked key's lease: the slot
+    goes to that key with its lease and next rows, and its drain starts without taking
+    the lease itself. When our lease was not released the key stays first in line; when
+    its lease was held, it gets the slot and takes the lease as usual.
+    """
+
+    def __init__(self, dispatcher: Dispatcher, key: str) -> None:
+        self.dispatcher = dispatcher
+        self.key = key  # the worker's own
+        self._picked: str | None = None
+
+    def pick(self) -> fused.Successor | None:
+        if self.dispatcher._stopping:
+            return None
+        self._picked = self.dispatcher._runs.pick()
+        if self._picked is None:
+            return None
+        return fused.Successor(self._picked, utcnow() + timedelta(seconds=self.dispatcher.lease_ttl))
+
+    def took(self, finished: fused.Finished) -> None:
+        picked, self._picked = self._picked, None
+        if picked is None:
+            return
+        runs = self.dispatcher._runs
+        if not finished.released:
+            runs.put_back(picked)
+            return
+        claim = None if finished.successor is None else (finished.successor, finished.successor_rows)
+        self.dispatcher._handed_on.add(self.key)
+        runs.hand(picked, claim)
+
+    def close(self) -> None:
+        """After the turn: a key picked for a statement that failed goes back in line."""
+        if self._picked is not None:
+            self.dispatcher._runs.put_back(self._picked)
+            self._picked = None

@@ -56,7 +56,7 @@ from app.errors import LeaseLost
 from app.memory.recall import recall_query
 from app.memory.store import Memory, memory_from_row
 from app.pipeline.inbox import InboxRow, unfinished_rows
-from app.pipeline.prefetch import LIMIT, rows_from, upcoming
+from app.pipeline.prefetch import LIMIT, rows_from, rows_if_nobody_between, take_if_free, upcoming
 from app.sessions.lease import SessionLease
 from app.sessions.messages import ChatMessage
 from app.sessions.store import TAIL_OPEN, SessionState, message_from_row, message_values
@@ -194,11 +194,15 @@ def _fenced_message(*, release: bool = False) -> tuple[Any, Any, Any]:
     return fence, bump, _insert_message(bump)
 
 
-def _finish_statement() -> Any:
+def _finish_statement(*, hand_on: bool = False) -> Any:
     """The end of a turn: answer, outbox row, inbox rows done, run trace; one statement.
 
     With the `release` parameter it also releases the lease if nothing is left to do for
     the key (`_fence`): the worker then needs no statement of its own for that.
+
+    `hand_on`: when it released the lease, it also takes the free lease of the `nk` key
+    (the next key waiting for the worker's run slot) for `o` until `exp`, and reads that
+    key's next rows, as `prefetch.TAKE` would (`successor_fence`, `successor_upcoming`).
     """
     fence, bump, message = _fenced_message(release=True)
     landed = select(bump.c.id).exists()  # all or nothing: the rest only with the answer
@@ -226,6 +230,14 @@ def _finish_statement() -> Any:
         .returning(runs.c.id)
         .cte("trace")
     )
+    successor = []
+    if hand_on:
+        key = bindparam("nk", type_=_K.key.type)
+        taken = take_if_free(key, when=select(fence.c.key).where(fence.c.released).exists())
+        successor = [
+            select(taken.c.lease_fence).scalar_subquery().label("successor_fence"),
+            rows_if_nobody_between(taken, key).label("successor_upcoming"),
+        ]
     return select(
         _count(fence, "held"),
         _watched(fence),
@@ -235,10 +247,12 @@ def _finish_statement() -> Any:
         _count(trace, "traced"),
         upcoming(LIMIT, exclude=_INBOX_IDS).label("upcoming"),
         select(fence.c.released).scalar_subquery().label("released"),
+        *successor,
     )
 
 
-FINISH = Direct(_finish_statement())
+# By whether it hands the run slot on (`hand_on`).
+FINISH = {hand_on: Direct(_finish_statement(hand_on=hand_on)) for hand_on in (False, True)}
 
 
 # How many of the key's rows the boundary after a group's tool results looks at.
@@ -521,6 +535,18 @@ class Finished(Appended):
     # those the statement finished.
     upcoming: list[InboxRow]
     released: bool = False  # the statement released the lease (asked to, and no rows left)
+    # With a `successor`: its lease, when the statement released ours and took it, and its
+    # next rows when they could be read with it (None: read them).
+    successor: SessionLease | None = None
+    successor_rows: list[InboxRow] | None = None
+
+
+@dataclass(frozen=True)
+class Successor:
+    """The key whose lease a releasing turn's end takes for the run slot it frees (`hand_on`)."""
+
+    key: str
+    expires: datetime
 
 
 async def finish(
@@ -536,12 +562,14 @@ async def finish(
     run_id: int,
     trace: Mapping[str, Any],
     release: bool = False,
+    successor: Successor | None = None,
 ) -> Finished:
     """End a turn in one statement (see `_finish_statement`).
 
     With `release`, the lease is released too when the key has nothing left to do
-    (`Finished.released`). Raises `LeaseLost`, having written nothing, when the lease is
-    no longer ours.
+    (`Finished.released`); then with a `successor` the statement also takes that key's
+    free lease (`Finished.successor`). Raises `LeaseLost`, having written nothing, when
+    the lease is no longer ours.
     """
     params: dict[str, Any] = {
         "release": release,
@@ -554,9 +582,21 @@ async def finish(
     params.update({"m_" + name: message.get(name) for name in _MESSAGE_FIELDS})
     params.update({"o_" + name: reply[name] for name in _OUTBOX_FIELDS})
     params.update({"r_" + name: trace.get(name) for name in _RUN_TRACE})
-    row = await _execute_fenced(conn, FINISH, lease, params)
+    if successor is not None:
+        params.update(nk=successor.key, exp=successor.expires)
+    row = await _execute_fenced(conn, FINISH[successor is not None], lease, params)
     seq = _appended_seq(row, session_id, lease)
-    return Finished(seq, row["watched"], upcoming=rows_from(row["upcoming"]), released=bool(row["released"]))
+    finished = Finished(
+        seq, row["watched"], upcoming=rows_from(row["upcoming"]), released=bool(row["released"])
+    )
+    if successor is None or row["successor_fence"] is None:
+        return finished
+    rows = row["successor_upcoming"]
+    return replace(
+        finished,
+        successor=SessionLease(successor.key, lease.owner, row["successor_fence"]),
+        successor_rows=None if rows is None else rows_from(rows),
+    )
 
 
 async def append(

@@ -29,11 +29,17 @@ ACTIVE_STATUSES = INBOX_UNFINISHED
 _ROW_COLUMNS = ("id", "event_id", "channel", "session_key", "attempts", "payload")
 
 
-def unfinished_rows() -> Any:
-    """The `k` key's unfinished rows in inbox order (the order they are handled in)."""
+def unfinished_rows(key: Any = None) -> Any:
+    """The `key` key's unfinished rows in inbox order (the order they are handled in).
+
+    `key` is an expression, by default the bound parameter `k`.
+    """
     return (
         select(*(inbox.c[name] for name in _ROW_COLUMNS))
-        .where(inbox.c.session_key == bindparam("k"), one_of(inbox.c.status, ACTIVE_STATUSES))
+        .where(
+            inbox.c.session_key == (bindparam("k") if key is None else key),
+            one_of(inbox.c.status, ACTIVE_STATUSES),
+        )
         .order_by(inbox.c.id)
     )
 

@@ -41,9 +41,9 @@ from app.sessions import lease as leases
 _K = session_keys.c
 
 
-def upcoming(limit: int, *, exclude: Any = None) -> Any:
-    """`Inbox.next_rows` of the `k` key (but `exclude`d ids) as JSON, for `rows_from`."""
-    rows = unfinished_rows()
+def upcoming(limit: int, *, exclude: Any = None, key: Any = None) -> Any:
+    """`Inbox.next_rows` of the `key` key (default: `k`; but `exclude`d ids) as JSON, for `rows_from`."""
+    rows = unfinished_rows(key)
     if exclude is not None:
         rows = rows.where(inbox.c.id != func.all(exclude))
     subquery = rows.limit(limit).subquery("upcoming")
@@ -89,15 +89,28 @@ def _accept_taking(dedup: bool) -> Any:
     """
     store = insert_ignore_for("postgresql", inbox, ["channel", "external_id"]) if dedup else inbox.insert()
     stored = store.values(INSERT_VALUES).returning(inbox.c.id).cte("stored")
+    key = bindparam("k", type_=_K.key.type)
+    taken = take_if_free(key, when=select(stored.c.id).exists())
+    return select(
+        select(stored.c.id).scalar_subquery().label("id"),
+        select(taken.c.lease_fence).scalar_subquery().label("fence"),
+        rows_if_nobody_between(taken, key).label("upcoming"),
+    )
+
+
+def take_if_free(key: Any, *, when: Any) -> Any:
+    """A CTE taking `key`'s lease for `o` until `exp` if it is free (or the key new) and `when`.
+
+    Returns the fence taken (no row when it was held). A lease that is ours already is not
+    taken: some worker of this replica holds it, and bumping its fence would fence it out.
+    """
     owner: Any = bindparam("o")
-    expires: Any = bindparam("exp")
+    expires: Any = bindparam("exp", type_=_K.lease_expires_at.type)
     take = insert_for("postgresql", session_keys).from_select(
         ["key", "lease_owner", "lease_fence", "lease_expires_at"],
-        select(bindparam("k", type_=_K.key.type), owner, literal(1), expires).where(
-            select(stored.c.id).exists()
-        ),
+        select(key, owner, literal(1), expires).where(when),
     )
-    taken = (
+    return (
         take.on_conflict_do_update(
             index_elements=["key"],
             set_={"lease_owner": owner, "lease_fence": _K.lease_fence + 1, "lease_expires_at": expires},
@@ -106,18 +119,18 @@ def _accept_taking(dedup: bool) -> Any:
         .returning(_K.lease_fence)
         .cte("taken")
     )
-    prior = select(_K.lease_owner, _K.lease_fence).where(_K.key == bindparam("k")).subquery("prior")
+
+
+def rows_if_nobody_between(taken: Any, key: Any) -> Any:
+    """`key`'s next rows as JSON when they count for the lease `taken` took (see the module), else NULL."""
+    prior = select(_K.lease_owner, _K.lease_fence).where(_K.key == key).subquery("prior")
     before = select(prior.c.lease_fence).where(prior.c.lease_owner.is_(None))
     nobody_between = or_(
         and_(~select(prior.c.lease_fence).exists(), taken.c.lease_fence == 1),
         taken.c.lease_fence == before.scalar_subquery() + literal_column("1", Integer),
     )
-    rows = select(case((nobody_between, upcoming(LIMIT)), else_=None)).select_from(taken)
-    return select(
-        select(stored.c.id).scalar_subquery().label("id"),
-        select(taken.c.lease_fence).scalar_subquery().label("fence"),
-        rows.scalar_subquery().label("upcoming"),
-    )
+    rows = select(case((nobody_between, upcoming(LIMIT, key=key)), else_=None)).select_from(taken)
+    return rows.scalar_subquery()
 
 
 # By whether the event has an external id to deduplicate on.

@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 from sqlalchemy import bindparam, func, select, update
@@ -143,10 +143,26 @@ class _Turn:
     # do for the key, and whether it did (`fused.finish`).
     may_release: bool = False
     released: bool = False
+    # Who gets the run slot if the turn's end releases the lease (`Handoff`); used once.
+    handoff: Handoff | None = None
 
     @property
     def handled_ids(self) -> set[int]:
         return {r.id for r in self.rows}
+
+
+class Handoff(Protocol):
+    """Who gets the run slot that a turn's end frees by releasing its key (the dispatcher).
+
+    A releasing one-statement end asks `pick` for the next key waiting for a slot; the
+    statement takes that key's lease if ours is released (`fused.finish(successor=)`),
+    and `took` gets the statement's result. A picked key whose statement failed gets no
+    `took`: the dispatcher puts it back in line.
+    """
+
+    def pick(self) -> fused.Successor | None: ...
+
+    def took(self, finished: fused.Finished) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -249,11 +265,14 @@ class TurnHandler:
             await check_fence(conn, lease)
             yield conn
 
-    async def handle(self, lease: SessionLease, rows: Sequence[InboxRow]) -> Handled:
+    async def handle(
+        self, lease: SessionLease, rows: Sequence[InboxRow], *, handoff: Handoff | None = None
+    ) -> Handled:
         """Handle a batch of the key's events as one turn (one event unless `collect`).
 
         Returns the key's next unfinished rows when the turn's last statement read them
-        (`app.pipeline.prefetch`), and whether that statement released the lease.
+        (`app.pipeline.prefetch`), and whether that statement released the lease (then
+        it may have handed the worker's run slot on through `handoff`).
         """
         live: list[InboxRow] = []
         poisoned: list[InboxRow] = []
@@ -277,13 +296,15 @@ class TurnHandler:
             return Handled()
         self._input_signals.setdefault(lease.key, asyncio.Event())
         try:
-            return await self._agent_turn(lease, live)
+            return await self._agent_turn(lease, live, handoff)
         finally:
             self._input_signals.pop(lease.key, None)
 
     # --- a normal turn --------------------------------------------------------------
 
-    async def _agent_turn(self, lease: SessionLease, live: list[InboxRow]) -> Handled:
+    async def _agent_turn(
+        self, lease: SessionLease, live: list[InboxRow], handoff: Handoff | None
+    ) -> Handled:
         events = [r.event for r in live]
         last = events[-1]
         answer = not all(e.metadata.get("no_reply") for e in events)
@@ -311,6 +332,7 @@ class TurnHandler:
             recalled=read.recalled if read is not None else None,
             watched=watched,
             may_release=True,
+            handoff=handoff,
         )
         record = RunRecord(provider=self.runner.provider.name, model=self.models.get(last.channel))
         record = await self.runner.resume(
@@ -609,6 +631,8 @@ class TurnHandler:
             # The answer will be the session's newest message (seq `next_seq`).
             after = replace(session, next_seq=session.next_seq + 1)
             release = turn.may_release and not self._after_turn_due(after)
+            handoff, turn.handoff = turn.handoff, None
+            successor = handoff.pick() if release and handoff is not None else None
             async with direct.connect(self.store.reader) as conn:
                 now = outbox_row["created_at"]
                 trace = self._run_trace(turn, record, finished=True, now=now)
@@ -624,7 +648,11 @@ class TurnHandler:
                     run_id=turn.run_id,
                     trace=trace,
                     release=release,
+                    successor=successor,
                 )
+            if successor is not None:
+                assert handoff is not None
+                handoff.took(finished)
             self._run_saved(turn, record, trace, finished=True)
             seqs, turn.watched, turn.upcoming = [finished.seq], finished.watched, finished.upcoming
             turn.released = finished.released

@@ -80,7 +80,14 @@ async def _start(engine: AsyncEngine, lease: SessionLease, inbox_id: int, **over
 
 
 async def finish(
-    engine: AsyncEngine, lease: SessionLease, started: Any, row_id: int, answer: str, *, release: bool = False
+    engine: AsyncEngine,
+    lease: SessionLease,
+    started: Any,
+    row_id: int,
+    answer: str,
+    *,
+    release: bool = False,
+    successor: fused.Successor | None = None,
 ) -> Any:
     """`fused.finish` of the turn `_start` started for the inbox row `row_id`, answering `answer`."""
     now = utcnow()
@@ -110,6 +117,7 @@ async def finish(
             link=started.run_id,
             run_id=started.run_id,
             release=release,
+            successor=successor,
             trace={
                 "outcome": "answered",
                 "tool_calls": [],
