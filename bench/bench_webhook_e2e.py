@@ -55,7 +55,15 @@ def _pct(values: list[float], p: float) -> float:
 
 
 async def run(
-    events: int, sessions: int, servers: int, concurrency: int, warmup: int, gc_log: Path | None
+    events: int,
+    sessions: int,
+    servers: int,
+    concurrency: int,
+    warmup: int,
+    gc_log: Path | None,
+    *,
+    max_runs: int = 64,
+    pool: int = 20,
 ) -> None:
     async with postgres_database() as url:
         env = {
@@ -63,8 +71,8 @@ async def run(
             "WEBHOOK_SECRET": SECRET,
             "CHANNELS": "webhook",
             "LOG_LEVEL": "WARNING",
-            "MAX_CONCURRENT_RUNS": "64",
-            "DB_POOL_SIZE": "20",
+            "MAX_CONCURRENT_RUNS": str(max_runs),
+            "DB_POOL_SIZE": str(pool),
         }
         if gc_log is not None:
             env["CHATGATE_GC_LOG"] = str(gc_log)
@@ -271,13 +279,28 @@ def main() -> None:
         "--warmup", type=int, default=0, help="events sent to other chats first, not measured (default 0)"
     )
     parser.add_argument("--gc-log", action="store_true", help="log the servers' garbage-collector pauses")
+    parser.add_argument(
+        "--max-runs", type=int, default=64, help="each server's MAX_CONCURRENT_RUNS (default 64)"
+    )
+    parser.add_argument("--pool", type=int, default=20, help="each server's DB_POOL_SIZE (default 20)")
     args = parser.parse_args()
+    limits = {"max_runs": args.max_runs, "pool": args.pool}
     if not args.gc_log:
-        uvloop.run(run(args.events, args.sessions, args.servers, args.concurrency, args.warmup, None))
+        uvloop.run(
+            run(args.events, args.sessions, args.servers, args.concurrency, args.warmup, None, **limits)
+        )
         return
     with tempfile.TemporaryDirectory(prefix="chatgate-gc-") as directory:
         uvloop.run(
-            run(args.events, args.sessions, args.servers, args.concurrency, args.warmup, Path(directory))
+            run(
+                args.events,
+                args.sessions,
+                args.servers,
+                args.concurrency,
+                args.warmup,
+                Path(directory),
+                **limits,
+            )
         )
 
 
