@@ -82,7 +82,3 @@ class RunSlots(Generic[T]):
         if not waiter.done():
             self._waiting[key] = waiter
             self._waiting.move_to_end(key, last=False)
-
-    @property
-    def waiting(self) -> int:
-        return len(self._waiting) + len(self._picked)
