@@ -56,7 +56,13 @@ from app.errors import LeaseLost
 from app.memory.recall import recall_query
 from app.memory.store import Memory, memory_from_row
 from app.pipeline.inbox import InboxRow, unfinished_rows
-from app.pipeline.prefetch import LIMIT, rows_from, rows_if_nobody_between, take_if_free, upcoming
+from app.pipeline.prefetch import (
+    LIMIT,
+    rows_from,
+    rows_if_nobody_between,
+    take_if_free_and_unlocked,
+    upcoming,
+)
 from app.sessions.lease import SessionLease
 from app.sessions.messages import ChatMessage
 from app.sessions.store import TAIL_OPEN, SessionState, message_from_row, message_values
@@ -201,8 +207,9 @@ def _finish_statement(*, hand_on: bool = False) -> Any:
     the key (`_fence`): the worker then needs no statement of its own for that.
 
     `hand_on`: when it released the lease, it also takes the free lease of the `nk` key
-    (the next key waiting for the worker's run slot) for `o` until `exp`, and reads that
-    key's next rows, as `prefetch.TAKE` would (`successor_fence`, `successor_upcoming`).
+    (the next key waiting for the worker's run slot) for `o` until `exp`, unless another
+    transaction has that key's row locked, and reads that key's next rows, as
+    `prefetch.TAKE` would (`successor_fence`, `successor_upcoming`).
     """
     fence, bump, message = _fenced_message(release=True)
     landed = select(bump.c.id).exists()  # all or nothing: the rest only with the answer
@@ -233,7 +240,7 @@ def _finish_statement(*, hand_on: bool = False) -> Any:
     successor = []
     if hand_on:
         key = bindparam("nk", type_=_K.key.type)
-        taken = take_if_free(key, when=select(fence.c.key).where(fence.c.released).exists())
+        taken = take_if_free_and_unlocked(key, when=select(fence.c.key).where(fence.c.released).exists())
         successor = [
             select(taken.c.lease_fence).scalar_subquery().label("successor_fence"),
             rows_if_nobody_between(taken, key).label("successor_upcoming"),

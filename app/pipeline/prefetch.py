@@ -28,7 +28,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Integer, and_, bindparam, case, func, literal, literal_column, or_, select
+from sqlalchemy import (
+    Integer,
+    and_,
+    bindparam,
+    case,
+    func,
+    literal,
+    literal_column,
+    or_,
+    select,
+    union_all,
+    update,
+)
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db.direct import Direct, rows_as_json
@@ -119,6 +131,47 @@ def take_if_free(key: Any, *, when: Any) -> Any:
         .returning(_K.lease_fence)
         .cte("taken")
     )
+
+
+def take_if_free_and_unlocked(key: Any, *, when: Any) -> Any:
+    """`take_if_free`, but never waiting for the key's row: a row another transaction has
+    locked is left alone (no row; the key then takes its lease with a statement of its own).
+
+    For a turn's end, which holds its own key's row lock while it takes the next key's
+    lease (`fused`): two replicas, each handing its run slot on to a key the other is
+    finishing, would otherwise wait for each other until PostgreSQL broke the deadlock.
+    An existing row is taken through `FOR UPDATE SKIP LOCKED`; a new key's row is only
+    inserted when the statement's snapshot has none (an insert conflicting with a row
+    being updated would wait for that update).
+    """
+    owner: Any = bindparam("o")
+    expires: Any = bindparam("exp", type_=_K.lease_expires_at.type)
+    free = (
+        select(_K.key)
+        .where(_K.key == key, _K.lease_owner.is_(None), when)
+        .with_for_update(skip_locked=True)
+        .cte("free")
+    )
+    existing = (
+        update(session_keys)
+        .where(_K.key.in_(select(free.c.key)))
+        .values(lease_owner=owner, lease_fence=_K.lease_fence + 1, lease_expires_at=expires)
+        .returning(_K.lease_fence)
+        .cte("existing")
+    )
+    new = (
+        insert_for("postgresql", session_keys)
+        .from_select(
+            ["key", "lease_owner", "lease_fence", "lease_expires_at"],
+            select(key, owner, literal(1), expires).where(
+                when, ~select(_K.key).where(_K.key == key).exists()
+            ),
+        )
+        .on_conflict_do_nothing(index_elements=["key"])
+        .returning(_K.lease_fence)
+        .cte("new")
+    )
+    return union_all(select(existing.c.lease_fence), select(new.c.lease_fence)).cte("taken")
 
 
 def rows_if_nobody_between(taken: Any, key: Any) -> Any:

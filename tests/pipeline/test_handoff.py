@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from datetime import timedelta
 
+import asyncpg
 import pytest
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -25,7 +26,7 @@ from app.sessions.lease import SessionLease
 from tests.conftest import ServeApp
 from tests.pipeline.test_fused import ANSWERED, _start, _with_session, finish
 from tests.pipeline.test_lease_fusion import KEY, _sql
-from tests.support.pg_probe import statements
+from tests.support.pg_probe import asyncpg_dsn, statements
 from tests.support.providers import RecordingProvider
 
 NEXT = "webhook:next"
@@ -92,6 +93,28 @@ async def test_a_next_key_held_elsewhere_is_not_taken_and_ours_is_released(pg_en
 
     assert done.released and done.successor is None and done.successor_rows is None
     assert await _lease_of(pg_engine, NEXT) == ("other", 1)
+
+
+async def test_a_next_key_whose_row_is_locked_is_skipped_not_waited_for(
+    pg_engine: AsyncEngine, pg_url: str
+) -> None:
+    """Two replicas handing on to each other's keys must not wait for each other's row locks."""
+    _, lease, row_id = await _with_session(pg_engine, *ANSWERED)
+    assert (held := await leases.acquire(pg_engine, NEXT, "other", ttl=30)) is not None
+    assert await leases.release(pg_engine, held) is False  # free again, its row exists
+    started = await _start(pg_engine, lease, row_id)
+    other = await asyncpg.connect(asyncpg_dsn(pg_url))
+    try:
+        async with other.transaction():  # e.g. the other replica's statement on that key
+            await other.execute("SELECT 1 FROM session_keys WHERE key = $1 FOR UPDATE", NEXT)
+            done = await asyncio.wait_for(
+                finish(pg_engine, lease, started, row_id, "hi", release=True, successor=_next_in_line()), 5
+            )
+    finally:
+        await other.close()
+
+    assert done.released and done.successor is None
+    assert await _lease_of(pg_engine, NEXT) == (None, 1)  # left alone: it takes its lease itself
 
 
 async def test_a_lost_lease_hands_nothing_on(pg_engine: AsyncEngine) -> None:
