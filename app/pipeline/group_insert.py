@@ -12,8 +12,12 @@ in flight starts one at once, so a quiet gateway waits for nothing.
 
 A statement the server rejected as a whole because of one event's data (too long a
 value, a duplicate event id) is retried one event per statement, so only the bad event
-fails. Any other failure (the connection broke) fails the whole group: whether it
-committed is unknown, and inserting again could store an event twice.
+fails. So is one PostgreSQL aborted as a deadlock: two groups on two replicas holding
+copies of the same two deliveries in opposite orders each wait for the other's insert
+(`deadlock_timeout`, 1 s by default, then one of them is aborted; a one-row insert
+cannot take part in such a cycle on its own). Any other failure (the connection broke)
+fails the whole group: whether it committed is unknown, and inserting again could store
+an event twice.
 """
 
 from __future__ import annotations
@@ -36,15 +40,13 @@ from app.events import InboundEvent
 
 _INSERT_MANY = Direct(
     text(
-        """
-        INSERT INTO inbox
-            (event_id, channel, external_id, session_key, payload, status, attempts, created_at, updated_at)
-        SELECT e, c, x, k, p::json, 'pending', 0, t, t
-        FROM unnest(:e, :c, :x, :k, :p, :t) WITH ORDINALITY AS given(e, c, x, k, p, t, n)
-        ORDER BY n
-        ON CONFLICT (channel, external_id) DO NOTHING
-        RETURNING event_id
-        """
+        "INSERT INTO inbox"
+        " (event_id, channel, external_id, session_key, payload, status, attempts, created_at, updated_at)"
+        " SELECT e, c, x, k, p::json, 'pending', 0, t, t"
+        " FROM unnest(:e, :c, :x, :k, :p, :t) WITH ORDINALITY AS given(e, c, x, k, p, t, n)"
+        " ORDER BY n"
+        " ON CONFLICT (channel, external_id) DO NOTHING"
+        " RETURNING event_id"
     ).bindparams(
         *(bindparam(name, type_=ARRAY(String)) for name in ("e", "c", "x", "k")),
         bindparam("p", type_=ARRAY(Text)),
@@ -52,8 +54,13 @@ _INSERT_MANY = Direct(
     )
 )
 
-# Errors the server raises for a statement it did not carry out because of a value in it.
-_ONE_BAD_VALUE = (asyncpg.DataError, asyncpg.IntegrityConstraintViolationError)
+# Errors the server raises for a statement it did not carry out, where carrying out its
+# events one per statement may succeed: a value of one event, or a deadlock.
+_RETRY_ONE_BY_ONE = (
+    asyncpg.DataError,
+    asyncpg.IntegrityConstraintViolationError,
+    asyncpg.TransactionRollbackError,
+)
 
 
 @dataclass
@@ -112,7 +119,7 @@ class GroupInsert:
                         rows = await _INSERT_MANY.rows(conn, _arrays(group))
                 except Exception as exc:
                     group = group or self._take()  # no connection: this group fails
-                    if isinstance(exc, _ONE_BAD_VALUE) and len(group) > 1:
+                    if isinstance(exc, _RETRY_ONE_BY_ONE) and len(group) > 1:
                         await self._one_by_one(group)
                     else:
                         _fail(group, exc)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 
+import asyncpg
 import pytest
 from sqlalchemy import make_url, select
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
@@ -17,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from app.db.models import inbox
 from app.events import InboundEvent, TextPart
 from app.pipeline.inbox import Inbox
-from tests.support.pg_probe import statements
+from tests.support.pg_probe import asyncpg_dsn, statements, wait_until_blocked
 
 
 def _event(text: str, *, chat: str = "c", external_id: str | None = None) -> InboundEvent:
@@ -79,6 +80,53 @@ async def test_one_bad_event_fails_alone_and_the_rest_are_stored(pg_engine: Asyn
     assert isinstance(results[2], Exception) and "event_id" in str(results[2])
     assert all(isinstance(r, list) and not r[0].duplicate for i, r in enumerate(results) if i != 2)
     assert [text for _, text in await _stored(pg_engine)] == ["first", *(f"good {i}" for i in range(6))]
+
+
+async def test_a_group_that_deadlocks_with_another_insert_loses_nothing(
+    pg_engine: AsyncEngine, pg_url: str
+) -> None:
+    """Another replica's transaction stores copies of the same two deliveries in the other order.
+
+    The group inserts x, then waits for the other transaction's y; the other transaction
+    then inserts x and waits for the group: PostgreSQL aborts one of them. Whichever it
+    is, each delivery ends up stored once and every caller gets an answer.
+    """
+    box = Inbox(pg_engine)
+    x, y = _event("x", external_id="ext-x"), _event("y", external_id="ext-y")
+    other, watcher = await asyncpg.connect(asyncpg_dsn(pg_url)), await asyncpg.connect(asyncpg_dsn(pg_url))
+    insert = (
+        "INSERT INTO inbox (event_id, channel, external_id, session_key, payload, status, attempts,"
+        " created_at, updated_at) VALUES ($1, 'webhook', $2, 'webhook:c', '{}', 'pending', 0, now(), now())"
+    )
+    try:
+        tx = other.transaction()
+        await tx.start()
+        await other.execute(insert, "other-y", "ext-y")
+        accepting = asyncio.gather(box.accept([x]), box.accept([y]))  # one group: x, then y
+        await wait_until_blocked(watcher, "INSERT INTO inbox")
+        try:
+            await other.execute(insert, "other-x", "ext-x")  # now each waits for the other
+        except asyncpg.DeadlockDetectedError:
+            await tx.rollback()
+        else:
+            await tx.commit()  # the group's statement was aborted: it retries one by one
+        results = await asyncio.wait_for(accepting, 10)
+    finally:
+        await other.close()
+        await watcher.close()
+
+    stored = await _stored_by_external_id(pg_engine)
+    assert sorted(stored) == ["ext-x", "ext-y"]  # each once
+    for [result], event in zip(results, (x, y), strict=True):
+        # Either ours was stored, or the other transaction's copy and ours is a duplicate of it.
+        assert result.event_id == stored[event.external_id]  # type: ignore[index]
+        assert result.duplicate == (result.event_id != event.event_id)
+
+
+async def _stored_by_external_id(engine: AsyncEngine) -> dict[str, str]:
+    async with engine.connect() as conn:
+        rows = await conn.execute(select(inbox.c.external_id, inbox.c.event_id))
+        return {r[0]: r[1] for r in rows}
 
 
 async def test_a_caller_cancelled_while_waiting_still_has_its_event_stored_and_handled(
