@@ -106,7 +106,7 @@ class Dispatcher:
     def accept_statement(self, *, dedup: bool) -> Direct:
         return prefetch.ACCEPT_TAKING[dedup]
 
-    async def reserve(self, key: str) -> bool:
+    def reserve(self, key: str) -> bool:
         if self._stopping or key in self._workers or key in self._reserved or not self._runs.try_take():
             return False
         self._reserved.add(key)

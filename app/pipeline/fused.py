@@ -592,17 +592,17 @@ async def finish(
     if successor is not None:
         params.update(nk=successor.key, exp=successor.expires)
     row = await _execute_fenced(conn, FINISH[successor is not None], lease, params)
-    seq = _appended_seq(row, session_id, lease)
-    finished = Finished(
-        seq, row["watched"], upcoming=rows_from(row["upcoming"]), released=bool(row["released"])
-    )
-    if successor is None or row["successor_fence"] is None:
-        return finished
-    rows = row["successor_upcoming"]
-    return replace(
-        finished,
-        successor=SessionLease(successor.key, lease.owner, row["successor_fence"]),
-        successor_rows=None if rows is None else rows_from(rows),
+    taken = None
+    if successor is not None and row["successor_fence"] is not None:
+        taken = SessionLease(successor.key, lease.owner, row["successor_fence"])
+    next_rows = row["successor_upcoming"] if taken is not None else None
+    return Finished(
+        _appended_seq(row, session_id, lease),
+        row["watched"],
+        upcoming=rows_from(row["upcoming"]),
+        released=bool(row["released"]),
+        successor=taken,
+        successor_rows=None if next_rows is None else rows_from(next_rows),
     )
 
 

@@ -148,7 +148,7 @@ class Claimer(Protocol):
 
     def accept_statement(self, *, dedup: bool) -> Direct: ...
 
-    async def reserve(self, key: str) -> bool:
+    def reserve(self, key: str) -> bool:
         """A run slot for `key`, if one is free and no worker of `key` runs here."""
         ...
 
@@ -176,7 +176,11 @@ class Inbox:
         # Results handed over by the turn that handled a waited-for event here.
         self._known: dict[str, WaitResult] = {}
         self._group = (
-            GroupInsert(self.reader, insert_one=self._insert_alone, stored=self._stored)
+            GroupInsert(
+                self.reader,
+                insert_one=self._insert_alone,
+                stored=lambda event: self._stored(event.event_id, event.session_key),
+            )
             if engine.dialect.name == "postgresql"
             else None
         )
@@ -190,7 +194,7 @@ class Inbox:
         """
         now = utcnow()
         claimer = self.claimer if len(events) == 1 else None
-        if claimer is not None and await claimer.reserve(events[0].session_key):
+        if claimer is not None and claimer.reserve(events[0].session_key):
             # Shielded: a caller cancelled mid-statement must not leave the lease taken
             # and nobody working under it (until it expired).
             return [await asyncio.shield(self._accept_claiming(events[0], now, claimer))]
@@ -208,21 +212,19 @@ class Inbox:
                 results.append(await self._insert(conn, event, now))
         for res in results:
             if not res.duplicate:
-                self._accepted(res.event_id)
-                if self.on_accepted is not None:
-                    self.on_accepted(res.session_key)
+                self._stored(res.event_id, res.session_key)
         return results
 
-    def _stored(self, event: InboundEvent) -> None:
-        """`event` was stored (by `GroupInsert`): a waiter may wait, the dispatcher wakes."""
-        self._accepted(event.event_id)
+    def _stored(self, event_id: str, session_key: str) -> None:
+        """An event was stored: a waiter may wait for it, the dispatcher wakes for its key."""
+        self._accepted(event_id)
         if self.on_accepted is not None:
-            self.on_accepted(event.session_key)
+            self.on_accepted(session_key)
 
     async def _insert_alone(self, event: InboundEvent, now: datetime) -> bool:
         """One event in a statement of its own (`GroupInsert`'s retry): whether it was stored."""
         async with direct.connect(self.reader) as conn:
-            return not (await self._insert(conn, event, now)).duplicate
+            return await self._store(conn, event, now)
 
     async def _accept_claiming(self, event: InboundEvent, now: datetime, claimer: Claimer) -> AcceptResult:
         """`accept` of one event whose key has a run slot reserved: hand the slot on or back."""
@@ -261,15 +263,17 @@ class Inbox:
         )
 
     async def _insert(self, conn: DirectConnection, event: InboundEvent, now: datetime) -> AcceptResult:
-        key = event.session_key
+        if await self._store(conn, event, now):
+            return AcceptResult(event_id=event.event_id, session_key=event.session_key)
+        return await self._duplicate(conn, event)
+
+    async def _store(self, conn: DirectConnection, event: InboundEvent, now: datetime) -> bool:
+        """Insert the event unless it is a duplicate; whether it was stored."""
         values = self._values(event, now)
         if event.external_id is None:
             await _INSERT.rows(conn, values)
-            return AcceptResult(event_id=event.event_id, session_key=key)
-        inserted = await _INSERT_NEW[conn.dialect.name].first(conn, values)
-        if inserted is not None:
-            return AcceptResult(event_id=event.event_id, session_key=key)
-        return await self._duplicate(conn, event)
+            return True
+        return await _INSERT_NEW[conn.dialect.name].first(conn, values) is not None
 
     async def _duplicate(self, conn: DirectConnection, event: InboundEvent) -> AcceptResult:
         original = await _ORIGINAL.one(conn, {"ch": event.channel, "ext": event.external_id})

@@ -12,10 +12,9 @@ from datetime import timedelta
 
 import asyncpg
 import pytest
-from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.db.models import session_keys, utcnow
+from app.db.models import utcnow
 from app.errors import LeaseLost
 from app.events import InboundEvent
 from app.pipeline import fused, prefetch
@@ -25,7 +24,7 @@ from app.sessions import lease as leases
 from app.sessions.lease import SessionLease
 from tests.conftest import ServeApp
 from tests.pipeline.test_fused import ANSWERED, _start, _with_session, finish
-from tests.pipeline.test_lease_fusion import KEY, _sql
+from tests.pipeline.test_lease_fusion import KEY, _sql, lease_of
 from tests.support.pg_probe import asyncpg_dsn, statements
 from tests.support.providers import RecordingProvider
 
@@ -34,18 +33,6 @@ NEXT = "webhook:next"
 
 def _next_in_line() -> fused.Successor:
     return fused.Successor(NEXT, utcnow() + timedelta(seconds=30))
-
-
-async def _lease_of(engine: AsyncEngine, key: str) -> tuple[str | None, int] | None:
-    async with engine.connect() as conn:
-        row = (
-            await conn.execute(
-                select(session_keys.c.lease_owner, session_keys.c.lease_fence).where(
-                    session_keys.c.key == key
-                )
-            )
-        ).first()
-    return None if row is None else (row[0], row[1])
 
 
 async def _accept(engine: AsyncEngine, chat: str, text: str) -> str:
@@ -65,9 +52,9 @@ async def test_a_releasing_end_takes_the_next_keys_free_lease_and_reads_its_rows
 
     done = await finish(pg_engine, lease, started, row_id, "hi", release=True, successor=_next_in_line())
 
-    assert done.released and await _lease_of(pg_engine, KEY) == (None, lease.fence)
+    assert done.released and await lease_of(pg_engine, KEY) == (None, lease.fence)
     assert done.successor == SessionLease(NEXT, "me", 1)  # a new key: its row is created
-    assert await _lease_of(pg_engine, NEXT) == ("me", 1)
+    assert await lease_of(pg_engine, NEXT) == ("me", 1)
     assert [r.event_id for r in done.successor_rows] == waiting[: prefetch.LIMIT]
 
 
@@ -80,8 +67,8 @@ async def test_a_key_with_rows_left_keeps_its_lease_and_takes_no_other(pg_engine
     done = await finish(pg_engine, lease, started, row_id, "hi", release=True, successor=_next_in_line())
 
     assert not done.released and done.successor is None
-    assert await _lease_of(pg_engine, KEY) == ("me", lease.fence)
-    assert await _lease_of(pg_engine, NEXT) is None  # not even its row
+    assert await lease_of(pg_engine, KEY) == ("me", lease.fence)
+    assert await lease_of(pg_engine, NEXT) is None  # not even its row
 
 
 async def test_a_next_key_held_elsewhere_is_not_taken_and_ours_is_released(pg_engine: AsyncEngine) -> None:
@@ -92,7 +79,7 @@ async def test_a_next_key_held_elsewhere_is_not_taken_and_ours_is_released(pg_en
     done = await finish(pg_engine, lease, started, row_id, "hi", release=True, successor=_next_in_line())
 
     assert done.released and done.successor is None and done.successor_rows is None
-    assert await _lease_of(pg_engine, NEXT) == ("other", 1)
+    assert await lease_of(pg_engine, NEXT) == ("other", 1)
 
 
 async def test_a_next_key_whose_row_is_locked_is_skipped_not_waited_for(
@@ -114,7 +101,7 @@ async def test_a_next_key_whose_row_is_locked_is_skipped_not_waited_for(
         await other.close()
 
     assert done.released and done.successor is None
-    assert await _lease_of(pg_engine, NEXT) == (None, 1)  # left alone: it takes its lease itself
+    assert await lease_of(pg_engine, NEXT) == (None, 1)  # left alone: it takes its lease itself
 
 
 async def test_a_lost_lease_hands_nothing_on(pg_engine: AsyncEngine) -> None:
@@ -126,7 +113,7 @@ async def test_a_lost_lease_hands_nothing_on(pg_engine: AsyncEngine) -> None:
     with pytest.raises(LeaseLost):
         await finish(pg_engine, lease, started, row_id, "hi", release=True, successor=_next_in_line())
 
-    assert await _lease_of(pg_engine, NEXT) is None
+    assert await lease_of(pg_engine, NEXT) is None
 
 
 # --- the slots ------------------------------------------------------------------------
@@ -190,4 +177,4 @@ async def test_keys_waiting_for_the_only_run_slot_start_with_the_lease_their_pre
         assert _sql(srv, leases._RELEASE["postgresql"]) not in seen
         assert seen.count(_sql(srv, fused.FINISH[True])) == 3  # the last one had nobody waiting
         for event in events:
-            assert await _lease_of(srv.runtime.engine, event.session_key) == (None, 1)
+            assert await lease_of(srv.runtime.engine, event.session_key) == (None, 1)

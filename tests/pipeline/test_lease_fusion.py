@@ -43,16 +43,23 @@ async def _accept_taking(engine: AsyncEngine, text: str, owner: str, external_id
         return dict(await prefetch.ACCEPT_TAKING[external_id is not None].one(conn, params))
 
 
-async def _lease(engine: AsyncEngine) -> tuple[str | None, int]:
+async def lease_of(engine: AsyncEngine, key: str) -> tuple[str | None, int] | None:
+    """The key's lease owner and fence; None when the key has no row."""
     async with engine.connect() as conn:
         row = (
             await conn.execute(
                 select(session_keys.c.lease_owner, session_keys.c.lease_fence).where(
-                    session_keys.c.key == KEY
+                    session_keys.c.key == key
                 )
             )
-        ).one()
-    return row[0], row[1]
+        ).first()
+    return None if row is None else (row[0], row[1])
+
+
+async def _lease(engine: AsyncEngine) -> tuple[str | None, int]:
+    lease = await lease_of(engine, KEY)
+    assert lease is not None
+    return lease
 
 
 async def _pending(engine: AsyncEngine) -> list[str]:
