@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import itertools
 from collections.abc import Callable, Mapping
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import structlog
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -19,8 +19,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.db.direct import Direct
 from app.db.models import utcnow
 from app.errors import LeaseLost
-from app.events import BusyPolicy
+from app.events import BusyPolicy, InboundEvent
 from app.pipeline import fused, prefetch
+from app.pipeline.accept_start import ACCEPT_STARTING
 from app.pipeline.inbox import Claim, Inbox, InboxRow
 from app.pipeline.replies import is_command
 from app.pipeline.slots import RunSlots
@@ -103,8 +104,16 @@ class Dispatcher:
 
     rows_limit = prefetch.LIMIT
 
-    def accept_statement(self, *, dedup: bool) -> Direct:
-        return prefetch.ACCEPT_TAKING[dedup]
+    def accept_statement(self, *, dedup: bool, plan: fused.StartPlan | None) -> Direct:
+        if plan is None:
+            return prefetch.ACCEPT_TAKING[dedup]
+        return ACCEPT_STARTING[dedup, plan.recall]
+
+    def start_plan(self, event: InboundEvent, now: datetime) -> fused.StartPlan | None:
+        # A `collect` key's turn may take more events than this one: it starts after them.
+        if self.busy_policies.get(event.channel, BusyPolicy.QUEUE) is BusyPolicy.COLLECT:
+            return None
+        return self.handler.start_plan(event, now)
 
     def reserve(self, key: str) -> bool:
         if self._stopping or key in self._workers or key in self._reserved or not self._runs.try_take():

@@ -58,6 +58,7 @@ from app.memory.store import Memory, memory_from_row
 from app.pipeline.inbox import InboxRow, unfinished_rows
 from app.pipeline.prefetch import (
     LIMIT,
+    WATCHED,
     rows_from,
     rows_if_nobody_between,
     take_if_free_and_unlocked,
@@ -72,9 +73,8 @@ _K = session_keys.c
 # take it for a value to SET.
 
 
-# Whether some replica's session bus watches the key (`app.gateway.pg_bus`), as the fence
-# CTE sees the key's row: locked, so a watcher marking it is ordered with the statement.
-_WATCHED = (_K.watched_until > func.now()).label("watched")
+# Whether some replica's session bus watches the key, as the fence CTE sees its row.
+_WATCHED = WATCHED
 
 
 def _watched(fence: Any) -> Any:
@@ -105,12 +105,12 @@ def _fence(*, release: bool = False) -> Any:
     )
 
 
-def _params(table: Table, prefix: str, names: Sequence[str]) -> list[ColumnElement[Any]]:
+def typed_params(table: Table, prefix: str, names: Sequence[str]) -> list[ColumnElement[Any]]:
     """Typed bound parameters `prefix + name` for `names` of `table`, in order."""
     return [bindparam(prefix + name, type_=table.c[name].type) for name in names]
 
 
-_MESSAGE_FIELDS = ("role", "content", "parts", "tool_calls", "tool_call_id", "name", "event_id", "run_id")
+MESSAGE_FIELDS = ("role", "content", "parts", "tool_calls", "tool_call_id", "name", "event_id", "run_id")
 _OUTBOX_FIELDS = (
     "message_id",
     "session_key",
@@ -126,7 +126,7 @@ _OUTBOX_FIELDS = (
     "created_at",
     "sent_at",
 )
-_RUN_FIELDS = (
+RUN_FIELDS = (
     "session_id",
     "session_key",
     "event_ids",
@@ -156,16 +156,16 @@ _RUN_TRACE = (
 _INBOX_IDS = bindparam("inbox_ids", type_=ARRAY(BigInteger))
 
 
-def _insert_message(bump: Any) -> Any:
+def insert_message(bump: Any) -> Any:
     """The message row, numbered from the `bump` CTE's new `next_seq` (one message)."""
     return (
         insert(messages)
         .from_select(
-            ["session_id", "seq", *_MESSAGE_FIELDS, "created_at"],
+            ["session_id", "seq", *MESSAGE_FIELDS, "created_at"],
             select(
                 bump.c.id,
                 bump.c.next_seq - 1,
-                *_params(messages, "m_", _MESSAGE_FIELDS),
+                *typed_params(messages, "m_", MESSAGE_FIELDS),
                 bindparam("now", type_=messages.c.created_at.type),
             ),
         )
@@ -197,7 +197,7 @@ def _fenced_message(*, release: bool = False) -> tuple[Any, Any, Any]:
         .returning(sessions.c.id, sessions.c.next_seq)
         .cte("bump")
     )
-    return fence, bump, _insert_message(bump)
+    return fence, bump, insert_message(bump)
 
 
 def _finish_statement(*, hand_on: bool = False) -> Any:
@@ -215,7 +215,7 @@ def _finish_statement(*, hand_on: bool = False) -> Any:
     landed = select(bump.c.id).exists()  # all or nothing: the rest only with the answer
     reply = (
         insert(outbox)
-        .from_select(list(_OUTBOX_FIELDS), select(*_params(outbox, "o_", _OUTBOX_FIELDS)).where(landed))
+        .from_select(list(_OUTBOX_FIELDS), select(*typed_params(outbox, "o_", _OUTBOX_FIELDS)).where(landed))
         .returning(outbox.c.id)
         .cte("reply")
     )
@@ -288,6 +288,55 @@ _BOTH = (False, True)
 APPEND = {(lax, pending): Direct(_append_statement(lax, pending)) for lax in _BOTH for pending in _BOTH}
 
 
+# An open session: one a turn may continue (`_start_statement`).
+OPEN = or_(sessions.c.status == "active", sessions.c.status == "suspended")
+
+
+def continuable(current: Any) -> list[ColumnElement[bool]]:
+    """The `sessions` row a turn continues: the `current` session, open, of the event's
+    channel (`chan`), active since `cutoff`, its newest message leaving no tool-call group open."""
+    return [
+        sessions.c.id == current,
+        OPEN,
+        sessions.c.channel == bindparam("chan"),
+        sessions.c.last_active_at >= bindparam("cutoff"),
+        ~TAIL_OPEN,
+    ]
+
+
+def continue_session(current: Any, *conditions: Any) -> Any:
+    """A CTE marking the `current` session active and taking a seq for the user message,
+    if it is `continuable` and `conditions` hold. Returns its row."""
+    now: Any = bindparam("now", type_=sessions.c.created_at.type)
+    return (
+        update(sessions)
+        .where(*continuable(current), *conditions)
+        .values(next_seq=sessions.c.next_seq + 1, status="active", last_active_at=now, updated_at=now)
+        .returning(*sessions.c)
+        .cte("bump")
+    )
+
+
+def first_reads(opened: Any, recall: bool | None) -> list[Any]:
+    """What the run needs first, read for the session the `opened` CTE returns (see
+    `_start_statement`): `window` and, unless `recall` is None, `recalled`. They join
+    `opened` themselves (no correlation): no rows when nothing opened."""
+    window = (
+        select(messages)
+        .select_from(opened.join(messages, messages.c.session_id == opened.c.id))
+        .where(messages.c.seq > opened.c.last_consolidated)
+        .order_by(messages.c.seq.desc())
+        .limit(bindparam("wlimit", type_=Integer))
+        .subquery("win")
+    )
+    reads = [rows_as_json(window, "win", window.c.seq).label("window")]
+    if recall is not None:
+        recalled = recall_query(recall, session_id=opened.c.id).subquery("recalled")
+        newest = (recalled.c.updated_at.desc(), recalled.c.id.desc())
+        reads.append(rows_as_json(recalled, "recalled", *newest).label("recalled"))
+    return reads
+
+
 def _start_statement(recall: bool | None) -> Any:
     """The start of a turn in the common cases; writes nothing when neither applies.
 
@@ -318,33 +367,19 @@ def _start_statement(recall: bool | None) -> Any:
     held = select(fence.c.key).exists()
     now: Any = bindparam("now", type_=sessions.c.created_at.type)
     current = select(_K.current_session_id).where(_K.key == bindparam("k")).scalar_subquery()
-    is_open = or_(sessions.c.status == "active", sessions.c.status == "suspended")
-    bump = (
-        update(sessions)
-        .where(
-            sessions.c.id == current,
-            is_open,
-            sessions.c.channel == bindparam("chan"),
-            sessions.c.last_active_at >= bindparam("cutoff"),
-            ~TAIL_OPEN,
-            held,
-        )
-        .values(next_seq=sessions.c.next_seq + 1, status="active", last_active_at=now, updated_at=now)
-        .returning(*sessions.c)
-        .cte("bump")
-    )
+    bump = continue_session(current, held)
     # An open current session counts as live unless it is of this channel and idle since
     # before `cutoff` (the cutoff is this channel's lifecycle; another channel's session
     # is left to the general path).
     live = select(sessions.c.id).where(
         sessions.c.id == current,
-        is_open,
+        OPEN,
         or_(sessions.c.channel != bindparam("chan"), sessions.c.last_active_at >= bindparam("cutoff")),
     )
     due = and_(held, ~live.exists())  # a new generation
     expire = (
         update(sessions)
-        .where(sessions.c.id == current, is_open, due)
+        .where(sessions.c.id == current, OPEN, due)
         .values(status="expired", closed_at=now, updated_at=now)
         .returning(sessions.c.id)
         .cte("expire")
@@ -380,10 +415,10 @@ def _start_statement(recall: bool | None) -> Any:
         .cte("point")
     )
     opened = union_all(select(bump), select(created)).cte("opened")
-    message = _insert_message(opened)
+    message = insert_message(opened)
     run = (
         insert(runs)
-        .from_select(list(_RUN_FIELDS), select(opened.c.id, *_params(runs, "r_", _RUN_FIELDS[1:])))
+        .from_select(list(RUN_FIELDS), select(opened.c.id, *typed_params(runs, "r_", RUN_FIELDS[1:])))
         .returning(runs.c.id)
         .cte("run")
     )
@@ -395,20 +430,6 @@ def _start_statement(recall: bool | None) -> Any:
         .cte("processing")
     )
     one = select(literal(1).label("one")).subquery("one")  # a row even when nothing opened
-    # The reads join `opened` themselves (no correlation): no rows when nothing opened.
-    window = (
-        select(messages)
-        .select_from(opened.join(messages, messages.c.session_id == opened.c.id))
-        .where(messages.c.seq > opened.c.last_consolidated)
-        .order_by(messages.c.seq.desc())
-        .limit(bindparam("wlimit", type_=Integer))
-        .subquery("win")
-    )
-    reads = [rows_as_json(window, "win", window.c.seq).label("window")]
-    if recall is not None:
-        recalled = recall_query(recall, session_id=opened.c.id).subquery("recalled")
-        newest = (recalled.c.updated_at.desc(), recalled.c.id.desc())
-        reads.append(rows_as_json(recalled, "recalled", *newest).label("recalled"))
     return select(
         _count(fence, "held"),
         _watched(fence),
@@ -418,7 +439,7 @@ def _start_statement(recall: bool | None) -> Any:
         _count(processing, "processing"),
         _count(expire, "expired"),
         _count(point, "pointed"),
-        *reads,
+        *first_reads(opened, recall),
         lax_commit(),  # redone if a database crash loses it: the event is still pending
     ).select_from(one.outerjoin(opened, true()))
 
@@ -459,6 +480,7 @@ class Started:
     window: list[ChatMessage]  # the newest `wlimit` messages before it, oldest first
     recalled: list[Memory] | None  # None: not asked
     watched: bool  # some replica's session bus watches the key (`_WATCHED`)
+    started_at: datetime  # the run's
 
 
 @dataclass(frozen=True)
@@ -469,11 +491,46 @@ class Recall:
     params: Mapping[str, Any]
 
 
-async def start(
-    conn: DirectConnection,
-    lease: SessionLease,
+# What `app.pipeline.accept_start` inserts of an inbox row's values, and how it names the
+# parameters and the started session's columns (it also updates `sessions`, which has
+# columns of the same names).
+ACCEPTED = ("event_id", "channel", "external_id", "session_key", "payload", "created_at", "updated_at")
+ACCEPTED_PREFIX, STARTED_PREFIX = "i_", "s_"
+
+
+@dataclass(frozen=True)
+class StartPlan:
+    """What a turn's one-statement start writes and reads, but for the lease and the inbox
+    row: `START` runs it for a worker, `app.pipeline.accept_start` with the event's accept."""
+
+    now: datetime
+    recall: bool | None  # the statement's variant: None, or `Recall.with_user`
+    params: Mapping[str, Any]
+
+    def accept_params(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """`app.pipeline.accept_start`'s parameters: the inbox row's `values`
+        (`Inbox._values`, prefixed `ACCEPTED_PREFIX`) and the plan's."""
+        return {**{ACCEPTED_PREFIX + name: values[name] for name in ACCEPTED}, **self.params}
+
+    def started_on_accept(self, row: Mapping[str, Any]) -> Started:
+        """The start `app.pipeline.accept_start`'s result `row` reports."""
+        return self.started(row, {c.name: row[STARTED_PREFIX + c.name] for c in sessions.c})
+
+    def started(self, row: Mapping[str, Any], session: Mapping[str, Any]) -> Started:
+        """The start a statement's result `row` reports, the session's columns in `session`."""
+        return Started(
+            session=replace(SessionState.from_row(session), tail_open=False),
+            seq=row["seq"],
+            run_id=row["run_id"],
+            window=[message_from_row(m) for m in row["window"]],
+            recalled=None if self.recall is None else [_memory(m) for m in row["recalled"]],
+            watched=bool(row["watched"]),
+            started_at=self.now,
+        )
+
+
+def plan_start(
     *,
-    inbox_id: int,
     channel: str,
     cutoff: datetime,
     now: datetime,
@@ -481,37 +538,39 @@ async def start(
     run: Mapping[str, Any],
     window_limit: int | None,
     recall: Recall | None,
-) -> Started | None:
-    """Start a turn of one new event in one statement (see `_start_statement`).
-
-    None when neither common case applies and nothing was written; raises `LeaseLost`
-    when the lease is no longer ours (nothing was written either).
-    """
+) -> StartPlan:
+    """The start of a turn of one new event of `channel` (see `_start_statement`)."""
     params: dict[str, Any] = {
-        "inbox_id": inbox_id,
         "chan": channel,
         "cutoff": cutoff,
         "now": now,
         "meta": {},
         "wlimit": window_limit,
     }
-    params.update({"m_" + name: message.get(name) for name in _MESSAGE_FIELDS})
-    params.update({"r_" + name: run[name] for name in _RUN_FIELDS[1:]})
+    params.update({"m_" + name: message.get(name) for name in MESSAGE_FIELDS})
+    params.update({"r_" + name: run[name] for name in RUN_FIELDS[1:]})
     if recall is not None:
         params.update(recall.params)
-    statement = START[recall.with_user if recall is not None else None]
-    row = await _execute_fenced(conn, statement, lease, params)
+    return StartPlan(now, None if recall is None else recall.with_user, params)
+
+
+async def start(conn: DirectConnection, lease: SessionLease, *, inbox_id: int, **plan: Any) -> Started | None:
+    """Start a turn of one new event in one statement (see `_start_statement`, `plan_start`)."""
+    return await start_planned(conn, lease, inbox_id, plan_start(**plan))
+
+
+async def start_planned(
+    conn: DirectConnection, lease: SessionLease, inbox_id: int, plan: StartPlan
+) -> Started | None:
+    """Run `plan` for the inbox row `inbox_id` under `lease`.
+
+    None when neither common case applies and nothing was written; raises `LeaseLost`
+    when the lease is no longer ours (nothing was written either).
+    """
+    row = await _execute_fenced(conn, START[plan.recall], lease, {**plan.params, "inbox_id": inbox_id})
     if row["id"] is None:
         return None
-    session = replace(SessionState.from_row(row), tail_open=False)
-    return Started(
-        session=session,
-        seq=row["seq"],
-        run_id=row["run_id"],
-        window=[message_from_row(m) for m in row["window"]],
-        recalled=None if recall is None else [_memory(m) for m in row["recalled"]],
-        watched=row["watched"],
-    )
+    return plan.started(row, row)
 
 
 def stored_window(started: Started, user: ChatMessage) -> list[ChatMessage]:
@@ -586,7 +645,7 @@ async def finish(
         "link": link,
         "run": run_id,
     }
-    params.update({"m_" + name: message.get(name) for name in _MESSAGE_FIELDS})
+    params.update({"m_" + name: message.get(name) for name in MESSAGE_FIELDS})
     params.update({"o_" + name: reply[name] for name in _OUTBOX_FIELDS})
     params.update({"r_" + name: trace.get(name) for name in _RUN_TRACE})
     if successor is not None:
@@ -623,7 +682,7 @@ async def append(
     is no longer ours.
     """
     params: dict[str, Any] = {"sid": session_id, "now": now}
-    params.update({"m_" + name: message.get(name) for name in _MESSAGE_FIELDS})
+    params.update({"m_" + name: message.get(name) for name in MESSAGE_FIELDS})
     if handled is not None:
         params["handled"] = list(handled)
     row = await _execute_fenced(conn, APPEND[lax, handled is not None], lease, params)

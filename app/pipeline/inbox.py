@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlalchemy import bindparam, func, or_, select, union_all, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -21,6 +21,9 @@ from app.db.upsert import insert_ignore_for
 from app.events import InboundEvent
 from app.pipeline.group_insert import GroupInsert
 from app.sessions.lease import SessionLease
+
+if TYPE_CHECKING:
+    from app.pipeline.fused import Started, StartPlan
 
 ACTIVE_STATUSES = INBOX_UNFINISHED
 
@@ -125,6 +128,8 @@ class InboxRow:
     session_key: str
     attempts: int
     event: InboundEvent
+    # Its turn's start, when the statement that accepted it wrote that too (`Claimer.plan`).
+    started: Started | None = None
 
     @classmethod
     def of(cls, row: Mapping[str, Any]) -> InboxRow:
@@ -146,7 +151,13 @@ class Claimer(Protocol):
     lease_ttl: float
     rows_limit: int  # how many of the key's next rows a claim hands over at most
 
-    def accept_statement(self, *, dedup: bool) -> Direct: ...
+    def accept_statement(self, *, dedup: bool, plan: StartPlan | None) -> Direct:
+        """`prefetch.ACCEPT_TAKING`, or with a `plan` `accept_start.ACCEPT_STARTING`."""
+        ...
+
+    def start_plan(self, event: InboundEvent, now: datetime) -> StartPlan | None:
+        """The start of the turn the event would begin if it is next, when its accept may write it."""
+        ...
 
     def reserve(self, key: str) -> bool:
         """A run slot for `key`, if one is free and no worker of `key` runs here."""
@@ -237,10 +248,10 @@ class Inbox:
                 claimer.unreserve(event.session_key)
         if not result.duplicate:
             self._accepted(result.event_id)
-            if claim is not None:
-                claimer.taken(result.session_key, *claim)
-            elif self.on_accepted is not None:
-                self.on_accepted(result.session_key)
+        if claim is not None:
+            claimer.taken(event.session_key, *claim)
+        elif not result.duplicate and self.on_accepted is not None:
+            self.on_accepted(result.session_key)
         return result
 
     def _accepted(self, event_id: str) -> None:
@@ -287,18 +298,33 @@ class Inbox:
         """`_insert`, also taking the key's lease if it is free (then the claim is not None)."""
         key = event.session_key
         params = self._values(event, now)
+        plan = claimer.start_plan(event, now)
+        if plan is not None:
+            params = plan.accept_params(params)
         params.update(k=key, o=claimer.owner, exp=now + timedelta(seconds=claimer.lease_ttl))
-        row = await claimer.accept_statement(dedup=event.external_id is not None).one(conn, params)
+        statement = claimer.accept_statement(dedup=event.external_id is not None, plan=plan)
+        row = await statement.one(conn, params)
+        lease = None if row["fence"] is None else SessionLease(key, claimer.owner, row["fence"])
+        upcoming = None if row["upcoming"] is None else [InboxRow.of(r) for r in row["upcoming"]]
         if row["id"] is None:
-            return await self._duplicate(conn, event), None
+            # A duplicate; with a plan the lease may have been taken all the same (a
+            # duplicate committed after the statement's snapshot): its drain releases it.
+            return await self._duplicate(conn, event), None if lease is None else (lease, upcoming)
         accepted = AcceptResult(event_id=event.event_id, session_key=key)
-        if row["fence"] is None:
+        if lease is None:
             return accepted, None
         rows = None
-        if row["upcoming"] is not None:
+        if upcoming is not None:
             this = InboxRow(row["id"], event.event_id, event.channel, key, 0, event)
-            rows = [*(InboxRow.of(r) for r in row["upcoming"]), this][: claimer.rows_limit]
-        return accepted, (SessionLease(key, claimer.owner, row["fence"]), rows)
+            if plan is not None and row["go"]:
+                # Stored as `processing`, one attempt: started, or else looking like a retry
+                # to the worker's general start (`accept_start`).
+                if row["run_id"] is not None:
+                    this = replace(this, started=plan.started_on_accept(row))
+                else:
+                    this = replace(this, attempts=1)
+            rows = [*upcoming, this][: claimer.rows_limit]
+        return accepted, (lease, rows)
 
     # --- for the key's lease holder ----------------------------------------------
 

@@ -51,6 +51,9 @@ from app.pipeline.inbox import INSERT_VALUES, InboxRow, unfinished_rows
 from app.sessions import lease as leases
 
 _K = session_keys.c
+# Whether some replica's session bus watches the key (`app.gateway.pg_bus`), as a statement
+# that updates or locks the key's row sees it: a watcher marking it is ordered with it.
+WATCHED = func.coalesce(_K.watched_until > func.now(), False).label("watched")
 
 
 def upcoming(limit: int, *, exclude: Any = None, key: Any = None) -> Any:
@@ -113,8 +116,9 @@ def _accept_taking(dedup: bool) -> Any:
 def take_if_free(key: Any, *, when: Any) -> Any:
     """A CTE taking `key`'s lease for `o` until `exp` if it is free (or the key new) and `when`.
 
-    Returns the fence taken (no row when it was held). A lease that is ours already is not
-    taken: some worker of this replica holds it, and bumping its fence would fence it out.
+    Returns the fence taken and whether a session bus watches the key (`WATCHED`; no row
+    when the lease was held). A lease that is ours already is not taken: some worker of this
+    replica holds it, and bumping its fence would fence it out.
     """
     owner: Any = bindparam("o")
     expires: Any = bindparam("exp", type_=_K.lease_expires_at.type)
@@ -128,7 +132,7 @@ def take_if_free(key: Any, *, when: Any) -> Any:
             set_={"lease_owner": owner, "lease_fence": _K.lease_fence + 1, "lease_expires_at": expires},
             where=_K.lease_owner.is_(None),
         )
-        .returning(_K.lease_fence)
+        .returning(_K.lease_fence, WATCHED)
         .cte("taken")
     )
 
@@ -174,15 +178,20 @@ def take_if_free_and_unlocked(key: Any, *, when: Any) -> Any:
     return union_all(select(existing.c.lease_fence), select(new.c.lease_fence)).cte("taken")
 
 
-def rows_if_nobody_between(taken: Any, key: Any) -> Any:
-    """`key`'s next rows as JSON when they count for the lease `taken` took (see the module), else NULL."""
+def nobody_between(taken: Any, key: Any) -> Any:
+    """Whether the statement's snapshot shows `key`'s lease free (or the key new) at the fence
+    just below the one `taken` took: nobody held it in between (see the module)."""
     prior = select(_K.lease_owner, _K.lease_fence).where(_K.key == key).subquery("prior")
     before = select(prior.c.lease_fence).where(prior.c.lease_owner.is_(None))
-    nobody_between = or_(
+    return or_(
         and_(~select(prior.c.lease_fence).exists(), taken.c.lease_fence == 1),
         taken.c.lease_fence == before.scalar_subquery() + literal_column("1", Integer),
     )
-    rows = select(case((nobody_between, upcoming(LIMIT, key=key)), else_=None)).select_from(taken)
+
+
+def rows_if_nobody_between(taken: Any, key: Any) -> Any:
+    """`key`'s next rows as JSON when they count for the lease `taken` took (see the module), else NULL."""
+    rows = select(case((nobody_between(taken, key), upcoming(LIMIT, key=key)), else_=None)).select_from(taken)
     return rows.scalar_subquery()
 
 

@@ -309,7 +309,9 @@ class TurnHandler:
         last = events[-1]
         answer = not all(e.metadata.get("no_reply") for e in events)
         started, read = None, None
-        if self._one_statement and answer and len(live) == 1 and live[0].attempts == 0:
+        if len(live) == 1 and live[0].started is not None:
+            started, read = self._adopt(lease, last, live[0].started)
+        elif self._one_statement and answer and len(live) == 1 and live[0].attempts == 0:
             started, read = await self._start_in_one_statement(lease, live[0])
         if started is not None:
             session, run_id, run_row, added, seqs = started
@@ -343,6 +345,32 @@ class TurnHandler:
             await self._after_turn(lease, turn.session)
         return Handled(turn.upcoming, turn.released)
 
+    def start_plan(self, event: InboundEvent, now: datetime) -> fused.StartPlan | None:
+        """The one-statement start of the plain turn `event` begins if it is next, for the
+        statement accepting it (`app.pipeline.accept_start`); None for anything else."""
+        if not self._one_statement or is_command(event) or event.metadata.get("no_reply"):
+            return None
+        return self._plan(event, event.session_key, now)
+
+    def _plan(self, event: InboundEvent, key: str, now: datetime) -> fused.StartPlan:
+        channel = conversation_channel(event)
+        run, _ = self._run_values(key, [event], now)
+        recall = None
+        if self.recall is not None:
+            with_user, params = self.recall.recall_params(
+                event.channel, event.chat_type.value, key, event.sender_id
+            )
+            recall = fused.Recall(with_user, params)
+        return fused.plan_start(
+            channel=channel,
+            cutoff=now - timedelta(seconds=self.store.lifecycle(channel).expire_after),
+            now=now,
+            message=message_values(user_message(event), None),
+            run=run,
+            window_limit=self.limits.max_messages,
+            recall=recall,
+        )
+
     async def _start_in_one_statement(
         self, lease: SessionLease, row: InboxRow
     ) -> tuple[_Started, _FirstRead] | tuple[None, None]:
@@ -350,33 +378,20 @@ class TurnHandler:
 
         The statement also reads the run's first history window and memory recall.
         """
-        event = row.event
-        channel = conversation_channel(event)
-        now = utcnow()
-        user = user_message(event)
-        run, run_row = self._run_values(lease.key, [event], now)
-        recall = None
-        if self.recall is not None:
-            with_user, params = self.recall.recall_params(
-                event.channel, event.chat_type.value, lease.key, event.sender_id
-            )
-            recall = fused.Recall(with_user, params)
+        plan = self._plan(row.event, lease.key, utcnow())
         async with direct.connect(self.store.reader) as conn:
-            started = await fused.start(
-                conn,
-                lease,
-                inbox_id=row.id,
-                channel=channel,
-                cutoff=now - timedelta(seconds=self.store.lifecycle(channel).expire_after),
-                now=now,
-                message=message_values(user, None),
-                run=run,
-                window_limit=self.limits.max_messages,
-                recall=recall,
-            )
+            started = await fused.start_planned(conn, lease, row.id, plan)
         if started is None:
             return None, None
+        return self._adopt(lease, row.event, started)
+
+    def _adopt(
+        self, lease: SessionLease, event: InboundEvent, started: fused.Started
+    ) -> tuple[_Started, _FirstRead]:
+        """A turn started in one statement, its own (`fused.start`) or its event's accept."""
         self.store.remember(lease.key, started.session, fence=lease.fence)
+        user = user_message(event)
+        _, run_row = self._run_values(lease.key, [event], started.started_at)
         read = _FirstRead(
             stored=fused.stored_window(started, user), recalled=started.recalled, watched=started.watched
         )

@@ -14,7 +14,6 @@ from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import String, and_, bindparam, cast, func, or_, select, update
-from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.db.engine import autocommit
@@ -63,7 +62,7 @@ class SessionState:
         return self.next_seq - 1
 
     @classmethod
-    def from_row(cls, row: RowMapping) -> SessionState:
+    def from_row(cls, row: Mapping[Any, Any]) -> SessionState:
         return cls(
             id=row["id"],
             key=row["key"],

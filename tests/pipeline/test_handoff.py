@@ -24,7 +24,7 @@ from app.sessions import lease as leases
 from app.sessions.lease import SessionLease
 from tests.conftest import ServeApp
 from tests.pipeline.test_fused import ANSWERED, _start, _with_session, finish
-from tests.pipeline.test_lease_fusion import KEY, _sql, lease_of
+from tests.pipeline.test_lease_fusion import KEY, _sql, accepts_taking, lease_of
 from tests.support.pg_probe import asyncpg_dsn, statements
 from tests.support.providers import RecordingProvider
 
@@ -172,7 +172,7 @@ async def test_keys_waiting_for_the_only_run_slot_start_with_the_lease_their_pre
                 result = await srv.runtime.inbox.wait_for_replies(event.event_id, 10)
                 assert result.done and result.replies[0].text == f"echo {event.parts[0].text}"  # type: ignore[union-attr]
         assert provider.max_active == 1
-        assert seen.count(_sql(srv, prefetch.ACCEPT_TAKING[False])) == 1
+        assert accepts_taking(srv, seen) == 1
         assert _sql(srv, prefetch.TAKE) not in seen
         assert _sql(srv, leases._RELEASE["postgresql"]) not in seen
         assert seen.count(_sql(srv, fused.FINISH[True])) == 3  # the last one had nobody waiting

@@ -23,7 +23,8 @@ from app.db.engine import autocommit
 from app.db.models import inbox, session_keys, utcnow
 from app.errors import LeaseLost
 from app.events import InboundEvent
-from app.pipeline import prefetch
+from app.pipeline import fused, prefetch
+from app.pipeline.accept_start import ACCEPT_STARTING
 from app.pipeline.inbox import Inbox
 from app.sessions import lease as leases
 from tests.conftest import ServeApp
@@ -135,15 +136,31 @@ def _sql(srv: Any, statement: Any) -> str:
     return str(statement._plan_for(srv.runtime.engine.dialect).sql)
 
 
+def accepts_taking(srv: Any, seen: list[str]) -> int:
+    """How many of the `seen` statements accepted an event taking its key's lease (and maybe
+    starting its turn, `accept_start`)."""
+    variants = {_sql(srv, s) for s in (*prefetch.ACCEPT_TAKING.values(), *ACCEPT_STARTING.values())}
+    return sum(sql in variants for sql in seen)
+
+
+def starts(srv: Any, seen: list[str]) -> int:
+    """How many of the `seen` statements were a worker's one-statement start (`fused.START`)."""
+    variants = {_sql(srv, s) for s in fused.START.values()}
+    return sum(sql in variants for sql in seen)
+
+
 @pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
 async def test_an_idle_key_is_answered_without_statements_to_take_or_release_its_lease(
     serve: ServeApp,
 ) -> None:
-    """The served path: the accept takes the lease, the turn runs on it, its end releases it."""
+    """The served path: the accept takes the lease (and starts the turn when the key's session
+    can be continued), the turn runs on it, its end releases it."""
     async with serve() as srv:
         with statements(srv.runtime.engine) as seen:
             await _turns(srv, "one", "two")  # the second finds the lease released again
-        assert seen.count(_sql(srv, prefetch.ACCEPT_TAKING[False])) == 2
+        assert accepts_taking(srv, seen) == 2
+        # The first opened the session in a start of its own; the second's accept started it.
+        assert starts(srv, seen) == 1
         assert _sql(srv, prefetch.TAKE) not in seen
         assert _sql(srv, leases._RELEASE["postgresql"]) not in seen
         assert await _lease(srv.runtime.engine) == (None, 2)  # one lease per turn, both taken on accept
@@ -204,7 +221,7 @@ async def test_an_accept_cancelled_mid_statement_still_hands_its_lease_to_a_work
             await other.execute("SELECT 1 FROM session_keys WHERE key = $1 FOR UPDATE", KEY)
             one = InboundEvent.from_text("webhook", "c", "u", "second")
             accepting = asyncio.create_task(srv.runtime.inbox.accept([one]))
-            await wait_until_blocked(other, "WITH stored")
+            await wait_until_blocked(other, "WITH")
             accepting.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await accepting
