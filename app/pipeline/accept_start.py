@@ -26,8 +26,8 @@ follow, and both hand the lease to the dispatcher as a plain claim:
 - a concurrent duplicate committed after the snapshot: nothing is stored, the lease was
   taken for nothing, and the dispatcher's drain finds no rows and releases it;
 - the session changed after the snapshot in a way that stops the continue (the lifecycle
-  sweep expired it): the row is `processing` with one attempt, and the worker's general
-  start treats it as the retry it looks like, which is correct.
+  sweep expired it): the row is `processing` with one attempt but nothing was written for
+  it, and the worker starts the turn as for any pending row.
 
 Otherwise the statement is `ACCEPT_TAKING`'s, with its result columns (`id`, `fence`,
 `upcoming`); `fused.StartPlan` names its parameters and reads what it started. It

@@ -316,13 +316,8 @@ class Inbox:
         rows = None
         if upcoming is not None:
             this = InboxRow(row["id"], event.event_id, event.channel, key, 0, event)
-            if plan is not None and row["go"]:
-                # Stored as `processing`, one attempt: started, or else looking like a retry
-                # to the worker's general start (`accept_start`).
-                if row["run_id"] is not None:
-                    this = replace(this, started=plan.started_on_accept(row))
-                else:
-                    this = replace(this, attempts=1)
+            if plan is not None and row["run_id"] is not None:
+                this = replace(this, started=plan.started_on_accept(row))
             rows = [*upcoming, this][: claimer.rows_limit]
         return accepted, (lease, rows)
 
