@@ -88,6 +88,11 @@ class GatewayConnection:
         self._reader: asyncio.Task[None] | None = None
         self._ticker: asyncio.Task[None] | None = None
         self._closer: asyncio.Task[None] | None = None
+        # Events this connection is accepting: their `accepted` frames, built before the
+        # accept returns. The event's first message can reach the bus before that (the
+        # accept may start its turn, `app.pipeline.accept_start`); `emit` sends the
+        # `accepted` frame first then, so the client can match its pending message.
+        self._accepting: dict[str, dict[str, Any]] = {}
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -146,6 +151,8 @@ class GatewayConnection:
         """Queue a frame for the client; a full queue means the client is too slow."""
         if self.closing:
             raise _TooSlow
+        if frame.get("type") == "message" and frame.get("event_id") in self._accepting:
+            self.emit(self._accepting.pop(frame["event_id"]))  # committed: it is on the bus
         try:
             self._out.put_nowait(json.dumps(frame, default=str, ensure_ascii=False))
         except asyncio.QueueFull:
@@ -305,6 +312,13 @@ class GatewayConnection:
             session_key_override=key,
             metadata={"client_message_id": client_message_id} if client_message_id else {},
         )
+        self._accepting[event.event_id] = {
+            "type": "accepted",
+            "client_message_id": client_message_id,
+            "event_id": event.event_id,
+            "session_key": event.session_key,
+            "duplicate": False,
+        }
         try:
             [result] = await self.hub.accept([event])
         except Exception:
@@ -314,6 +328,11 @@ class GatewayConnection:
                     "unavailable", "the message was not stored; retry", client_message_id=client_message_id
                 )
             )
+            return
+        finally:
+            # None: its message came first and `emit` sent the frame already.
+            pending = self._accepting.pop(event.event_id, None)
+        if pending is None:
             return
         if result.skipped:
             self.emit(

@@ -69,6 +69,26 @@ async def test_key_scope_is_enforced(gateway_serve: GatewayServe) -> None:
         assert keys == {"web:bob"}
 
 
+async def test_a_message_is_acknowledged_before_the_client_sees_it_in_the_session(
+    gateway_serve: GatewayServe,
+) -> None:
+    """On PostgreSQL the accept of a message on an idle key may start its turn, and the user
+    message reaches the session bus before the accept returns (`accept_start`). The client
+    still gets `accepted` first, so it can match the message to the one it sent."""
+    async with gateway_serve() as srv:
+        async with gateway_client(srv.url, ALICE_TOKEN) as c:
+            await c.attach("web:alice")
+            for i in range(4):
+                await c.send({"type": "send", "text": f"hello {i}", "client_message_id": f"m-{i}"})
+                await c.messages_until_answer()
+            seen = [(f["type"], f.get("event_id")) for f in c.frames if f["type"] in ("accepted", "message")]
+            acks = [event_id for kind, event_id in seen if kind == "accepted"]
+            assert len(acks) == 4 and len(set(acks)) == 4
+            for event_id in acks:
+                assert seen.count(("accepted", event_id)) == 1  # not again after the accept returned
+                assert seen.index(("accepted", event_id)) < seen.index(("message", event_id))
+
+
 async def test_send_reaches_the_session_with_tool_calls(gateway_serve: GatewayServe) -> None:
     async with gateway_serve() as srv:
         async with gateway_client(srv.url, ALICE_TOKEN) as c:
