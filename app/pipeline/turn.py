@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
@@ -178,6 +179,10 @@ class Handled:
     released: bool = False
 
 
+# How many keys `TurnHandler` remembers as recently started (`_recent`).
+_RECENT_KEYS = 10_000
+
+
 class TurnHandler:
     def __init__(
         self,
@@ -225,6 +230,11 @@ class TurnHandler:
         self._input_signals: dict[str, asyncio.Event] = {}
         # PostgreSQL writes a turn's start and end as one statement each (`fused`).
         self._one_statement = engine.dialect.name == "postgresql"
+        # Keys whose turn this process started lately: their session's channel and when it
+        # was last active. Only these get a start planned with their accept (`start_plan`):
+        # for other keys the accept would most likely find no session to continue, and the
+        # bigger statement would cost more than it saves.
+        self._recent: OrderedDict[str, tuple[str, datetime]] = OrderedDict()
 
     # --- entry points -------------------------------------------------------------
 
@@ -286,6 +296,7 @@ class TurnHandler:
         last = events[-1]
         command = command_of(last)
         if len(events) == 1 and command in SESSION_COMMANDS:
+            self._recent.pop(lease.key, None)
             await self._session_command(lease, live[0], command)
             return Handled()
         if len(events) == 1 and command == "/stop":
@@ -318,6 +329,7 @@ class TurnHandler:
         else:
             session, run_id, run_row, added, seqs = await self._start(lease, live, answer)
         watched = read.watched if read is not None else True
+        self._started(lease.key, session)
         await self._publish(lease.key, session.id, added, seqs, remote=watched)
         if run_id is None:
             self.inbox.wake([e.event_id for e in events])
@@ -350,7 +362,20 @@ class TurnHandler:
         statement accepting it (`app.pipeline.accept_start`); None for anything else."""
         if not self._one_statement or is_command(event) or event.metadata.get("no_reply"):
             return None
+        recent = self._recent.get(event.session_key)
+        channel = conversation_channel(event)
+        if recent is None or recent[0] != channel:
+            return None
+        if (now - recent[1]).total_seconds() > self.store.lifecycle(channel).expire_after:
+            return None
         return self._plan(event, event.session_key, now)
+
+    def _started(self, key: str, session: SessionState) -> None:
+        """A turn of `key` started in `session`, which it made active now (see `_recent`)."""
+        self._recent[key] = (session.channel, utcnow())
+        self._recent.move_to_end(key)
+        if len(self._recent) > _RECENT_KEYS:
+            self._recent.popitem(last=False)
 
     def _plan(self, event: InboundEvent, key: str, now: datetime) -> fused.StartPlan:
         channel = conversation_channel(event)

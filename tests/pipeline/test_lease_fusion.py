@@ -159,8 +159,13 @@ async def test_an_idle_key_is_answered_without_statements_to_take_or_release_its
         with statements(srv.runtime.engine) as seen:
             await _turns(srv, "one", "two")  # the second finds the lease released again
         assert accepts_taking(srv, seen) == 2
-        # The first opened the session in a start of its own; the second's accept started it.
+        # The first opened the session in a start of its own: a key this process has not
+        # started a turn of gets no start planned with its accept. The second's accept
+        # started its turn.
         assert starts(srv, seen) == 1
+        variants = [sql for sql in seen if sql in {_sql(srv, s) for s in ACCEPT_STARTING.values()}]
+        assert seen.index(_sql(srv, prefetch.ACCEPT_TAKING[False])) < seen.index(variants[0])
+        assert len(variants) == 1
         assert _sql(srv, prefetch.TAKE) not in seen
         assert _sql(srv, leases._RELEASE["postgresql"]) not in seen
         assert await _lease(srv.runtime.engine) == (None, 2)  # one lease per turn, both taken on accept
