@@ -2,8 +2,9 @@
 
 A lone event on a key nobody works on costs three statements: its accept (which takes the
 key's lease, `prefetch.ACCEPT_TAKING`), the turn's start (`fused.START`) and its end. When
-the accepting replica has a run slot for the key and the event would start a plain turn
-(`TurnHandler.start_plan`), `ACCEPT_STARTING` does the start's writes and reads as well:
+the accepting replica has a run slot for the key, started a turn of it lately, and the
+event would start a plain turn (`TurnHandler.start_plan`), `ACCEPT_STARTING` does the
+start's writes and reads as well:
 the user message, the run row, the session marked active, the history window and the
 memory recall. The worker then goes straight to the model.
 
@@ -18,10 +19,11 @@ It starts the turn only when its snapshot shows all of this:
   (it is the row the lease take updates).
 
 The inbox row is then inserted as `processing` with one attempt, as the start would have
-marked it. That decision cannot wait for the writes: the start's writes need the row
-inserted (a duplicate writes nothing), so the lease take does not: for a deduplicated event
-it goes by whether the snapshot holds the external id already. Two rare interleavings
-follow, and both hand the lease to the dispatcher as a plain claim:
+marked it. So the insert depends on the lease take, and the take cannot depend on the
+insert (as `ACCEPT_TAKING`'s does, to take nothing for a duplicate): for a deduplicated
+event the take goes by whether the snapshot holds its external id already. The start's
+writes depend on both. Two rare interleavings follow, and both hand the lease to the
+dispatcher as a plain claim:
 
 - a concurrent duplicate committed after the snapshot: nothing is stored, the lease was
   taken for nothing, and the dispatcher's drain finds no rows and releases it;

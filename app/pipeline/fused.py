@@ -73,10 +73,6 @@ _K = session_keys.c
 # take it for a value to SET.
 
 
-# Whether some replica's session bus watches the key, as the fence CTE sees its row.
-_WATCHED = WATCHED
-
-
 def _watched(fence: Any) -> Any:
     return func.coalesce(select(fence.c.watched).scalar_subquery(), False).label("watched")
 
@@ -92,7 +88,7 @@ def _fence(*, release: bool = False) -> Any:
         _K.key == bindparam("k"), _K.lease_owner == bindparam("o"), _K.lease_fence == bindparam("f")
     )
     if not release:
-        return check.values(lease_fence=_K.lease_fence).returning(_K.key, _WATCHED).cte("fence")
+        return check.values(lease_fence=_K.lease_fence).returning(_K.key, WATCHED).cte("fence")
     idle = ~unfinished_rows().where(inbox.c.id != func.all(_INBOX_IDS)).exists()
     let_go = and_(bindparam("release", type_=Boolean), idle)
     return (
@@ -100,7 +96,7 @@ def _fence(*, release: bool = False) -> Any:
             lease_owner=case((let_go, None), else_=_K.lease_owner),
             lease_expires_at=case((let_go, None), else_=_K.lease_expires_at),
         )
-        .returning(_K.key, _WATCHED, _K.lease_owner.is_(None).label("released"))
+        .returning(_K.key, WATCHED, _K.lease_owner.is_(None).label("released"))
         .cte("fence")
     )
 
@@ -358,7 +354,7 @@ def _start_statement(recall: bool | None) -> Any:
     `recall` is true) of the opened session.
     """
     fence = (
-        select(_K.key, _WATCHED)
+        select(_K.key, WATCHED)
         .where(_K.key == bindparam("k"), _K.lease_owner == bindparam("o"), _K.lease_fence == bindparam("f"))
         .with_for_update()
         .cte("fence")
@@ -479,7 +475,7 @@ class Started:
     run_id: int
     window: list[ChatMessage]  # the newest `wlimit` messages before it, oldest first
     recalled: list[Memory] | None  # None: not asked
-    watched: bool  # some replica's session bus watches the key (`_WATCHED`)
+    watched: bool  # some replica's session bus watches the key (`WATCHED`)
     started_at: datetime  # the run's
 
 
@@ -590,7 +586,7 @@ def _memory(row: dict[str, Any]) -> Memory:
 @dataclass(frozen=True)
 class Appended:
     seq: int  # the message's
-    watched: bool  # some replica's session bus watches the key (`_WATCHED`)
+    watched: bool  # some replica's session bus watches the key (`WATCHED`)
     # The key's unfinished rows but `handled` (`_append_statement`); None: not asked.
     pending: list[InboxRow] | None = field(default=None, kw_only=True)
 

@@ -128,7 +128,7 @@ class InboxRow:
     session_key: str
     attempts: int
     event: InboundEvent
-    # Its turn's start, when the statement that accepted it wrote that too (`Claimer.plan`).
+    # Its turn's start, when the statement that accepted it wrote that too (`Claimer.start_plan`).
     started: Started | None = None
 
     @classmethod
