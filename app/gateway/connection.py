@@ -312,13 +312,14 @@ class GatewayConnection:
             session_key_override=key,
             metadata={"client_message_id": client_message_id} if client_message_id else {},
         )
-        self._accepting[event.event_id] = {
+        accepted: dict[str, Any] = {
             "type": "accepted",
             "client_message_id": client_message_id,
             "event_id": event.event_id,
             "session_key": event.session_key,
             "duplicate": False,
         }
+        self._accepting[event.event_id] = accepted
         try:
             [result] = await self.hub.accept([event])
         except Exception:
@@ -330,9 +331,9 @@ class GatewayConnection:
             )
             return
         finally:
-            # None: its message came first and `emit` sent the frame already.
-            pending = self._accepting.pop(event.event_id, None)
-        if pending is None:
+            # Gone: its message came first and `emit` sent the frame already.
+            sent = self._accepting.pop(event.event_id, None) is None
+        if sent:
             return
         if result.skipped:
             self.emit(
@@ -343,15 +344,8 @@ class GatewayConnection:
                 )
             )
             return
-        self.emit(
-            {
-                "type": "accepted",
-                "client_message_id": client_message_id,
-                "event_id": result.event_id,
-                "session_key": result.session_key,
-                "duplicate": result.duplicate,
-            }
-        )
+        accepted.update(event_id=result.event_id, session_key=result.session_key, duplicate=result.duplicate)
+        self.emit(accepted)
 
     # --- attaching --------------------------------------------------------------------
 

@@ -550,15 +550,11 @@ def plan_start(
     return StartPlan(now, None if recall is None else recall.with_user, params)
 
 
-async def start(conn: DirectConnection, lease: SessionLease, *, inbox_id: int, **plan: Any) -> Started | None:
-    """Start a turn of one new event in one statement (see `_start_statement`, `plan_start`)."""
-    return await start_planned(conn, lease, inbox_id, plan_start(**plan))
-
-
-async def start_planned(
+async def start(
     conn: DirectConnection, lease: SessionLease, inbox_id: int, plan: StartPlan
 ) -> Started | None:
-    """Run `plan` for the inbox row `inbox_id` under `lease`.
+    """Start a turn of one new event, the inbox row `inbox_id`, under `lease` in one
+    statement (`_start_statement`, `plan_start`).
 
     None when neither common case applies and nothing was written; raises `LeaseLost`
     when the lease is no longer ours (nothing was written either).

@@ -368,7 +368,7 @@ class TurnHandler:
             return None
         if (now - recent[1]).total_seconds() > self.store.lifecycle(channel).expire_after:
             return None
-        return self._plan(event, event.session_key, now)
+        return self._plan(event, event.session_key, now, channel)
 
     def _started(self, key: str, session: SessionState) -> None:
         """A turn of `key` started in `session`, which it made active now (see `_recent`)."""
@@ -377,8 +377,8 @@ class TurnHandler:
         if len(self._recent) > _RECENT_KEYS:
             self._recent.popitem(last=False)
 
-    def _plan(self, event: InboundEvent, key: str, now: datetime) -> fused.StartPlan:
-        channel = conversation_channel(event)
+    def _plan(self, event: InboundEvent, key: str, now: datetime, channel: str) -> fused.StartPlan:
+        """`event`'s start (`fused.plan_start`); `channel`: its `conversation_channel`."""
         run, _ = self._run_values(key, [event], now)
         recall = None
         if self.recall is not None:
@@ -403,9 +403,9 @@ class TurnHandler:
 
         The statement also reads the run's first history window and memory recall.
         """
-        plan = self._plan(row.event, lease.key, utcnow())
+        plan = self._plan(row.event, lease.key, utcnow(), conversation_channel(row.event))
         async with direct.connect(self.store.reader) as conn:
-            started = await fused.start_planned(conn, lease, row.id, plan)
+            started = await fused.start(conn, lease, row.id, plan)
         if started is None:
             return None, None
         return self._adopt(lease, row.event, started)

@@ -13,7 +13,6 @@ import asyncio
 from datetime import timedelta
 from typing import Any
 
-import asyncpg
 import pytest
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -29,11 +28,12 @@ from app.pipeline.replies import user_message
 from app.sessions import lease as leases
 from app.sessions.lease import SessionLease
 from app.sessions.messages import ChatMessage
-from app.sessions.store import Lifecycle, SessionStore, message_values
+from app.sessions.store import Lifecycle, SessionStore
 from tests.conftest import ServeApp
 from tests.pipeline.test_fused import ANSWERED, _tool_group
+from tests.pipeline.test_fused import plan as start_plan
 from tests.pipeline.test_lease_fusion import KEY, _turns, lease_of
-from tests.support.pg_probe import asyncpg_dsn, wait_until_blocked, while_another_worker_finishes
+from tests.support.pg_probe import asyncpg_dsn, while_another_worker_finishes, while_locked
 
 
 async def _session(engine: AsyncEngine, *history: ChatMessage) -> int:
@@ -49,31 +49,6 @@ async def _session(engine: AsyncEngine, *history: ChatMessage) -> int:
     return session.id
 
 
-def _plan(event: InboundEvent, *, idle_for: timedelta = timedelta(hours=24)) -> fused.StartPlan:
-    now = utcnow()
-    return fused.plan_start(
-        channel="webhook",
-        cutoff=now - idle_for,
-        now=now,
-        message=message_values(user_message(event), None),
-        run=dict(
-            session_key=KEY,
-            event_ids=[event.event_id],
-            provider="offline",
-            model=None,
-            tool_calls=[],
-            started_at=now,
-            outcome="running",
-            details={},
-            iterations=0,
-            prompt_tokens=0,
-            completion_tokens=0,
-        ),
-        window_limit=50,
-        recall=None,
-    )
-
-
 async def _accept(
     engine: AsyncEngine,
     text: str,
@@ -85,7 +60,7 @@ async def _accept(
 ) -> tuple[InboundEvent, fused.StartPlan, Any]:
     """Run the statement as `Inbox.accept` does with a plan; the event, the plan and its row."""
     event = InboundEvent.from_text("webhook", "c", "u", text, external_id=external_id)
-    plan = _plan(event, idle_for=idle_for)
+    plan = start_plan(event.event_id, text, cutoff=utcnow() - idle_for)
     params = plan.accept_params(Inbox._values(event, plan.now))
     params.update(k=KEY, o=owner, exp=plan.now + timedelta(seconds=ttl))
     async with direct.connect(autocommit(engine)) as conn:
@@ -194,13 +169,16 @@ async def test_a_snapshot_older_than_another_workers_turn_starts_nothing(
     assert accepted.event_id != event.event_id
 
 
-async def _blocked_by(pg_url: str, sql: str, *args: Any) -> tuple[asyncpg.Connection, Any]:
-    """Another connection holding `sql`'s locks in an open transaction."""
-    other = await asyncpg.connect(asyncpg_dsn(pg_url))
-    tx = other.transaction()
-    await tx.start()
-    await other.execute(sql, *args)
-    return other, tx
+# An inbox row stored by another replica's transaction, for `_pending_copy`'s arguments.
+_INSERT_PENDING = (
+    "INSERT INTO inbox (event_id, channel, external_id, session_key, payload, status, attempts,"
+    " created_at, updated_at) VALUES ($1, $2, $3, $4, $5::json, 'pending', 0, now(), now())"
+)
+_EXPIRE = "UPDATE sessions SET status = 'expired' WHERE id = $1"
+
+
+def _pending_copy(event: InboundEvent) -> tuple[Any, ...]:
+    return (event.event_id, event.channel, event.external_id, event.session_key, event.model_dump_json())
 
 
 async def test_a_duplicate_committed_after_the_snapshot_leaves_the_lease_to_the_claim(
@@ -210,24 +188,11 @@ async def test_a_duplicate_committed_after_the_snapshot_leaves_the_lease_to_the_
     waits for the other transaction's row and skips. Nothing is started or stored."""
     await _session(pg_engine, *ANSWERED)
     twin = InboundEvent.from_text("webhook", "c", "u", "next", external_id="x-1")
-    values = Inbox._values(twin, utcnow())
-    other, tx = await _blocked_by(
-        pg_url,
-        "INSERT INTO inbox (event_id, channel, external_id, session_key, payload, status, attempts,"
-        " created_at, updated_at) VALUES ($1, $2, $3, $4, $5::json, 'pending', 0, now(), now())",
-        values["event_id"],
-        "webhook",
-        "x-1",
-        KEY,
-        twin.model_dump_json(),
+    _, _, row = await while_locked(
+        asyncpg_dsn(pg_url),
+        [(_INSERT_PENDING, _pending_copy(twin))],
+        lambda: _accept(pg_engine, "next", external_id="x-1"),
     )
-    try:
-        running = asyncio.create_task(_accept(pg_engine, "next", external_id="x-1"))
-        await wait_until_blocked(other, "WITH")
-        await tx.commit()
-        _, _, row = await running
-    finally:
-        await other.close()
     assert row["go"]  # decided on the snapshot, before the insert found the duplicate
     assert row["id"] is None and row["fence"] == 2 and row["upcoming"] == []
     assert row["run_id"] is None and await _runs(pg_engine) == []
@@ -242,14 +207,9 @@ async def test_a_session_expired_under_the_statement_starts_nothing(
     statement waits for the session's row. It has inserted the row as started, but writes
     nothing to the session."""
     sid = await _session(pg_engine, *ANSWERED)
-    other, tx = await _blocked_by(pg_url, "UPDATE sessions SET status = 'expired' WHERE id = $1", sid)
-    try:
-        running = asyncio.create_task(_accept(pg_engine, "next"))
-        await wait_until_blocked(other, "WITH")
-        await tx.commit()
-        event, _, row = await running
-    finally:
-        await other.close()
+    event, _, row = await while_locked(
+        asyncpg_dsn(pg_url), [(_EXPIRE, [sid])], lambda: _accept(pg_engine, "next")
+    )
     assert row["go"] and row["run_id"] is None and row["seq"] is None and row["upcoming"] == []
     assert await _inbox(pg_engine) == [(event.event_id, "processing", 1)]
     assert [c for _, _, c in await _contents(pg_engine)] == ["hi", "hello"] and await _runs(pg_engine) == []
@@ -269,17 +229,9 @@ async def test_a_session_expired_under_the_accept_is_answered_in_a_new_one(serve
         engine = srv.runtime.engine
         async with engine.connect() as conn:
             sid = (await conn.execute(select(sessions.c.id))).scalar_one()
-        other, tx = await _blocked_by(
-            srv.runtime.settings.database_url, "UPDATE sessions SET status = 'expired' WHERE id = $1", sid
-        )
-        try:
-            event = InboundEvent.from_text("webhook", "c", "u", "two")
-            accepting = asyncio.create_task(srv.runtime.inbox.accept([event]))
-            await wait_until_blocked(other, "WITH")
-            await tx.commit()
-            await accepting
-        finally:
-            await other.close()
+        event = InboundEvent.from_text("webhook", "c", "u", "two")
+        dsn = asyncpg_dsn(srv.runtime.settings.database_url)
+        await while_locked(dsn, [(_EXPIRE, [sid])], lambda: srv.runtime.inbox.accept([event]))
         result = await srv.runtime.inbox.wait_for_replies(event.event_id, 10)
         assert result.done and result.replies[0].text
         history = await _history(srv)
@@ -304,23 +256,11 @@ async def test_a_duplicate_racing_the_accept_is_answered_once_and_frees_the_leas
         await _turns(srv, "one")
         engine = srv.runtime.engine
         twin = InboundEvent.from_text("webhook", "c", "u", "two", external_id="x-1")
-        other, tx = await _blocked_by(
-            srv.runtime.settings.database_url,
-            "INSERT INTO inbox (event_id, channel, external_id, session_key, payload, status, attempts,"
-            " created_at, updated_at)"
-            " VALUES ($1, 'webhook', 'x-1', $2, $3::json, 'pending', 0, now(), now())",
-            twin.event_id,
-            KEY,
-            twin.model_dump_json(),
+        copy = InboundEvent.from_text("webhook", "c", "u", "two", external_id="x-1")
+        dsn = asyncpg_dsn(srv.runtime.settings.database_url)
+        [result] = await while_locked(
+            dsn, [(_INSERT_PENDING, _pending_copy(twin))], lambda: srv.runtime.inbox.accept([copy])
         )
-        try:
-            copy = InboundEvent.from_text("webhook", "c", "u", "two", external_id="x-1")
-            accepting = asyncio.create_task(srv.runtime.inbox.accept([copy]))
-            await wait_until_blocked(other, "WITH")
-            await tx.commit()
-            [result] = await accepting
-        finally:
-            await other.close()
         assert result.duplicate and result.event_id == twin.event_id
         replies = await srv.runtime.inbox.wait_for_replies(twin.event_id, 10)
         assert replies.done and len(replies.replies) == 1

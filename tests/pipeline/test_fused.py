@@ -50,17 +50,17 @@ async def _with_session(engine: AsyncEngine, *history: ChatMessage) -> tuple[Ses
     return store, lease, row.id
 
 
-async def _start(engine: AsyncEngine, lease: SessionLease, inbox_id: int, **overrides: Any) -> Any:
+def plan(event_id: str = "e1", content: str = "hello", **overrides: Any) -> fused.StartPlan:
+    """The start of a turn of the user message `content` of `event_id`, on the webhook channel."""
     now = utcnow()
     args: dict[str, Any] = dict(
-        inbox_id=inbox_id,
         channel="webhook",
         cutoff=now - timedelta(hours=24),
         now=now,
-        message=message_values(ChatMessage(role="user", content="hello", event_id="e1"), None),
+        message=message_values(ChatMessage(role="user", content=content, event_id=event_id), None),
         run=dict(
             session_key=KEY,
-            event_ids=["e1"],
+            event_ids=[event_id],
             provider="offline",
             model=None,
             tool_calls=[],
@@ -75,8 +75,12 @@ async def _start(engine: AsyncEngine, lease: SessionLease, inbox_id: int, **over
         recall=None,
     )
     args.update(overrides)
+    return fused.plan_start(**args)
+
+
+async def _start(engine: AsyncEngine, lease: SessionLease, inbox_id: int, **overrides: Any) -> Any:
     async with autocommit(engine).connect() as conn:
-        return await fused.start(conn, lease, **args)
+        return await fused.start(conn, lease, inbox_id, plan(**overrides))
 
 
 async def finish(

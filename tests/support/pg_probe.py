@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
 
 import asyncpg
@@ -33,6 +33,33 @@ async def wait_until_blocked(conn: asyncpg.Connection, query_prefix: str) -> Non
     assert waiting == 1
 
 
+async def while_locked(
+    dsn: str,
+    steps: Sequence[tuple[str, Sequence[Any]]],
+    statement: Callable[[], Coroutine[Any, Any, T]],
+    query_prefix: str = "WITH",
+) -> T:
+    """Run `statement` while another transaction holds the locks its `steps` (SQL and
+    arguments) took, and commit that transaction once `statement` waits for them.
+
+    The wait is watched from a third connection: within a transaction PostgreSQL keeps
+    showing the activity it first read.
+    """
+    other, watcher = await asyncpg.connect(dsn), await asyncpg.connect(dsn)
+    try:
+        tx = other.transaction()
+        await tx.start()
+        for sql, args in steps:
+            await other.execute(sql, *args)
+        running: asyncio.Task[T] = asyncio.create_task(statement())
+        await wait_until_blocked(watcher, query_prefix)
+        await tx.commit()
+        return await running
+    finally:
+        await other.close()
+        await watcher.close()
+
+
 async def while_another_worker_finishes(
     dsn: str,
     key: str,
@@ -45,22 +72,15 @@ async def while_another_worker_finishes(
     key's row lock. The statement then sees the lease free, two fences on, but read the
     inbox as it was before: the interleaving the rows-read-with-a-take rule guards against.
     """
-    other, watcher = await asyncpg.connect(dsn), await asyncpg.connect(dsn)
-    try:
-        tx = other.transaction()
-        await tx.start()
-        await other.execute(
-            "UPDATE session_keys SET lease_owner = 'other', lease_fence = lease_fence + 1 WHERE key = $1", key
-        )
-        await other.execute("UPDATE inbox SET status = 'done' WHERE id = $1", inbox_id)
-        await other.execute("UPDATE session_keys SET lease_owner = NULL WHERE key = $1", key)
-        running: asyncio.Task[T] = asyncio.create_task(statement())
-        await wait_until_blocked(watcher, query_prefix)
-        await tx.commit()
-        return await running
-    finally:
-        await other.close()
-        await watcher.close()
+    steps: list[tuple[str, Sequence[Any]]] = [
+        (
+            "UPDATE session_keys SET lease_owner = 'other', lease_fence = lease_fence + 1 WHERE key = $1",
+            [key],
+        ),
+        ("UPDATE inbox SET status = 'done' WHERE id = $1", [inbox_id]),
+        ("UPDATE session_keys SET lease_owner = NULL WHERE key = $1", [key]),
+    ]
+    return await while_locked(dsn, steps, statement, query_prefix)
 
 
 @contextlib.contextmanager
