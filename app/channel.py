@@ -18,6 +18,7 @@ import httpx
 from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from app.connections import ConnectionRun, LocalConnections
 from app.errors import InvalidPayload, UnsupportedMediaType
 from app.events import BusyPolicy, InboundEvent, OutboundMessage, SessionScope
 
@@ -174,6 +175,10 @@ class ChannelContext:
     accept: Callable[[Sequence[InboundEvent]], Awaitable[list[AcceptResult]]]
     wait_for_replies: Callable[[str, float], Awaitable[WaitResult]]
     http: httpx.AsyncClient
+    # Run a long-lived platform connection while this process holds it (`app.connections`).
+    hold_connection: Callable[[str, ConnectionRun], Awaitable[None]] = field(
+        default_factory=lambda: LocalConnections().hold_connection
+    )
 
 
 @dataclass(frozen=True)

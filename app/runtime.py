@@ -29,6 +29,7 @@ from app.agent.workspace import file_tools
 from app.bus import SessionBus
 from app.channel import AcceptResult, ChannelAdapter, ChannelContext, ChannelSettings, WaitResult
 from app.config import Settings
+from app.connections import ConnectionHolder, LocalConnections
 from app.db.engine import create_engine
 from app.db.migrate import upgrade, wait_for_database
 from app.db.models import INBOX_UNFINISHED, OUTBOX_UNDELIVERED
@@ -134,6 +135,8 @@ class Runtime:
         self.bus: SessionBus = build_session_bus(settings)
         self.adapters: dict[str, ChannelAdapter] = {}
         self.http = httpx.AsyncClient(timeout=httpx.Timeout(15.0))
+        # Long-lived platform connections (polling, sockets): one holder (`app.connections`).
+        self.connections: ConnectionHolder = LocalConnections()
         self.sender = OutboxSender(
             self.engine,
             self.adapters,
@@ -301,7 +304,12 @@ class Runtime:
         async def wait_for_replies(event_id: str, timeout: float) -> WaitResult:
             return await self.inbox.wait_for_replies(event_id, timeout)
 
-        return ChannelContext(accept=accept, wait_for_replies=wait_for_replies, http=self.http)
+        return ChannelContext(
+            accept=accept,
+            wait_for_replies=wait_for_replies,
+            http=self.http,
+            hold_connection=self.connections.hold_connection,
+        )
 
     async def accept(
         self, name: str, settings: ChannelSettings, events: Sequence[InboundEvent]

@@ -1,0 +1,60 @@
+"""Long-lived platform connections that must have exactly one holder.
+
+Telegram long polling, Slack Socket Mode, the Discord Gateway and DingTalk Stream mode
+are one connection per bot credential: two holders mean duplicate or stolen events. An
+adapter never opens such a connection itself; it hands `ChannelContext.hold_connection`
+a name and a coroutine function that runs the connection until cancelled:
+
+    self._task = asyncio.create_task(context.hold_connection("discord:<bot id>", self._run_gateway))
+
+`hold_connection` runs forever (until cancelled). It waits until this process holds the
+connection named `name`, then awaits `run()`. If the hold is lost (another replica took
+it over after this one stalled), `run()` is cancelled and the hold is sought again. If
+`run()` returns or raises, the hold is given up and sought again after a short pause.
+The name must not contain a secret: use a bot id or a fingerprint of the token
+(`fingerprint`).
+
+`LocalConnections` holds every connection at once: the right thing for one process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+import structlog
+
+log = structlog.get_logger(__name__)
+
+ConnectionRun = Callable[[], Awaitable[None]]
+
+
+def fingerprint(secret: str) -> str:
+    """A short stable name for a credential, safe to store and show (not reversible)."""
+    return hashlib.sha256(secret.encode()).hexdigest()[:16]
+
+
+class ConnectionHolder(Protocol):
+    async def hold_connection(self, name: str, run: ConnectionRun) -> None:
+        """Run `run()` while this process holds connection `name`; never returns."""
+        ...
+
+
+class LocalConnections:
+    """Every connection is held here: no other replica can compete for it."""
+
+    def __init__(self, retry_seconds: float = 1.0) -> None:
+        self.retry_seconds = retry_seconds
+
+    async def hold_connection(self, name: str, run: ConnectionRun) -> None:
+        while True:
+            try:
+                await run()
+                log.info("connection_ended", connection=name)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("connection_failed", connection=name)
+            await asyncio.sleep(self.retry_seconds)
