@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Protocol, runtime_checkable
+from typing import Annotated, Any, Literal, Protocol, runtime_checkable
 
 import httpx
 from pydantic import BaseModel, Field, field_validator
@@ -48,6 +48,9 @@ class ChannelSettings(BaseSettings):
         False, description="With allowed_senders set, still answer direct messages from others."
     )
     max_body_bytes: int = Field(1024 * 1024, description="Larger request bodies get 413.")
+    locale: Literal["en", "zh"] = Field(
+        "en", description="Language of the gateway's own texts here: en or zh."
+    )
     suspend_after_seconds: float | None = Field(None, description="Overrides the global default.")
     expire_after_seconds: float | None = Field(None, description="Overrides the global default.")
     archive_after_seconds: float | None = Field(None, description="Overrides the global default.")

@@ -71,8 +71,8 @@ async def _chat(settings: Settings, chat_id: str) -> int:
             if not line.strip():
                 continue
             event = InboundEvent.from_text("cli", chat_id, chat_id, line)
-            [accepted] = await runtime.inbox.accept([event])
-            done = await runtime.inbox.wait_for_replies(accepted.event_id, 300)
+            [accepted] = await runtime.ingest.accept("cli", [event])
+            done = await runtime.waiters.wait_for_replies(accepted.event_id, 300)
             for _ in done.replies:
                 message = await asyncio.wait_for(cli.delivered.get(), 30)
                 print(f"bot> {message.text}")
@@ -87,8 +87,9 @@ def cmd_chat(settings: Settings, args: argparse.Namespace) -> int:
 async def _sessions(settings: Settings, args: argparse.Namespace) -> int:
     from app.db.engine import create_engine
     from app.events import InboundEvent, TextPart
-    from app.pipeline.inbox import Inbox
+    from app.pipeline.storage import build_store
     from app.sessions import queries
+    from app.sessions.store import Lifecycle, SessionStore
 
     engine = create_engine(settings)
     try:
@@ -116,7 +117,10 @@ async def _sessions(settings: Settings, args: argparse.Namespace) -> int:
                 session_key_override=args.key,
                 metadata={"silent": True},
             )
-            await Inbox(engine).accept([event])
+            store = build_store(
+                engine, SessionStore(engine, Lifecycle()), lease_ttl=settings.lease_ttl_seconds
+            )
+            await store.accept([event])
             print(f"reset of {args.key!r} queued; a running server applies it in order")
     finally:
         await engine.dispose()

@@ -115,6 +115,11 @@ class Settings(BaseSettings):
     inbox_poll_seconds: float = Field(1.0, description="How often pending inbox rows are polled.")
     max_event_attempts: int = Field(3, description="Processing attempts before an event fails.")
     collect_debounce_seconds: float = Field(0.5, description="Wait of the `collect` busy policy.")
+    pipeline_store: Literal["auto", "portable"] = Field(
+        "auto",
+        description="auto: PostgreSQL's single-statement store on PostgreSQL; portable: plain "
+        "transactions everywhere (for comparisons; slower on PostgreSQL).",
+    )
     outbox_poll_seconds: float = 0.5
     outbox_max_attempts: int = 8
     outbox_claim_seconds: float = Field(

@@ -1,6 +1,6 @@
 """Everything a chatgate process runs, without HTTP: used by the API app and the CLI.
 
-`Runtime` owns the engine, the pipeline (inbox, dispatcher, turn handler, outbox sender),
+`Runtime` owns the engine, the pipeline (ingest, scheduler, handler, turns, outbox sender),
 the agent and the enabled channel adapters, with an explicit lifecycle:
 `await runtime.start()` … `await runtime.stop()` (or `async with runtime`).
 """
@@ -27,23 +27,34 @@ from app.agent.reminder import reminder_tools
 from app.agent.tools import Tool, ToolRegistry, builtin_tools
 from app.agent.workspace import file_tools
 from app.bus import SessionBus
-from app.channel import AcceptResult, ChannelAdapter, ChannelContext, ChannelSettings, WaitResult
+from app.channel import AcceptResult, ChannelAdapter, ChannelContext, ChannelSettings
 from app.config import Settings
 from app.connections import ConnectionHolder, LocalConnections
 from app.db.engine import create_engine
 from app.db.migrate import upgrade, wait_for_database
-from app.db.models import INBOX_UNFINISHED, OUTBOX_UNDELIVERED
+from app.db.models import INBOX_UNFINISHED, OUTBOX_UNDELIVERED, utcnow
 from app.db.models import inbox as inbox_table
 from app.db.models import outbox as outbox_table
-from app.events import ChatType, InboundEvent
+from app.events import InboundEvent
 from app.gateway import build_session_bus
 from app.memory import MemoryFeatures
 from app.metrics import Metrics
 from app.pipeline import retention
-from app.pipeline.dispatcher import Dispatcher
-from app.pipeline.inbox import Inbox
+from app.pipeline.approvals import timeout_events
+from app.pipeline.builtin_commands import BuiltinCommands
+from app.pipeline.busy import BusyPolicies
+from app.pipeline.commands import CommandRegistry
+from app.pipeline.feed import SessionFeed
+from app.pipeline.handling import Handler
+from app.pipeline.ingest import Ingest
+from app.pipeline.midrun import MidRun
 from app.pipeline.outbox import OutboxSender
-from app.pipeline.turn import TurnHandler, WindowLimits
+from app.pipeline.replies import Replies
+from app.pipeline.scheduler import Scheduler
+from app.pipeline.storage import build_store
+from app.pipeline.turn import TurnRunner
+from app.pipeline.turn_state import WindowLimits
+from app.pipeline.waiters import Waiters
 from app.scheduling import JobStore, UsesJobStore
 from app.sessions.store import Lifecycle, SessionStore
 
@@ -107,7 +118,7 @@ class Runtime:
             )
             for name, cs in self.channel_settings.items()
         }
-        self.store = SessionStore(
+        self.sessions = SessionStore(
             self.engine,
             Lifecycle(
                 settings.suspend_after_seconds,
@@ -116,7 +127,10 @@ class Runtime:
             ),
             lifecycles,
         )
-        self.inbox = Inbox(self.engine)
+        # The pipeline's storage, chosen once (`app.pipeline.storage`).
+        self.store = build_store(
+            self.engine, self.sessions, lease_ttl=settings.lease_ttl_seconds, kind=settings.pipeline_store
+        )
         # --- memory and MCP: recall into runs, remember/recall tools, consolidation, MCP tools
         self.memory = MemoryFeatures.from_settings(self.engine, settings, self.provider)
         for tool in self.memory.tools():
@@ -147,42 +161,57 @@ class Runtime:
             claim_seconds=settings.outbox_claim_seconds,
             on_result=lambda ch, res: self.metrics.deliveries.labels(ch, res).inc(),
         )
-        self.handler = TurnHandler(
-            self.engine,
-            self.store,
-            self.inbox,
-            self.runner,
-            limits=WindowLimits(settings.history_max_messages, settings.history_max_tokens),
+        # --- the event's way, bottom up (docs/architecture.md)
+        self.waiters = Waiters(self.store)
+        self.replies = Replies(self.waiters, delivers=self.sender.delivers, on_outbox=self.sender.notify)
+        self.policies = BusyPolicies(
+            {name: cs.busy_policy for name, cs in self.channel_settings.items()},
+            collect_debounce=settings.collect_debounce_seconds,
             max_attempts=settings.max_event_attempts,
+        )
+        self.commands = CommandRegistry()
+        self.midrun = MidRun(self.store, self.commands, self.policies, stop_poll=settings.stop_poll_seconds)
+        self.turns = TurnRunner(
+            self.store,
+            self.runner,
+            self.replies,
+            self.midrun,
+            limits=WindowLimits(settings.history_max_messages, settings.history_max_tokens),
             models={name: cs.llm_model for name, cs in self.channel_settings.items()},
-            on_outbox=self.sender.notify,
-            delivers=self.sender.delivers,
-            bus=self.bus,
+            feed=SessionFeed(self.bus),
             after_turn=self.memory.after_turn(),
             channel_settings=self.channel_settings,
             tools_allow=settings.tools_allow,
             tools_deny=settings.tools_deny,
             approval_timeout=settings.approval_timeout_seconds,
-            stop_poll=settings.stop_poll_seconds,
             on_run_finished=self._observe_run,
             recall=self.memory.recall if self.memory.enabled else None,
         )
-        self.dispatcher = Dispatcher(
-            self.engine,
-            self.inbox,
+        for command in BuiltinCommands(self.store, self.replies, self.turns).commands(self.commands):
+            self.commands.add(command)
+        self.handler = Handler(
+            self.store,
+            self.commands,
+            self.turns,
+            self.policies,
+            self.replies,
+            max_attempts=settings.max_event_attempts,
+            channel_settings=self.channel_settings,
+        )
+        self.scheduler = Scheduler(
+            self.store,
             self.handler,
+            self.midrun,
             owner=self.owner,
             lease_ttl=settings.lease_ttl_seconds,
             max_concurrent_runs=settings.max_concurrent_runs,
             poll_interval=settings.inbox_poll_seconds,
-            busy_policies={name: cs.busy_policy for name, cs in self.channel_settings.items()},
-            collect_debounce=settings.collect_debounce_seconds,
-            approval_sweep=settings.approval_sweep_seconds,
             on_takeover=self.metrics.lease_takeovers.inc,
         )
-        self.inbox.on_accepted = self.dispatcher.notify
-        if self.engine.dialect.name == "postgresql":
-            self.inbox.claimer = self.dispatcher
+        self.ingest = Ingest(
+            self.store, self.scheduler, self.waiters, self.channel_settings, counted=self._count_event
+        )
+        self._approvals: asyncio.Task[None] | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._started = False
 
@@ -206,17 +235,19 @@ class Runtime:
         await self.memory.start()  # global facts file
         await self.mcp.start()  # a dead MCP server is logged, never fatal
         await self.sender.start()
-        await self.dispatcher.start()
+        await self.scheduler.start()
         self._sweeper = asyncio.create_task(self._sweep_loop(), name="lifecycle-sweeper")
+        self._approvals = asyncio.create_task(self._approval_timeouts(), name="approval-timeouts")
         self._started = True
         log.info("runtime_started", owner=self.owner, channels=sorted(self.adapters))
 
     async def stop(self) -> None:
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
-        await self.dispatcher.stop()
+        for task in (self._sweeper, self._approvals):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        await self.scheduler.stop()
         await self.sender.stop()
         for adapter in self.adapters.values():
             with contextlib.suppress(Exception):
@@ -239,7 +270,7 @@ class Runtime:
         while True:
             await asyncio.sleep(self.settings.lifecycle_sweep_seconds)
             try:
-                moved = await self.store.sweep()
+                moved = await self.sessions.sweep()
                 if any(moved.values()):
                     log.info("sessions_swept", **moved)
                 pruned = await retention.prune(
@@ -254,6 +285,35 @@ class Runtime:
                 raise
             except Exception:
                 log.exception("sweep_failed")
+
+    async def _approval_timeouts(self) -> None:
+        """Each timed-out approval becomes a `/deny` event of its session, handled in order
+        under the key's lease like any other event (once, whichever replica finds it)."""
+        while True:
+            await asyncio.sleep(self.settings.approval_sweep_seconds)
+            try:
+                await self.expire_approvals()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("approval_sweep_failed")
+
+    async def expire_approvals(self) -> int:
+        """Queue the `/deny` of every approval past its deadline; returns how many were new."""
+        async with self.engine.connect() as conn:
+            events = await timeout_events(conn, utcnow())
+        if not events:
+            return 0
+        results = await self.ingest.submit(events)
+        return sum(1 for r in results if not r.duplicate)
+
+    def _count_event(self, channel: str, outcome: str) -> None:
+        counter = {
+            "accepted": self.metrics.events_accepted,
+            "deduplicated": self.metrics.events_deduplicated,
+            "skipped": self.metrics.events_skipped,
+        }[outcome]
+        counter.labels(channel).inc()
 
     def _observe_run(self, outcome: str, seconds: float, provider: str) -> None:
         self.metrics.run_duration.labels(outcome).observe(seconds)
@@ -296,54 +356,12 @@ class Runtime:
     # --- ingest -----------------------------------------------------------------------
 
     def context_for(self, name: str) -> ChannelContext:
-        settings = self.channel_settings[name]
-
         async def accept(events: Sequence[InboundEvent]) -> list[AcceptResult]:
-            return await self.accept(name, settings, events)
-
-        async def wait_for_replies(event_id: str, timeout: float) -> WaitResult:
-            return await self.inbox.wait_for_replies(event_id, timeout)
+            return await self.ingest.accept(name, events)
 
         return ChannelContext(
             accept=accept,
-            wait_for_replies=wait_for_replies,
+            wait_for_replies=self.waiters.wait_for_replies,
             http=self.http,
             hold_connection=self.connections.hold_connection,
         )
-
-    async def accept(
-        self, name: str, settings: ChannelSettings, events: Sequence[InboundEvent]
-    ) -> list[AcceptResult]:
-        """Apply the channel's sender policy, then commit the admitted events to the inbox."""
-        admitted: list[InboundEvent] = []
-        results: list[AcceptResult | None] = []
-        for event in events:
-            if event.channel != name:
-                raise ValueError(f"channel {name!r} produced an event for {event.channel!r}")
-            if event.session_key_override and not settings.allow_session_override:
-                event = event.model_copy(update={"session_key_override": None})
-            if not self._admits(settings, event):
-                self.metrics.events_skipped.labels(name).inc()
-                results.append(
-                    AcceptResult(event_id=event.event_id, session_key=event.session_key, skipped=True)
-                )
-                continue
-            admitted.append(event)
-            results.append(None)
-        stored = iter(await self.inbox.accept(admitted))
-        out: list[AcceptResult] = []
-        for res in results:
-            if res is None:
-                res = next(stored)
-                counter = self.metrics.events_deduplicated if res.duplicate else self.metrics.events_accepted
-                counter.labels(name).inc()
-            out.append(res)
-        return out
-
-    @staticmethod
-    def _admits(settings: ChannelSettings, event: InboundEvent) -> bool:
-        if event.chat_type is ChatType.GROUP and not settings.chat_allowed(event.chat_id):
-            return False
-        if settings.sender_allowed(event.sender_id):
-            return True
-        return event.chat_type is ChatType.DIRECT and settings.answer_unknown_dm

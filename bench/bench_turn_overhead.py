@@ -113,8 +113,8 @@ async def _turns(
         event = InboundEvent.from_text("webhook", f"{kind}-{i % sessions}", "bench", f"{kind} turn {i}")
         provider.spent = 0.0
         started = time.perf_counter()
-        [accepted] = await runtime.inbox.accept([event])
-        result = await runtime.inbox.wait_for_replies(accepted.event_id, 30, poll=0.5)
+        [accepted] = await runtime.ingest.submit([event])
+        result = await runtime.waiters.wait_for_replies(accepted.event_id, 30, poll=0.5)
         total = time.perf_counter() - started
         assert result.done and result.replies, result
         totals.append(total * 1000)

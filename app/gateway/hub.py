@@ -66,7 +66,7 @@ class GatewayHub:
 
     async def accept(self, events: Sequence[InboundEvent]) -> list[AcceptResult]:
         """Into the inbox like every channel's events (sender policy, dedup, metrics)."""
-        return await self.runtime.accept(CHANNEL, self.runtime.channel_settings[CHANNEL], events)
+        return await self.runtime.ingest.accept(CHANNEL, events)
 
     async def deliver_notice(self, message: OutboundMessage) -> None:
         """A browser reply from the outbox.

@@ -1,40 +1,26 @@
-"""What a turn reads out of an event and writes back: commands, replies, outbox rows.
+"""What a handled event writes back: user messages, replies, outbox rows; and who is told.
 
-A message whose text starts with one of the session commands (`/new`, `/reset`, `/end`)
-or run commands (`/stop`, `/approve`, `/deny`) is handled by `app.pipeline.turn` instead
-of going to the model. Everything else becomes a user message (`user_message`). Replies
-go where the event came from, or to the chat a cron fire names (`reply_target`), and are
-written to the outbox in the transaction that finishes the turn (`outbox_values`,
-`insert_outbox_row`).
+Replies go where the event came from, or to the chat a cron fire names (`reply_for`), and
+are written to the outbox in the transaction that finishes the event (`Replies.row`). A
+channel whose replies are only read (the webhook without a callback) gets them stored as
+sent. After the commit, `Replies.handled` wakes the event's waiters and the sender.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.channel import WaitResult
 from app.db.models import outbox, utcnow
 from app.events import InboundEvent, OutboundMessage, TextPart
+from app.pipeline.storage.inbox_queries import MARK
+from app.pipeline.storage.port import InboxRow
+from app.pipeline.waiters import Waiters
 from app.sessions.messages import ChatMessage
-
-SESSION_COMMANDS = {
-    "/new": "Started a new conversation.",
-    "/reset": "The conversation was reset. Earlier messages are kept but no longer used.",
-    "/end": "Conversation ended. Send a message to start a new one.",
-}
-RUN_COMMANDS = ("/stop", "/approve", "/deny")
-
-
-def command_of(event: InboundEvent) -> str:
-    text = event.text.strip()
-    return text.split(maxsplit=1)[0].lower() if text else ""
-
-
-def is_command(event: InboundEvent) -> bool:
-    command = command_of(event)
-    return command in SESSION_COMMANDS or command in RUN_COMMANDS
 
 
 def conversation_channel(event: InboundEvent) -> str:
@@ -61,14 +47,6 @@ def reply_for(event: InboundEvent, text: str) -> OutboundMessage:
         in_reply_to_event=event.event_id,
         metadata={k: v for k, v in event.metadata.items() if k.startswith("reply_")},
     )
-
-
-_INSERT_OUTBOX = outbox.insert()  # built once: the values come with the parameters
-
-
-async def insert_outbox_row(conn: AsyncConnection, values: dict[str, Any]) -> None:
-    """Insert an outbox row made by `outbox_values`."""
-    await conn.execute(_INSERT_OUTBOX, values)
 
 
 def outbox_values(
@@ -103,9 +81,68 @@ def user_message(event: InboundEvent) -> ChatMessage:
     """The user message an event adds to the history (non-text parts kept as JSON)."""
     others = tuple(p.model_dump(mode="json") for p in event.parts if p.type != "text")
     return ChatMessage(
-        role="user",
-        content=event.text,
-        parts=others or None,
-        event_id=event.event_id,
-        name=None,
+        role="user", content=event.text, parts=others or None, event_id=event.event_id, name=None
     )
+
+
+_INSERT_OUTBOX = outbox.insert()  # built once: the values come with the parameters
+
+
+class Replies:
+    """Outbox rows for replies, and telling the waiters and the sender after the commit."""
+
+    def __init__(
+        self,
+        waiters: Waiters,
+        *,
+        delivers: Callable[[str], bool] | None = None,
+        on_outbox: Callable[[], None] | None = None,
+    ) -> None:
+        self.waiters = waiters
+        # Whether a channel's replies need sending (`OutboxSender.delivers`); if not, they
+        # are stored as sent and the sender is not woken for them.
+        self.delivers = delivers or (lambda channel: True)
+        self.on_outbox = on_outbox or (lambda: None)
+
+    def row(
+        self, message: OutboundMessage, *, session_id: int | None, run_id: int | None, event_id: str | None
+    ) -> dict[str, Any]:
+        """The reply's outbox row."""
+        return outbox_values(
+            message,
+            session_id=session_id,
+            run_id=run_id,
+            event_id=event_id,
+            sent=not self.delivers(message.channel),
+        )
+
+    async def insert(
+        self,
+        conn: AsyncConnection,
+        message: OutboundMessage,
+        *,
+        session_id: int | None,
+        run_id: int | None,
+        event_id: str | None,
+    ) -> None:
+        """Insert the reply's outbox row in the caller's transaction."""
+        await conn.execute(
+            _INSERT_OUTBOX, self.row(message, session_id=session_id, run_id=run_id, event_id=event_id)
+        )
+
+    async def answer(
+        self, conn: AsyncConnection, row: InboxRow, text: str, *, session_id: int | None
+    ) -> None:
+        """Answer `row` with `text` and mark it done, in the caller's fenced transaction."""
+        await self.insert(
+            conn, reply_for(row.event, text), session_id=session_id, run_id=None, event_id=row.event_id
+        )
+        await conn.execute(MARK, {"ids": [row.id], "status": "done", "updated_at": utcnow()})
+
+    def handled(
+        self, event_ids: Sequence[str], *, result: WaitResult | None = None, outbox: bool = True
+    ) -> None:
+        """After the commit: wake the events' waiters, and the sender if a reply is to be sent."""
+        self.waiters.wake(event_ids, result=result)
+        if outbox:
+            self.on_outbox()

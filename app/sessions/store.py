@@ -366,6 +366,13 @@ class SessionStore:
         ).first()
         return row is not None
 
+    async def message_count(self, session_id: int) -> int:
+        async with self.reader.connect() as conn:
+            counted = await conn.execute(
+                select(func.count()).select_from(messages).where(messages.c.session_id == session_id)
+            )
+            return int(counted.scalar_one())
+
     async def all_messages(self, session_id: int) -> list[ChatMessage]:
         async with self.reader.connect() as conn:
             rows = (

@@ -75,7 +75,7 @@ async def test_admin_reset_is_queued_and_opens_a_new_generation(serve: ServeApp)
         )
         reset = await client.post(f"{srv.url}/admin/api/sessions/webhook%3Ac/reset", headers=AUTH)
         assert reset.status_code == 202
-        done = await srv.runtime.inbox.wait_for_replies(reset.json()["event_id"], 10)
+        done = await srv.runtime.waiters.wait_for_replies(reset.json()["event_id"], 10)
         assert done.done and done.replies == []  # silent: the chat is not told
         await post_webhook(
             client, srv.url, WEBHOOK_SECRET, {"chat_id": "c", "sender_id": "u", "text": "two"}, wait=True

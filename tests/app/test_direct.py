@@ -13,15 +13,14 @@ from app.db.direct import Direct, DirectConnection, Pooled, connect
 from app.db.engine import autocommit
 from app.db.models import inbox
 from app.events import InboundEvent
-from app.pipeline.inbox import Inbox
+from tests.support.pipeline import accept_elsewhere
 
 BACKEND = Direct(select(func.pg_backend_pid().label("pid")))
 
 
 async def test_direct_rows_equal_sqlalchemys(engine: AsyncEngine) -> None:
-    inbox_ = Inbox(engine)
     for text in ("one", "two"):
-        await inbox_.accept([InboundEvent.from_text("webhook", "c", "u", text)])
+        await accept_elsewhere(engine, [InboundEvent.from_text("webhook", "c", "u", text)])
     statement = Direct(
         select(inbox)
         .where(inbox.c.session_key == bindparam("k"), inbox.c.status == "pending")

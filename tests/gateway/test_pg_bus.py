@@ -87,9 +87,9 @@ async def test_turns_notify_other_replicas_only_while_one_watches_the_key(serve:
         replica = PgSessionBus(srv.runtime.settings.database_url)
         await replica.start()
         try:
-            inbox_ = srv.runtime.inbox
-            [first] = await inbox_.accept([InboundEvent.from_text("webhook", "c", "u", "hello")])
-            assert (await inbox_.wait_for_replies(first.event_id, 10)).done
+            runtime = srv.runtime
+            [first] = await runtime.ingest.submit([InboundEvent.from_text("webhook", "c", "u", "hello")])
+            assert (await runtime.waiters.wait_for_replies(first.event_id, 10)).done
             await asyncio.sleep(0.3)  # a NOTIFY would be on its way by now
             assert heard == []
             async with replica.subscribe(key) as watching:
@@ -100,8 +100,8 @@ async def test_turns_notify_other_replicas_only_while_one_watches_the_key(serve:
                         )
                     ).scalar_one()
                 assert until is not None and until > utcnow()
-                [second] = await inbox_.accept([InboundEvent.from_text("webhook", "c", "u", "again")])
-                assert (await inbox_.wait_for_replies(second.event_id, 10)).done
+                [second] = await runtime.ingest.submit([InboundEvent.from_text("webhook", "c", "u", "again")])
+                assert (await runtime.waiters.wait_for_replies(second.event_id, 10)).done
                 seen = [await _next(watching) for _ in range(3)]
             assert [e["type"] for e in seen] == ["message", "delta", "message"]
             assert (seen[0]["role"], seen[0]["content"]) == ("user", "again")

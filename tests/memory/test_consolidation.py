@@ -29,7 +29,6 @@ from app.memory.identity import identity_of
 from app.memory.recall import MemoryRecall
 from app.memory.store import MemoryStore, OwnerFilter, Scope
 from app.memory.summarize import ExtractiveSummarizer, Summary
-from app.pipeline.inbox import Inbox
 from app.sessions import lease as leases
 from app.sessions.lease import SessionLease, check_fence
 from app.sessions.messages import ChatMessage, tool_call
@@ -38,6 +37,7 @@ from app.sessions.window import is_legal_provider_input, trim_to_legal_window
 from tests.conftest import WEBHOOK_SECRET, ServeApp
 from tests.memory.support import RecordingProvider, say
 from tests.memory.test_boundary import histories, legal
+from tests.support.pipeline import accept_elsewhere
 from tests.support.webhook import post_webhook
 
 
@@ -209,15 +209,15 @@ async def test_webhook_events_during_consolidation_lose_and_duplicate_nothing(se
         )
         event_ids = [r.json()["event_id"] for r in posted]
         for event_id in event_ids:
-            assert (await srv.runtime.inbox.wait_for_replies(event_id, 30)).done
+            assert (await srv.runtime.waiters.wait_for_replies(event_id, 30)).done
         runtime = srv.runtime
         # Replies are committed before the after-turn consolidation pass runs: wait until
         # the key's worker is idle, so the session row and the summaries are read settled.
         for _ in range(200):
-            if not runtime.dispatcher.busy_keys:
+            if not runtime.scheduler.busy_keys:
                 break
             await asyncio.sleep(0.05)
-        assert not runtime.dispatcher.busy_keys
+        assert not runtime.scheduler.busy_keys
         async with runtime.engine.connect() as conn:
             sid, lc = (
                 await conn.execute(
@@ -226,7 +226,7 @@ async def test_webhook_events_during_consolidation_lose_and_duplicate_nothing(se
                     )
                 )
             ).one()
-        history = await runtime.store.all_messages(sid)
+        history = await runtime.sessions.all_messages(sid)
         ranges = await summary_ranges(runtime.engine, "webhook:busy")
     assert [m.seq for m in history] == list(range(1, len(history) + 1))
     user_events = [m.event_id for m in history if m.role == "user"]
@@ -319,7 +319,6 @@ class FlagSummarizer(ExtractiveSummarizer):
 
 async def test_model_facts_only_for_a_single_sender_and_attributed_to_them(engine: AsyncEngine) -> None:
     store = SessionStore(engine, Lifecycle())
-    inbox = Inbox(engine)
     lease, session = await open_session(engine, store, "webhook:room")
     events = [
         InboundEvent.from_text("webhook", "room", sender, text, chat_type="group")
@@ -330,7 +329,7 @@ async def test_model_facts_only_for_a_single_sender_and_attributed_to_them(engin
             ("bob", "ok"),
         ]
     ]
-    await inbox.accept(events)
+    await accept_elsewhere(engine, events)
     history: list[ChatMessage] = []
     for e in events:
         history += [
@@ -350,7 +349,7 @@ async def test_model_facts_only_for_a_single_sender_and_attributed_to_them(engin
 
     lease2, dm = await open_session(engine, store, "webhook:dm-alice")
     solo = [InboundEvent.from_text("webhook", "dm-alice", "alice", t) for t in ("hello", "more", "end")]
-    await inbox.accept(solo)
+    await accept_elsewhere(engine, solo)
     msgs: list[ChatMessage] = []
     for e in solo:
         msgs += [

@@ -117,8 +117,8 @@ async def test_linked_identities_share_user_memory_across_channels(serve: ServeA
         await links.link(identity_of("cli", "alice-term"), "alice")
 
         async def cli_say(sender: str, text: str) -> None:
-            [accepted] = await runtime.inbox.accept([InboundEvent.from_text("cli", sender, sender, text)])
-            done = await runtime.inbox.wait_for_replies(accepted.event_id, 20)
+            [accepted] = await runtime.ingest.submit([InboundEvent.from_text("cli", sender, sender, text)])
+            done = await runtime.waiters.wait_for_replies(accepted.event_id, 20)
             assert done.done
 
         mark = len(provider.calls)

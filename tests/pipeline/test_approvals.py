@@ -47,7 +47,7 @@ async def rows(srv: Any, table: Any) -> list[dict[str, Any]]:
 async def history_is_legal(srv: Any, key: str = KEY) -> list[Any]:
     session = await queries.current_session(srv.runtime.engine, key)
     assert session is not None
-    history = await srv.runtime.store.all_messages(session["id"])
+    history = await srv.runtime.sessions.all_messages(session["id"])
     assert is_legal_provider_input(history), [(m.role, m.tool_call_id, m.tool_calls) for m in history]
     return history
 

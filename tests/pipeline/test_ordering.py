@@ -96,7 +96,7 @@ async def test_queue_policy_answers_each_message_in_order(serve: ServeApp) -> No
                 client, srv.url, WEBHOOK_SECRET, {"chat_id": "q", "sender_id": "u", "text": text}
             )
             ids.append(resp.json()["event_id"])
-        results = [await srv.runtime.inbox.wait_for_replies(i, 20) for i in ids]
+        results = [await srv.runtime.waiters.wait_for_replies(i, 20) for i in ids]
     assert [r.replies[0].text for r in results] == ["echo one", "echo two", "echo three"]
     assert [c.user_text for c in provider.calls] == ["one", "two", "three"]
 
@@ -116,7 +116,7 @@ async def test_collect_policy_merges_messages_sent_during_a_run(serve: ServeApp)
             (await post_webhook(client, srv.url, WEBHOOK_SECRET, {**payload, "text": t})).json()["event_id"]
             for t in ("second", "third", "fourth")
         ]
-        done = [await srv.runtime.inbox.wait_for_replies(e, 20) for e in [first.json()["event_id"], *later]]
+        done = [await srv.runtime.waiters.wait_for_replies(e, 20) for e in [first.json()["event_id"], *later]]
         async with srv.runtime.engine.connect() as conn:
             traces = (await conn.execute(select(runs.c.event_ids).order_by(runs.c.id))).scalars().all()
     assert all(d.done for d in done)

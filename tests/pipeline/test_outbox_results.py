@@ -8,7 +8,7 @@ from sqlalchemy import event, select
 
 from app.db.models import outbox
 from app.events import InboundEvent
-from app.pipeline.replies import insert_outbox_row, outbox_values, reply_for
+from app.pipeline.replies import outbox_values, reply_for
 from tests.conftest import ServeApp
 
 
@@ -18,8 +18,8 @@ async def test_replies_delivered_together_are_recorded_in_one_round_trip(serve: 
         async with runtime.engine.begin() as conn:
             for i in range(20):
                 reply = reply_for(InboundEvent.from_text("webhook", f"c{i}", "u", "hi"), f"answer {i}")
-                await insert_outbox_row(
-                    conn, outbox_values(reply, session_id=None, run_id=None, event_id=None)
+                await conn.execute(
+                    outbox.insert(), outbox_values(reply, session_id=None, run_id=None, event_id=None)
                 )
         recorded: list[bool] = []
 

@@ -43,7 +43,7 @@ async def _asked(model: GatedProvider, count: int) -> bool:
 
 
 async def _idle(*replicas: Runtime) -> bool:
-    return not any(r.dispatcher.busy_keys for r in replicas)
+    return not any(r.scheduler.busy_keys for r in replicas)
 
 
 def _replica(db_url: str, provider: GatedProvider, poll: float) -> Runtime:
@@ -61,10 +61,10 @@ async def test_a_busy_replica_takes_one_waiting_key_at_a_time_and_nothing_is_los
         # Each replica's only run slot is taken by a run of its own that waits for the gate
         # (B starts once A's run holds its key: B's poller would rightly take a key that is
         # waiting for nobody).
-        await a.inbox.accept([InboundEvent.from_text("webhook", "a", "u", "a's own")])
+        await a.ingest.submit([InboundEvent.from_text("webhook", "a", "u", "a's own")])
         await wait_until(lambda: _asked(a_model, 1))
         async with _replica(db_url, b_model, poll=0.05) as b:
-            await b.inbox.accept([InboundEvent.from_text("webhook", "b", "u", "b's own")])
+            await b.ingest.submit([InboundEvent.from_text("webhook", "b", "u", "b's own")])
             await wait_until(lambda: _asked(b_model, 1))
             await _queue_at_a_and_release(a, b, gate)
         async with a.engine.connect() as conn:
@@ -81,9 +81,9 @@ async def test_a_busy_replica_takes_one_waiting_key_at_a_time_and_nothing_is_los
 async def _queue_at_a_and_release(a: Runtime, b: Runtime, gate: asyncio.Event) -> None:
     # Four more keys queue at replica A, waiting for its slot (no lease held).
     for i in range(4):
-        await a.inbox.accept([InboundEvent.from_text("webhook", f"q{i}", "u", f"queued {i}")])
+        await a.ingest.submit([InboundEvent.from_text("webhook", f"q{i}", "u", f"queued {i}")])
     await asyncio.sleep(0.6)  # about a dozen of B's polls
-    assert set(b.dispatcher.busy_keys) == {"webhook:b", "webhook:q0"}  # the longest waiting
-    assert set(a.dispatcher.busy_keys) == {"webhook:a", *(f"webhook:q{i}" for i in range(4))}
+    assert set(b.scheduler.busy_keys) == {"webhook:b", "webhook:q0"}  # the longest waiting
+    assert set(a.scheduler.busy_keys) == {"webhook:a", *(f"webhook:q{i}" for i in range(4))}
     gate.set()
     await wait_until(lambda: _idle(a, b))

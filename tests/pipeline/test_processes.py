@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from app.db.models import inbox, messages, outbox, runs, sessions
 from tests.conftest import ADMIN_TOKEN, WEBHOOK_SECRET
 from tests.fakes.http_receiver import HttpReceiver
+from tests.pipeline.conftest import store_kind
 from tests.support.servers import ServerProcess
 from tests.support.webhook import post_webhook
 
@@ -142,10 +143,11 @@ async def test_two_processes_run_different_sessions_in_parallel(pg_url: str) -> 
 
 
 @pytest.mark.parametrize("kill_after_done", [2])
-async def test_sigkill_mid_run_loses_nothing(db_url: str, kill_after_done: int) -> None:
+async def test_sigkill_mid_run_loses_nothing(db_url: str, backend: str, kill_after_done: int) -> None:
     async with HttpReceiver() as receiver:
         env = _env(
             db_url,
+            PIPELINE_STORE=store_kind(backend),
             OFFLINE_LATENCY_MS=300,
             LEASE_TTL_SECONDS=2,
             WEBHOOK_CALLBACK_URL=receiver.url,

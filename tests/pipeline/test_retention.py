@@ -11,11 +11,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.db.models import inbox, messages, outbox, utcnow
 from app.events import InboundEvent
 from app.pipeline import retention
-from app.pipeline.inbox import Inbox
-from app.pipeline.replies import insert_outbox_row, outbox_values, reply_for
+from app.pipeline.replies import outbox_values, reply_for
 from app.sessions.messages import ChatMessage
 from app.sessions.store import Lifecycle, SessionStore
 from tests.conftest import ServeApp
+from tests.support.pipeline import accept_elsewhere
 
 
 async def _event(engine: AsyncEngine, n: int, status: str, age_days: float) -> str:
@@ -36,8 +36,8 @@ async def _event(engine: AsyncEngine, n: int, status: str, age_days: float) -> s
                 updated_at=when,
             )
         )
-        await insert_outbox_row(
-            conn,
+        await conn.execute(
+            outbox.insert(),
             outbox_values(reply_for(event, "reply"), session_id=None, run_id=None, event_id=event.event_id),
         )
         await conn.execute(
@@ -58,7 +58,7 @@ async def _count(engine: AsyncEngine, table: object) -> int:
 
 
 async def test_only_finished_rows_older_than_the_retention_are_deleted(engine: AsyncEngine) -> None:
-    box = Inbox(engine)
+
     store = SessionStore(engine, Lifecycle())
     async with engine.begin() as conn:
         session = await store.open_current(conn, "webhook:chat-0", "webhook")
@@ -81,7 +81,7 @@ async def test_only_finished_rows_older_than_the_retention_are_deleted(engine: A
 
     # A redelivery of a kept event is still a duplicate; 0 days keeps everything.
     again = InboundEvent.from_text("webhook", "chat-4", "u", "message 4", external_id="ext-4")
-    [dup] = await box.accept([again])
+    [dup] = await accept_elsewhere(engine, [again])
     assert dup.duplicate and dup.event_id == recent_done
     assert await retention.prune(engine, inbox_days=0, outbox_days=0, now=utcnow() + timedelta(days=365)) == {
         "inbox": 0,

@@ -16,11 +16,11 @@ from app.agent.provider import ToolSpec
 from app.agent.tools import Risk, ToolContext, builtin_tools
 from app.db.models import inbox, runs
 from app.events import BusyPolicy, InboundEvent
-from app.pipeline.inbox import Inbox
 from tests.app.agent.test_agent_e2e import openai_settings
 from tests.conftest import WEBHOOK_SECRET, ServeApp, webhook_settings
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall, calls, text
 from tests.pipeline.test_approvals import history_is_legal, only_text, rows
+from tests.support.pipeline import accept_elsewhere, wait_elsewhere
 from tests.support.webhook import post_webhook
 
 
@@ -114,16 +114,15 @@ async def test_steer_injects_a_message_at_the_next_tool_boundary(serve: ServeApp
 async def test_steer_from_another_replica_is_injected_at_the_boundary(serve: ServeApp) -> None:
     """No in-process wake-up: the boundary finds the message through the database.
 
-    On PostgreSQL the statement appending the tool result reads it (`fused.append`).
+    On PostgreSQL the statement appending the tool result reads it.
     """
     async with steering_slow_tool(serve, "Done, in blue.") as (srv, fake, slow):
         first = await send(srv, "do the slow thing")
         await asyncio.wait_for(slow.started.wait(), 10)
-        other_replica = Inbox(srv.runtime.engine)
         steering = InboundEvent.from_text("webhook", "c1", "u1", "make it blue")
-        [second] = await other_replica.accept([steering])
+        [second] = await accept_elsewhere(srv.runtime.engine, [steering])
         slow.release.set()
-        done = await other_replica.wait_for_replies(second.event_id, 10)
+        done = await wait_elsewhere(srv.runtime.engine, second.event_id, 10)
         await history_is_legal(srv)
         [run] = await rows(srv, runs)
     assert [r.text for r in done.replies] == ["Done, in blue."]
@@ -160,7 +159,7 @@ async def test_stop_cancels_a_slow_model_call(serve: ServeApp) -> None:
             await fake.wait_requests(1)
             stopped = await send(srv, "/stop", wait=True)
             assert only_text(stopped) == "Stopped."
-            original = await srv.runtime.inbox.wait_for_replies(first["event_id"], 5)
+            original = await srv.runtime.waiters.wait_for_replies(first["event_id"], 5)
             history = await history_is_legal(srv)
             [run] = await rows(srv, runs)
             ibx = await inbox_rows(srv)
@@ -203,10 +202,10 @@ async def test_stop_from_another_replica_is_found_by_polling(serve: ServeApp) ->
         async with serve(stop_poll_seconds=0.1, **openai_settings(fake)) as srv:
             await send(srv, "think")
             await fake.wait_requests(1)
-            # Accepted through a second Inbox on the same database: no in-process wake-up.
-            other_replica = Inbox(srv.runtime.engine)
-            [accepted] = await other_replica.accept([InboundEvent.from_text("webhook", "c1", "u1", "/stop")])
-            done = await other_replica.wait_for_replies(accepted.event_id, 10)
+            # Accepted through another store on the same database: no in-process wake-up.
+            stop = InboundEvent.from_text("webhook", "c1", "u1", "/stop")
+            [accepted] = await accept_elsewhere(srv.runtime.engine, [stop])
+            done = await wait_elsewhere(srv.runtime.engine, accepted.event_id, 10)
             hold.set()
     assert [r.text for r in done.replies] == ["Stopped."]
 
@@ -225,6 +224,6 @@ async def test_a_burst_on_one_session_finishes_while_events_wake_the_running_tur
             texts = [f"what time is it? #{i}" if i % 2 else f"hello {i}" for i in range(24)]
             posted = await asyncio.gather(*(send(srv, t) for t in texts))
             for body in posted:
-                done = await srv.runtime.inbox.wait_for_replies(body["event_id"], 30)
+                done = await srv.runtime.waiters.wait_for_replies(body["event_id"], 30)
                 assert done.done, (policy, body)
             await history_is_legal(srv)

@@ -8,8 +8,9 @@ from datetime import timedelta
 import httpx
 from sqlalchemy import select
 
-from app.db.models import outbox, runs, session_keys, utcnow
+from app.db.models import inbox, outbox, runs, session_keys, utcnow
 from app.events import InboundEvent
+from app.pipeline.storage.portable import inbox_values
 from app.sessions import lease as leases
 from tests.app.agent.test_agent_e2e import openai_settings
 from tests.conftest import ServeApp
@@ -23,9 +24,9 @@ async def test_expired_lease_of_a_dead_replica_is_taken_over_and_counted(serve: 
         runtime = srv.runtime
         # A dead replica held the key and left an event unfinished.
         async with runtime.engine.begin() as conn:
-            await runtime.inbox._insert(  # what the dead replica accepted before dying
-                conn, InboundEvent.from_text("webhook", "c", "u", "left behind"), utcnow()
-            )
+            # What the dead replica accepted before dying.
+            event = InboundEvent.from_text("webhook", "c", "u", "left behind")
+            await conn.execute(inbox.insert().values(**inbox_values(event, utcnow())))
             await conn.execute(
                 session_keys.insert().values(
                     key="webhook:c",
@@ -73,7 +74,7 @@ async def test_a_turn_whose_lease_was_taken_over_during_the_model_call_writes_no
             hold.set()
 
             async def worker_gave_up() -> bool:
-                return key not in srv.runtime.dispatcher.busy_keys
+                return key not in srv.runtime.scheduler.busy_keys
 
             await wait_until(worker_gave_up)
             written = await history_is_legal(srv, key)
@@ -87,7 +88,7 @@ async def test_a_turn_whose_lease_was_taken_over_during_the_model_call_writes_no
 
             # The other replica lets go without finishing: the event is retried here.
             await leases.release(engine, intruder)
-            answered = await srv.runtime.inbox.wait_for_replies(second["event_id"], 10)
+            answered = await srv.runtime.waiters.wait_for_replies(second["event_id"], 10)
             assert [r.text for r in answered.replies] == ["answer after the retry"]
             assert [m.content for m in await history_is_legal(srv, key)] == [
                 "first",

@@ -10,7 +10,7 @@ from sqlalchemy import select
 
 from app.db.models import outbox
 from app.events import InboundEvent
-from app.pipeline.replies import insert_outbox_row, outbox_values, reply_for
+from app.pipeline.replies import outbox_values, reply_for
 from tests.conftest import ServeApp
 
 
@@ -33,8 +33,9 @@ async def test_a_reply_for_a_channel_no_replica_here_runs_is_kept_and_shown(serv
         # was removed from CHANNELS): an undelivered reply for a channel we do not run.
         event = InboundEvent.from_text("telegram", "42", "7", "hello")
         async with runtime.engine.begin() as conn:
-            await insert_outbox_row(
-                conn, outbox_values(reply_for(event, "hi"), session_id=None, run_id=None, event_id=None)
+            await conn.execute(
+                outbox.insert(),
+                outbox_values(reply_for(event, "hi"), session_id=None, run_id=None, event_id=None),
             )
         runtime.sender.notify()
         await asyncio.sleep(0.3)  # several sender cycles

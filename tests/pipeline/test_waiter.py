@@ -12,8 +12,8 @@ from typing import Any
 from sqlalchemy import event
 
 from app.events import InboundEvent
-from app.pipeline.inbox import Inbox
 from tests.conftest import ServeApp
+from tests.support.pipeline import wait_elsewhere
 
 
 class _WaiterReads:
@@ -41,30 +41,30 @@ def _comparable(result: Any) -> list[tuple[str, str, list[dict[str, Any]]]]:
 
 async def test_a_turn_hands_its_answer_to_the_waiter_without_a_read(serve: ServeApp) -> None:
     async with serve() as srv:
-        inbox = srv.runtime.inbox
+        runtime = srv.runtime
         for text in ("hello", "what time is it?"):  # a plain turn and one with a tool call
-            [accepted] = await inbox.accept([InboundEvent.from_text("webhook", "c1", "u1", text)])
+            [accepted] = await runtime.ingest.submit([InboundEvent.from_text("webhook", "c1", "u1", text)])
             with _WaiterReads(srv.runtime.engine) as reads:
                 # A long poll: the waiter's periodic look (for other replicas' work) stays out.
-                handed = await inbox.wait_for_replies(accepted.event_id, 10, poll=10)
+                handed = await runtime.waiters.wait_for_replies(accepted.event_id, 10, poll=10)
             assert reads.count == 0
             assert handed.done and len(handed.replies) == 1 and handed.replies[0].text
             # As committed with the answer: a webhook without a callback URL sends nothing.
             assert handed.replies[0].status == "sent"
-            read = await Inbox(srv.runtime.engine).wait_for_replies(accepted.event_id, 10)
+            read = await wait_elsewhere(srv.runtime.engine, accepted.event_id, 10)
             assert read.done and _comparable(read) == _comparable(handed)
             assert [r.status for r in read.replies] == ["sent"]
 
 
 async def test_command_replies_and_late_waiters_still_read(serve: ServeApp) -> None:
     async with serve() as srv:
-        inbox = srv.runtime.inbox
-        [hello] = await inbox.accept([InboundEvent.from_text("webhook", "c1", "u1", "hello")])
-        answered = await inbox.wait_for_replies(hello.event_id, 10)
-        [command] = await inbox.accept([InboundEvent.from_text("webhook", "c1", "u1", "/new")])
+        runtime = srv.runtime
+        [hello] = await runtime.ingest.submit([InboundEvent.from_text("webhook", "c1", "u1", "hello")])
+        answered = await runtime.waiters.wait_for_replies(hello.event_id, 10)
+        [command] = await runtime.ingest.submit([InboundEvent.from_text("webhook", "c1", "u1", "/new")])
         with _WaiterReads(srv.runtime.engine) as reads:
-            new = await inbox.wait_for_replies(command.event_id, 10)
-            again = await inbox.wait_for_replies(hello.event_id, 10)  # long handled
+            new = await runtime.waiters.wait_for_replies(command.event_id, 10)
+            again = await runtime.waiters.wait_for_replies(hello.event_id, 10)  # long handled
         assert reads.count >= 2
         assert new.done and [r.text for r in new.replies] and new.replies[0].text != answered.replies[0].text
         assert again.done and _comparable(again) == _comparable(answered)

@@ -11,12 +11,10 @@ import asyncio
 import asyncpg
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.db.engine import autocommit
-from app.db.models import utcnow
-from app.pipeline import fused
 from app.sessions import lease as leases
-from app.sessions.messages import ChatMessage
-from app.sessions.store import Lifecycle, SessionStore, message_values
+from app.sessions.messages import ChatMessage, tool_call
+from app.sessions.store import Lifecycle, SessionStore
+from tests.support.pipeline import store_for
 
 COMMITS = 100
 
@@ -36,11 +34,16 @@ async def _wal_syncs(engine: AsyncEngine) -> int:
 async def _fenced_writes(
     engine: AsyncEngine, lease: leases.SessionLease, session_id: int, *, lax: bool
 ) -> None:
-    """Messages appended during a run, as a tool call (lax) or a tool result (durable) is."""
-    message = message_values(ChatMessage(role="assistant", content="thinking"), None)
-    for _ in range(COMMITS):
-        async with autocommit(engine).connect() as conn:
-            await fused.append(conn, lease, session_id=session_id, now=utcnow(), message=message, lax=lax)
+    """Messages appended during a run: tool calls (lax: redone if lost) or tool results (durable)."""
+    store = store_for(engine)
+    for i in range(COMMITS):
+        if lax:
+            message = ChatMessage(
+                role="assistant", content=None, tool_calls=(tool_call(f"c{i}", "echo", {}),)
+            )
+        else:
+            message = ChatMessage(role="tool", content="done", tool_call_id=f"c{i}", name="echo")
+        await store.append(lease, session_id, [message], run_id=None)
 
 
 async def test_lax_writes_leave_flushing_to_the_wal_writer_and_durable_ones_flush(

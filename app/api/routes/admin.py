@@ -104,7 +104,7 @@ async def reset_session(key: str, runtime: Runtime = Depends(get_runtime)) -> di
         session_key_override=key,
         metadata={"silent": True},
     )
-    [result] = await runtime.inbox.accept([event])
+    [result] = await runtime.ingest.submit([event])
     return {"event_id": result.event_id, "session_key": key}
 
 
@@ -113,7 +113,7 @@ async def archive_session(key: str, runtime: Runtime = Depends(get_runtime)) -> 
     """Archive the current generation (kept and readable, hidden from default lists)."""
     session = await _current(runtime, key)
     async with _key_lease(runtime, key) as lease:
-        await runtime.store.set_status(session["id"], SessionStatus.ARCHIVED, lease=lease)
+        await runtime.sessions.set_status(session["id"], SessionStatus.ARCHIVED, lease=lease)
     return {"key": key, "generation": session["generation"], "status": "archived"}
 
 
@@ -124,7 +124,7 @@ async def reopen_session(
     """Make an earlier generation the key's current, active one again."""
     session = await _current(runtime, key, generation)
     async with _key_lease(runtime, key) as lease:
-        await runtime.store.reopen(key, session["id"], lease=lease)
+        await runtime.sessions.reopen(key, session["id"], lease=lease)
     return {"key": key, "generation": generation, "status": "active"}
 
 

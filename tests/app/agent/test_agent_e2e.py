@@ -199,8 +199,8 @@ async def test_image_parts_reach_a_vision_model_as_content_arrays(serve: ServeAp
                 sender_id="u1",
                 parts=(TextPart(text="what is this?"), ImagePart(url="https://example.test/cat.png")),
             )
-            [accepted] = await srv.runtime.inbox.accept([event])
-            done = await srv.runtime.inbox.wait_for_replies(accepted.event_id, 20)
+            [accepted] = await srv.runtime.ingest.submit([event])
+            done = await srv.runtime.waiters.wait_for_replies(accepted.event_id, 20)
         assert [r.text for r in done.replies] == ["A cat."]
         user = fake.requests[0].messages[1]
         assert user["content"] == [

@@ -32,7 +32,13 @@ from app.agent.tools import Risk, ToolContext
 from app.db.migrate import upgrade
 from app.db.models import approvals, inbox, outbox, utcnow
 from app.events import InboundEvent
-from app.pipeline.turn import TurnHandler, WindowLimits
+from app.pipeline.approvals import timeout_events
+from app.pipeline.builtin_commands import BuiltinCommands
+from app.pipeline.commands import CommandRegistry
+from app.pipeline.feed import SessionFeed
+from app.pipeline.handling import Handler
+from app.pipeline.turn import TurnRunner
+from app.pipeline.turn_state import WindowLimits
 from app.runtime import Runtime
 from app.sessions import lease as leases
 from app.sessions import queries
@@ -41,6 +47,32 @@ from app.sessions.window import is_legal_provider_input
 from tests.conftest import make_settings, webhook_settings
 
 _ids = itertools.count()
+
+
+def cutting_handler(runtime: Runtime, bus: Any, *, max_messages: int) -> Handler:
+    """The runtime's pipeline below the scheduler, telling `bus` of every commit, with
+    room for many cut attempts."""
+    turns = TurnRunner(
+        runtime.store,
+        runtime.runner,
+        runtime.replies,
+        runtime.midrun,
+        limits=WindowLimits(max_messages=max_messages, max_tokens=None),
+        feed=SessionFeed(bus),
+        channel_settings=runtime.channel_settings,
+    )
+    commands = CommandRegistry()
+    for command in BuiltinCommands(runtime.store, runtime.replies, turns).commands(commands):
+        commands.add(command)
+    return Handler(
+        runtime.store,
+        commands,
+        turns,
+        runtime.policies,
+        runtime.replies,
+        max_attempts=10,
+        channel_settings=runtime.channel_settings,
+    )
 
 
 @dataclass
@@ -144,19 +176,9 @@ async def test_cut_and_resumed_runs_leave_a_legal_history(
         provider=provider,
         tools=[EchoTool()],
     )
-    # This test is the only worker: no dispatcher is told of events or takes their leases.
-    runtime.inbox.on_accepted, runtime.inbox.claimer = None, None
+    # This test is the only worker: events go straight to the store, no scheduler runs.
     bus = CuttingBus()
-    handler = TurnHandler(
-        runtime.engine,
-        runtime.store,
-        runtime.inbox,
-        runtime.runner,
-        limits=WindowLimits(max_messages=30, max_tokens=None),
-        max_attempts=10,
-        bus=bus,
-        channel_settings=runtime.channel_settings,
-    )
+    handler = cutting_handler(runtime, bus, max_messages=30)
     chat = uuid.uuid4().hex
     owner = f"worker-{chat}"
     try:
@@ -164,11 +186,11 @@ async def test_cut_and_resumed_runs_leave_a_legal_history(
             text = f"message {index}"
             provider.plans[text] = plan
             event = InboundEvent.from_text("webhook", chat, "u1", text)
-            await runtime.inbox.accept([event])
+            await runtime.store.accept([event])
             for cut in [*cuts, None]:
                 lease = await leases.acquire(runtime.engine, event.session_key, owner, 30)
                 assert lease is not None
-                rows = await runtime.inbox.next_rows(event.session_key, limit=1)
+                rows = await runtime.store.next_rows(event.session_key, limit=1)
                 if not rows:
                     break
                 bus.count, bus.cut_after = 0, cut
@@ -176,13 +198,13 @@ async def test_cut_and_resumed_runs_leave_a_legal_history(
                 bus.victim = task
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-            assert await runtime.inbox.next_rows(event.session_key, 1) == []
+            assert await runtime.store.next_rows(event.session_key, 1) == []
 
             for request in provider.requests:
                 assert is_legal_provider_input(request), [(m.role, m.tool_call_id) for m in request]
             session = await queries.current_session(runtime.engine, event.session_key)
             assert session is not None
-            history = await runtime.store.all_messages(session["id"])
+            history = await runtime.sessions.all_messages(session["id"])
             assert is_legal_provider_input(history), [(m.role, m.tool_call_id) for m in history]
             users = [m.content for m in history if m.role == "user"]
             assert users == [f"message {i}" for i in range(index + 1)]
@@ -235,25 +257,15 @@ async def test_stop_steer_and_approvals_with_cuts_leave_a_legal_history(
         provider=provider,
         tools=[EchoTool(), RiskyEchoTool()],
     )
-    runtime.inbox.on_accepted, runtime.inbox.claimer = None, None
     bus = CuttingBus()
-    handler = TurnHandler(
-        runtime.engine,
-        runtime.store,
-        runtime.inbox,
-        runtime.runner,
-        limits=WindowLimits(max_messages=40, max_tokens=None),
-        max_attempts=10,
-        bus=bus,
-        channel_settings=runtime.channel_settings,
-    )
+    handler = cutting_handler(runtime, bus, max_messages=40)
     chat = uuid.uuid4().hex
     key = InboundEvent.from_text("webhook", chat, "u1", "").session_key
     owner = f"worker-{chat}"
     expected_users: list[str] = []
 
     async def say(*texts: str) -> None:
-        await runtime.inbox.accept([InboundEvent.from_text("webhook", chat, "u1", t) for t in texts])
+        await runtime.store.accept([InboundEvent.from_text("webhook", chat, "u1", t) for t in texts])
         expected_users.extend(t for t in texts if not t.startswith("/"))
 
     async def drain(cuts: list[int]) -> None:
@@ -261,7 +273,7 @@ async def test_stop_steer_and_approvals_with_cuts_leave_a_legal_history(
         for _ in range(40):
             lease = await leases.acquire(runtime.engine, key, owner, 30)
             assert lease is not None
-            rows = await runtime.inbox.next_rows(key, limit=1)
+            rows = await runtime.store.next_rows(key, limit=1)
             if not rows:
                 return
             bus.count, bus.cut_after = 0, (pending_cuts.pop(0) if pending_cuts else None)
@@ -309,16 +321,18 @@ async def test_stop_steer_and_approvals_with_cuts_leave_a_legal_history(
                 elif extra == "stop_waiting":
                     await say("/stop")
                 else:
-                    await handler.enqueue_expired_approvals(now=utcnow() + timedelta(days=1))
+                    async with runtime.engine.connect() as conn:
+                        expired = await timeout_events(conn, utcnow() + timedelta(days=1))
+                    await runtime.store.accept(expired)
                 await drain(cuts)
             assert await pending_approval() is None
-            assert await runtime.inbox.next_rows(key, 1) == []
+            assert await runtime.store.next_rows(key, 1) == []
 
             for request in provider.requests:
                 assert is_legal_provider_input(request), [(m.role, m.tool_call_id) for m in request]
             session = await queries.current_session(runtime.engine, key)
             assert session is not None
-            history = await runtime.store.all_messages(session["id"])
+            history = await runtime.sessions.all_messages(session["id"])
             assert is_legal_provider_input(history), [(m.role, m.tool_call_id) for m in history]
             assert [m.content for m in history if m.role == "user"] == expected_users
             assert history[-1].role == "assistant" and not history[-1].tool_calls

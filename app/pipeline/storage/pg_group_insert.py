@@ -29,30 +29,11 @@ from datetime import datetime
 from typing import Any
 
 import asyncpg
-from sqlalchemy import bindparam, text
-from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.asyncio import AsyncEngine
-from sqlalchemy.types import DateTime, String, Text
 
 from app.db import direct
-from app.db.direct import Direct
 from app.events import InboundEvent
-
-_INSERT_MANY = Direct(
-    text(
-        "INSERT INTO inbox"
-        " (event_id, channel, external_id, session_key, payload, status, attempts, created_at, updated_at)"
-        " SELECT e, c, x, k, p::json, 'pending', 0, t, t"
-        " FROM unnest(:e, :c, :x, :k, :p, :t) WITH ORDINALITY AS given(e, c, x, k, p, t, n)"
-        " ORDER BY n"
-        " ON CONFLICT (channel, external_id) DO NOTHING"
-        " RETURNING event_id"
-    ).bindparams(
-        *(bindparam(name, type_=ARRAY(String)) for name in ("e", "c", "x", "k")),
-        bindparam("p", type_=ARRAY(Text)),
-        bindparam("t", type_=ARRAY(DateTime(timezone=True))),
-    )
-)
+from app.pipeline.storage.pg_inbox import INSERT_MANY
 
 # Errors the server raises for a statement it did not carry out, where carrying out its
 # events one per statement may succeed: a value of one event, or a deadlock.
@@ -73,8 +54,7 @@ class _Waiting:
 class GroupInsert:
     """Stores single events, those arriving together in one statement (see the module).
 
-    `insert` returns whether the event was stored (False: a duplicate). `stored(event)`
-    is called for each event stored, also when its caller was cancelled while waiting.
+    `insert` returns whether the event was stored (False: a duplicate).
     `insert_one(event, now)` stores one event alone, the same way (the retry above).
     """
 
@@ -83,13 +63,11 @@ class GroupInsert:
         engine: AsyncEngine,
         *,
         insert_one: Callable[[InboundEvent, datetime], Awaitable[bool]],
-        stored: Callable[[InboundEvent], None],
         max_rows: int = 500,
         max_statements: int = 4,
     ) -> None:
         self.engine = engine
         self._insert_one = insert_one
-        self._stored = stored
         self.max_rows = max_rows
         self.max_statements = max_statements  # in flight at once (each holds a connection)
         self._waiting: list[_Waiting] = []
@@ -116,7 +94,7 @@ class GroupInsert:
                         group = self._take()
                         if not group:
                             return
-                        rows = await _INSERT_MANY.rows(conn, _arrays(group))
+                        rows = await INSERT_MANY.rows(conn, _arrays(group))
                 except Exception as exc:
                     group = group or self._take()  # no connection: this group fails
                     if isinstance(exc, _RETRY_ONE_BY_ONE) and len(group) > 1:
@@ -137,9 +115,8 @@ class GroupInsert:
         group, self._waiting = self._waiting[: self.max_rows], self._waiting[self.max_rows :]
         return group
 
-    def _answer(self, waiting: _Waiting, stored: bool) -> None:
-        if stored:
-            self._stored(waiting.event)
+    @staticmethod
+    def _answer(waiting: _Waiting, stored: bool) -> None:
         if not waiting.stored.done():
             waiting.stored.set_result(stored)
 

@@ -1,0 +1,114 @@
+"""Handling a key's next events under its lease: a command, or a turn of the agent.
+
+The busy policy of the events' channel says which rows form the turn (`collect` merges a
+burst). Before anything runs, its attempt is counted in a commit of its own, so an event
+that fails for any reason, even one that kills the process, is tried at most
+`max_attempts` times: then it is failed with its last error, its sender is told where the
+channel can carry a reply, and the key's next events run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import structlog
+
+from app.channel import ChannelSettings
+from app.errors import LeaseLost
+from app.pipeline.busy import BusyPolicies
+from app.pipeline.commands import CommandCall, CommandRegistry
+from app.pipeline.replies import Replies, reply_for
+from app.pipeline.storage.port import InboxRow, PipelineStore
+from app.pipeline.texts import say
+from app.pipeline.turn import TurnRunner
+from app.pipeline.turn_state import Handled, HandOn
+from app.sessions.lease import SessionLease
+
+log = structlog.get_logger(__name__)
+
+
+class Handler:
+    def __init__(
+        self,
+        store: PipelineStore,
+        commands: CommandRegistry,
+        turns: TurnRunner,
+        policies: BusyPolicies,
+        replies: Replies,
+        *,
+        max_attempts: int,
+        channel_settings: Mapping[str, ChannelSettings] | None = None,
+    ) -> None:
+        self.store = store
+        self.commands = commands
+        self.turns = turns
+        self.policies = policies
+        self.replies = replies
+        self.max_attempts = max_attempts
+        self.channel_settings = dict(channel_settings or {})
+
+    def locale(self, channel: str) -> str:
+        settings = self.channel_settings.get(channel)
+        return settings.locale if settings is not None else "en"
+
+    async def handle(
+        self, lease: SessionLease, rows: list[InboxRow], hand_on: HandOn | None = None
+    ) -> Handled:
+        """Handle the key's next turn out of its next `rows` (at least one)."""
+        policy = self.policies.of(rows[0].channel)
+        batch = await policy.batch(
+            rows, lambda limit: self.store.next_rows(lease.key, limit), self.commands.is_command
+        )
+        live = [r for r in batch if r.attempts < self.max_attempts and r.unreadable is None]
+        unreadable = [r for r in batch if r.unreadable is not None]
+        spent = [r for r in batch if r.attempts >= self.max_attempts and r.unreadable is None]
+        for row in unreadable:
+            await self._give_up(lease, [row], row.unreadable or "")
+        if spent:
+            await self._give_up(lease, spent, f"gave up after {self.max_attempts} attempts")
+        if not live:
+            return Handled()
+        ids = [r.id for r in live]
+        await self.store.count_attempt(lease, ids)
+        try:
+            return await self._run(lease, live, hand_on)
+        except LeaseLost:
+            raise
+        except Exception as exc:
+            # Kept with the rows: the error they fail with if no attempt succeeds.
+            await self.store.note_error(ids, f"{type(exc).__name__}: {exc}")
+            raise
+
+    async def _run(self, lease: SessionLease, rows: list[InboxRow], hand_on: HandOn | None) -> Handled:
+        found = self.commands.find(rows[0].event) if len(rows) == 1 else None
+        if found is None:
+            return await self.turns.run(lease, rows, hand_on)
+        command, args = found
+        row = rows[0]
+        locale = self.locale(row.channel)
+        call = CommandCall(lease, row, command.name, args, locale)
+        if command.allowed is not None and not command.allowed(row.event):
+            async with self.store.fenced(lease) as conn:
+                await self.replies.answer(
+                    conn, row, say("not_allowed", locale, command=command.name), session_id=None
+                )
+            self.replies.handled([row.event_id])
+        else:
+            await command.run(call)
+        return Handled()
+
+    async def _give_up(self, lease: SessionLease, rows: list[InboxRow], reason: str) -> None:
+        """Fail rows that used their attempts; tell their senders instead of dropping them."""
+        replies = [
+            self.replies.row(
+                reply_for(r.event, say("failed", self.locale(r.channel))),
+                session_id=None,
+                run_id=None,
+                event_id=r.event_id,
+            )
+            for r in rows
+            if r.event.chat_id  # a row whose chat cannot be read gets no reply
+        ]
+        await self.store.fail(lease, rows, reason, replies)
+        log.error("events_failed", event_ids=[r.event_id for r in rows])
+        self.replies.handled([r.event_id for r in rows])

@@ -1,0 +1,97 @@
+"""Ingest: the first step of an event's way, after a channel verified and parsed it.
+
+admit (the channel's sender and chat policy; overrides only where allowed) → store (the
+inbox commit: durable, deduplicated) → hand the stored events to the scheduler → return
+what the store said, which the channel answers the platform with.
+
+Once the store was asked, the rest runs even if the caller goes away (a platform that
+hung up): an event that was stored is always handed on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
+
+from app.channel import AcceptResult, ChannelSettings
+from app.events import ChatType, InboundEvent
+from app.pipeline.scheduler import Scheduler
+from app.pipeline.storage.port import PipelineStore
+from app.pipeline.waiters import Waiters
+
+Counted = Callable[[str, str], None]
+"""Called with a channel name and what happened to one of its events (`accepted`,
+`deduplicated`, `skipped`): the metrics."""
+
+
+class Ingest:
+    def __init__(
+        self,
+        store: PipelineStore,
+        scheduler: Scheduler,
+        waiters: Waiters,
+        channel_settings: Mapping[str, ChannelSettings],
+        *,
+        counted: Counted | None = None,
+    ) -> None:
+        self.store = store
+        self.scheduler = scheduler
+        self.waiters = waiters
+        self.channel_settings = channel_settings
+        self.counted = counted or (lambda channel, outcome: None)
+
+    async def accept(self, channel: str, events: Sequence[InboundEvent]) -> list[AcceptResult]:
+        """A channel's events: admitted by its policy, then stored and handed on."""
+        settings = self.channel_settings[channel]
+        admitted: list[InboundEvent] = []
+        results: list[AcceptResult | None] = []
+        for event in events:
+            if event.channel != channel:
+                raise ValueError(f"channel {channel!r} produced an event for {event.channel!r}")
+            if event.session_key_override and not settings.allow_session_override:
+                event = event.model_copy(update={"session_key_override": None})
+            if not admits(settings, event):
+                self.counted(channel, "skipped")
+                results.append(
+                    AcceptResult(event_id=event.event_id, session_key=event.session_key, skipped=True)
+                )
+                continue
+            admitted.append(event)
+            results.append(None)
+        stored = iter(await self.submit(admitted) if admitted else [])
+        out: list[AcceptResult] = []
+        for result in results:
+            if result is None:
+                result = next(stored)
+                self.counted(channel, "deduplicated" if result.duplicate else "accepted")
+            out.append(result)
+        return out
+
+    async def submit(self, events: Sequence[InboundEvent]) -> list[AcceptResult]:
+        """Store events the gateway itself made (no channel policy) and hand them on."""
+        # Shielded: a caller cancelled mid-statement must not leave a stored event, or a
+        # lease taken with it, without a worker.
+        return await asyncio.shield(self._store(events))
+
+    async def _store(self, events: Sequence[InboundEvent]) -> list[AcceptResult]:
+        owner = self.scheduler.offer(events[0].session_key) if len(events) == 1 else None
+        try:
+            accepted = await self.store.accept(events, claim_for=owner)
+        except BaseException:
+            if owner is not None:
+                self.scheduler.withdraw(events[0].session_key)
+            raise
+        for result in accepted.results:
+            if not result.duplicate:
+                self.waiters.accepted(result.event_id)
+        self.scheduler.accepted(accepted.results, accepted.claim)
+        return accepted.results
+
+
+def admits(settings: ChannelSettings, event: InboundEvent) -> bool:
+    """The channel's sender and chat policy."""
+    if event.chat_type is ChatType.GROUP and not settings.chat_allowed(event.chat_id):
+        return False
+    if settings.sender_allowed(event.sender_id):
+        return True
+    return event.chat_type is ChatType.DIRECT and settings.answer_unknown_dm
