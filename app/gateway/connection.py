@@ -13,6 +13,7 @@ import contextlib
 import hashlib
 import json
 import time
+from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -38,7 +39,13 @@ from app.gateway.protocol import (
 from app.gateway.tokens import GatewayGrant, TokenInvalid
 
 if TYPE_CHECKING:
-    from app.gateway.hub import GatewayHub
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
+    from app.bus import SessionBus
+    from app.channel import AcceptResult
+    from app.config import Settings
+    from app.gateway.tokens import TokenVerifier
+    from app.metrics import Metrics
 
 log = structlog.get_logger(__name__)
 
@@ -59,6 +66,23 @@ class GatewaySocket(Protocol):
     async def close(self, code: int, reason: str) -> None: ...
 
 
+class GatewayHost(Protocol):
+    """What a connection needs from the gateway it belongs to (`app.gateway.hub.GatewayHub`)."""
+
+    settings: Settings
+    engine: AsyncEngine
+    metrics: Metrics
+    verifier: TokenVerifier
+
+    @property
+    def bus(self) -> SessionBus: ...
+
+    @property
+    def available(self) -> bool: ...
+
+    async def accept(self, events: Sequence[InboundEvent]) -> list[AcceptResult]: ...
+
+
 class _TooSlow(Exception):
     pass
 
@@ -71,7 +95,7 @@ def external_id_for(subject: str, key: str, client_message_id: str) -> str:
 
 
 class GatewayConnection:
-    def __init__(self, hub: GatewayHub, ws: GatewaySocket) -> None:
+    def __init__(self, hub: GatewayHost, ws: GatewaySocket) -> None:
         self.hub = hub
         self.ws = ws
         settings = hub.settings
