@@ -95,6 +95,8 @@ def parse_client_frame(text: str) -> ClientFrame:
         data = json.loads(text)
     except ValueError as exc:
         raise BadFrame(f"not JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise BadFrame("JSON nested too deeply") from exc
     if not isinstance(data, dict) or not isinstance(data.get("type"), str):
         raise BadFrame('a frame is a JSON object with a "type"')
     try:

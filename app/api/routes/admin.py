@@ -13,6 +13,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, HTTPException, Query
 
 from app.api.deps import get_runtime, require_admin
+from app.api.routes import keypath as _keypath  # noqa: F401  (registers {key:key})
 from app.events import InboundEvent, TextPart
 from app.runtime import Runtime
 from app.sessions import lease as leases
@@ -72,7 +73,7 @@ async def _current(runtime: Runtime, key: str, generation: int | None = None) ->
     return found
 
 
-@router.get("/sessions/{key:path}/messages")
+@router.get("/sessions/{key:key}/messages")
 async def session_messages(
     key: str,
     generation: int | None = None,
@@ -86,13 +87,13 @@ async def session_messages(
     return {"key": key, "generation": session["generation"], "messages": items}
 
 
-@router.get("/sessions/{key:path}/runs")
+@router.get("/sessions/{key:key}/runs")
 async def session_runs(key: str, runtime: Runtime = Depends(get_runtime)) -> dict[str, Any]:
     """Run traces of the key (newest first): model, tool calls, tokens, timing, outcome."""
     return {"key": key, "runs": await queries.session_runs(runtime.engine, key)}
 
 
-@router.post("/sessions/{key:path}/reset", status_code=202)
+@router.post("/sessions/{key:key}/reset", status_code=202)
 async def reset_session(key: str, runtime: Runtime = Depends(get_runtime)) -> dict[str, Any]:
     """Close the current generation. Queued behind the key's events, like a user's /reset."""
     await _current(runtime, key)
@@ -108,7 +109,7 @@ async def reset_session(key: str, runtime: Runtime = Depends(get_runtime)) -> di
     return {"event_id": result.event_id, "session_key": key}
 
 
-@router.post("/sessions/{key:path}/archive")
+@router.post("/sessions/{key:key}/archive")
 async def archive_session(key: str, runtime: Runtime = Depends(get_runtime)) -> dict[str, Any]:
     """Archive the current generation (kept and readable, hidden from default lists)."""
     session = await _current(runtime, key)
@@ -117,7 +118,7 @@ async def archive_session(key: str, runtime: Runtime = Depends(get_runtime)) -> 
     return {"key": key, "generation": session["generation"], "status": "archived"}
 
 
-@router.post("/sessions/{key:path}/reopen")
+@router.post("/sessions/{key:key}/reopen")
 async def reopen_session(
     key: str, generation: int, runtime: Runtime = Depends(get_runtime)
 ) -> dict[str, Any]:
@@ -128,7 +129,7 @@ async def reopen_session(
     return {"key": key, "generation": generation, "status": "active"}
 
 
-@router.get("/sessions/{key:path}")
+@router.get("/sessions/{key:key}")
 async def get_session(key: str, runtime: Runtime = Depends(get_runtime)) -> dict[str, Any]:
     """The key's current generation: status, counts, lease."""
     return await _current(runtime, key)

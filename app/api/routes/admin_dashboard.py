@@ -3,7 +3,7 @@
 Everything the dashboard (`/admin`) shows comes from here or from `routes/admin.py`;
 scripts can use the same endpoints. Same authentication as the rest of `/admin/api`
 (bearer ADMIN_TOKEN or the dashboard's session cookie). None of these paths starts
-with `/sessions/`, which `routes/admin.py` matches as `{key:path}`.
+with `/sessions/`, which `routes/admin.py` matches as `{key:key}`.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query
 from pydantic import BaseModel, Field
 
 from app.api.deps import get_runtime, require_admin
+from app.api.routes import keypath as _keypath  # noqa: F401  (registers {key:key})
 from app.db.models import utcnow
 from app.runtime import Runtime
 from app.sessions import queries, stats
@@ -202,7 +203,7 @@ async def list_approvals(
     }
 
 
-@router.get("/session-generations/{key:path}")
+@router.get("/session-generations/{key:key}")
 async def session_generations(key: str, runtime: Runtime = Depends(get_runtime)) -> dict[str, Any]:
     """Every generation of a session key, newest first, marking the current one."""
     generations = await queries.session_generations(runtime.engine, key)

@@ -8,11 +8,12 @@ from urllib.parse import parse_qsl
 
 from fastapi import APIRouter, Request, Response, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse, PlainTextResponse
+from pydantic import ValidationError
 from starlette.types import Receive, Scope, Send
 
 from app.api.deps import get_runtime
 from app.channel import ChannelAdapter, ChannelRequest, ChannelResponse, HttpChannel, WebSocketChannel
-from app.errors import ChannelRequestError, PayloadTooLarge, UnknownChannel
+from app.errors import ChannelRequestError, InvalidPayload, PayloadTooLarge, UnknownChannel
 
 if TYPE_CHECKING:
     from app.runtime import Runtime
@@ -50,12 +51,23 @@ async def _handle(
     """The adapter's answer, or the error response for a request it cannot take."""
     try:
         adapter, http = _http_channel(runtime, name)
-        body = await read_body(adapter.settings.max_body_bytes)
-        return _to_response(await http.handle_request(make_request(body)))
+        body = await read_body(min(adapter.settings.max_body_bytes, runtime.settings.max_body_bytes))
+        try:
+            return _to_response(await http.handle_request(make_request(body)))
+        except ValidationError as exc:
+            # An adapter built an event the event model refuses (`InboundEvent._storable`):
+            # nothing was stored, the sender gets the reason.
+            raise InvalidPayload(_validation_detail(exc)) from exc
+        except RecursionError as exc:
+            raise InvalidPayload("payload is nested too deeply") from exc
     except ChannelRequestError as exc:
         if not isinstance(exc, UnknownChannel):
             runtime.metrics.events_rejected.labels(name, exc.code).inc()
         return error_response(exc)
+
+
+def _validation_detail(exc: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'event'}: {e['msg']}" for e in exc.errors()[:5])
 
 
 def error_response(exc: ChannelRequestError) -> JSONResponse:

@@ -11,7 +11,7 @@ from starlette.websockets import WebSocketState
 
 from app.api.deps import require_admin
 from app.gateway.hub import GatewayHub
-from app.gateway.tokens import issue_token
+from app.gateway.tokens import issue_token, prefix_problem
 
 router = APIRouter(tags=["gateway"])
 
@@ -63,6 +63,8 @@ class TokenRequest(BaseModel):
     def _some_scope(self) -> TokenRequest:
         if not self.session_keys and self.key_prefix is None:
             raise ValueError("give session_keys or key_prefix: a token must allow some session")
+        if self.key_prefix is not None and (problem := prefix_problem(self.key_prefix)):
+            raise ValueError(problem)
         return self
 
 
