@@ -12,8 +12,10 @@ from starlette.types import Receive, Scope, Send
 
 from app.agent.provider import ChatProvider
 from app.agent.tools import Tool
+from app.api import responses
 from app.api.deps import AdminLockout
 from app.api.limits import AdminAuthFirst, BodyLimit, UrlGuard
+from app.api.responses import SafeJSONResponse
 from app.api.routes import admin, admin_dashboard, admin_memory, channels, health
 from app.api.routes import cron as cron_routes
 from app.api.routes import gateway as gateway_routes
@@ -70,7 +72,9 @@ def create_app(
             await gateway.stop()
             await runtime.stop()
 
-    app = ChatgateApp(title="chatgate", version="0.1.0", lifespan=lifespan)
+    app = ChatgateApp(
+        title="chatgate", version="0.1.0", lifespan=lifespan, default_response_class=SafeJSONResponse
+    )
     app.state.runtime = runtime
     app.state.settings = settings
     app.state.gateway = gateway
@@ -85,6 +89,7 @@ def create_app(
     async def _channel_error(_request: Request, exc: ChannelRequestError) -> JSONResponse:
         return channels.error_response(exc)
 
+    responses.install(app)
     app.include_router(health.router)
     app.include_router(channels.router)
     app.include_router(admin.router)

@@ -6,8 +6,9 @@ import hmac
 import math
 import time
 from collections.abc import Sequence
+from typing import Annotated
 
-from fastapi import HTTPException, Request
+from fastapi import HTTPException, Path, Request
 from sqlalchemy import case, delete, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -15,6 +16,12 @@ from app.db.models import admin_auth_failures as failures_table
 from app.db.upsert import insert_for
 from app.runtime import Runtime
 from app.web.admin_cookie import COOKIE_NAME, verify_admin_cookie
+
+# Integers a query or path may carry: what the database columns hold (BIGINT, INTEGER);
+# a larger one is refused with 422 instead of overflowing in the driver.
+INT64_MAX = 2**63 - 1
+INT32_MAX = 2**31 - 1
+RowId = Annotated[int, Path(ge=1, le=INT64_MAX, description="A row id.")]
 
 
 def get_runtime(request: Request) -> Runtime:

@@ -12,7 +12,7 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query
 
-from app.api.deps import get_runtime, require_admin
+from app.api.deps import INT32_MAX, INT64_MAX, get_runtime, require_admin
 from app.api.routes import keypath as _keypath  # noqa: F401  (registers {key:key})
 from app.events import InboundEvent, TextPart
 from app.runtime import Runtime
@@ -33,7 +33,7 @@ async def list_sessions(
     q: str | None = Query(None, description="Search in keys and message text"),
     include_archived: bool = False,
     limit: int = Query(100, ge=1, le=1000),
-    offset: int = Query(0, ge=0),
+    offset: int = Query(0, ge=0, le=INT64_MAX),
     runtime: Runtime = Depends(get_runtime),
 ) -> dict[str, Any]:
     """Sessions, newest activity first (archived ones only when asked for)."""
@@ -76,8 +76,8 @@ async def _current(runtime: Runtime, key: str, generation: int | None = None) ->
 @router.get("/sessions/{key:key}/messages")
 async def session_messages(
     key: str,
-    generation: int | None = None,
-    after_seq: int = Query(0, ge=0),
+    generation: int | None = Query(None, ge=1, le=INT32_MAX),
+    after_seq: int = Query(0, ge=0, le=INT64_MAX),
     limit: int = Query(1000, ge=1, le=10000),
     runtime: Runtime = Depends(get_runtime),
 ) -> dict[str, Any]:
@@ -120,7 +120,7 @@ async def archive_session(key: str, runtime: Runtime = Depends(get_runtime)) -> 
 
 @router.post("/sessions/{key:key}/reopen")
 async def reopen_session(
-    key: str, generation: int, runtime: Runtime = Depends(get_runtime)
+    key: str, generation: int = Query(ge=1, le=INT32_MAX), runtime: Runtime = Depends(get_runtime)
 ) -> dict[str, Any]:
     """Make an earlier generation the key's current, active one again."""
     session = await _current(runtime, key, generation)

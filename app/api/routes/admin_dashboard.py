@@ -14,7 +14,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, HTTPException, Query
 from pydantic import BaseModel, Field
 
-from app.api.deps import get_runtime, require_admin
+from app.api.deps import INT64_MAX, RowId, get_runtime, require_admin
 from app.api.routes import keypath as _keypath  # noqa: F401  (registers {key:key})
 from app.db.models import utcnow
 from app.runtime import Runtime
@@ -167,7 +167,9 @@ async def timeseries(
 async def list_runs(
     session_key: str | None = None,
     outcome: str | None = Query(None, description="ok, running, provider_error, max_iterations, …"),
-    before_id: int | None = Query(None, description="Page backwards: runs with a smaller id."),
+    before_id: int | None = Query(
+        None, ge=1, le=INT64_MAX, description="Page backwards: runs with a smaller id."
+    ),
     limit: int = Query(100, ge=1, le=1000),
     runtime: Runtime = Depends(get_runtime),
 ) -> dict[str, Any]:
@@ -180,7 +182,7 @@ async def list_runs(
 
 
 @router.get("/runs/{run_id}")
-async def get_run(run_id: int, runtime: Runtime = Depends(get_runtime)) -> dict[str, Any]:
+async def get_run(run_id: RowId, runtime: Runtime = Depends(get_runtime)) -> dict[str, Any]:
     """One run trace with the messages it appended (seq, role, tool name) and its approvals."""
     found = await queries.run_detail(runtime.engine, run_id)
     if found is None:

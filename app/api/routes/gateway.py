@@ -57,7 +57,9 @@ class TokenRequest(BaseModel):
     subject: str = Field(min_length=1, max_length=200, description="Who talks: the events' sender_id.")
     session_keys: list[str] = Field(default_factory=list, max_length=100, description="Exact keys allowed.")
     key_prefix: str | None = Field(None, max_length=512, description='Keys under this prefix ("" = all).')
-    ttl_seconds: int | None = Field(None, ge=1, description="Lifetime; default GATEWAY_TOKEN_TTL_SECONDS.")
+    ttl_seconds: int | None = Field(
+        None, ge=1, le=2**31 - 1, description="Lifetime; default GATEWAY_TOKEN_TTL_SECONDS."
+    )
 
     @model_validator(mode="after")
     def _some_scope(self) -> TokenRequest:
