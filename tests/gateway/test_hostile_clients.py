@@ -42,7 +42,9 @@ async def test_a_prefix_token_cannot_attach_to_or_list_a_longer_key(gateway_serv
             )
             assert resp.status_code == 422, (bad, resp.text)
         resp = await http.post(
-            f"{srv.url}/admin/api/gateway-tokens", headers=ADMIN, json={"subject": "m", "key_prefix": "webhook:a"}
+            f"{srv.url}/admin/api/gateway-tokens",
+            headers=ADMIN,
+            json={"subject": "m", "key_prefix": "webhook:a"},
         )
         assert resp.status_code == 201, resp.text
         token = resp.json()["token"]
