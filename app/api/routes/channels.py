@@ -6,6 +6,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, cast
 from urllib.parse import parse_qsl
 
+import structlog
 from fastapi import APIRouter, Request, Response, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import ValidationError
@@ -18,6 +19,7 @@ from app.errors import ChannelRequestError, InvalidPayload, PayloadTooLarge, Unk
 if TYPE_CHECKING:
     from app.runtime import Runtime
 
+log = structlog.get_logger(__name__)
 router = APIRouter(tags=["channels"])
 
 # The methods platforms use on `/channels/...`; the app serves these without FastAPI's
@@ -60,10 +62,19 @@ async def _handle(
             raise InvalidPayload(_validation_detail(exc)) from exc
         except RecursionError as exc:
             raise InvalidPayload("payload is nested too deeply") from exc
+        except _SHAPE_ERRORS as exc:
+            # A validly signed payload of a shape the adapter did not expect (a list where
+            # the platform documents a string …): the sender's error, not ours. Logged with
+            # its traceback, so the adapter can learn to refuse it by name.
+            log.warning("channel_payload_unexpected_shape", channel=name, exc_info=True)
+            raise InvalidPayload(f"payload has an unexpected shape ({type(exc).__name__}: {exc})") from exc
     except ChannelRequestError as exc:
         if not isinstance(exc, UnknownChannel):
             runtime.metrics.events_rejected.labels(name, exc.code).inc()
         return error_response(exc)
+
+
+_SHAPE_ERRORS = (TypeError, KeyError, AttributeError, IndexError, ValueError)
 
 
 def _validation_detail(exc: ValidationError) -> str:
