@@ -37,7 +37,10 @@ class ChatgateApp(FastAPI):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # The URL guard comes first, for the fast channel path too.
-        await UrlGuard(self._dispatch)(scope, receive, send)
+        guard = self.__dict__.get("_url_guard")
+        if guard is None:
+            guard = self.__dict__["_url_guard"] = UrlGuard(self._dispatch)
+        await guard(scope, receive, send)
 
     async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (

@@ -15,12 +15,20 @@ TOKEN = "onebot-test-token"
 BOT = 10001
 
 
-async def test_deep_and_unstorable_frames_keep_the_bridge_and_the_next_event_is_answered(serve: ServeApp) -> None:
+async def test_deep_and_unstorable_frames_keep_the_bridge_and_the_next_event_is_answered(
+    serve: ServeApp,
+) -> None:
     settings = OneBotSettings(_env_file=None, access_token=TOKEN, api_timeout_seconds=2.0)  # type: ignore[call-arg]
     async with serve(channel_settings={"onebot": settings}) as srv:
         url = srv.url.replace("http://", "ws://") + "/channels/onebot/ws"
         async with FakeBridge(url, BOT, TOKEN) as bridge:
-            deep = json.dumps(private_message(BOT, 42, "x"))[:-1] + ', "extra": ' + "[" * 10_000 + "]" * 10_000 + "}"
+            deep = (
+                json.dumps(private_message(BOT, 42, "x"))[:-1]
+                + ', "extra": '
+                + "[" * 10_000
+                + "]" * 10_000
+                + "}"
+            )
             await bridge.send_raw(deep)
             await bridge.send_raw(json.dumps(private_message(BOT, 42, "bad \ud800 text")))
             await bridge.send_raw(json.dumps(private_message(BOT, 42, "bad \x00 text")))
