@@ -118,7 +118,7 @@ def unstorable_text(value: str) -> bool:
     return _UNSTORABLE.search(value) is not None
 
 
-def _unstorable_in(value: Any) -> bool:
+def unstorable_in(value: Any) -> bool:
     """`unstorable_text` over nested JSON-like data, without recursion (any depth)."""
     stack = [value]
     while stack:
@@ -167,9 +167,9 @@ class InboundEvent(BaseModel):
         for name, value in ids.items():
             if value is not None and _BAD_ID.search(value):
                 raise ValueError(f"{name} contains a control character, NUL or lone surrogate")
-        if _unstorable_in([p.model_dump() for p in self.parts]):
+        if unstorable_in([p.model_dump() for p in self.parts]):
             raise ValueError("text contains a NUL character or a lone surrogate (\\u0000, \\ud800-\\udfff)")
-        if _unstorable_in(self.metadata):
+        if unstorable_in(self.metadata):
             raise ValueError("metadata contains a NUL character or a lone surrogate")
         return self
 

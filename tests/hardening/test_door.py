@@ -186,3 +186,24 @@ async def test_admin_keys_with_a_slash_resolve_to_themselves(serve: ServeApp) ->
         assert resp.status_code == 200, resp.text
         resp = await client.get(f"{api}/sessions/{q('webhook:victim/runs')}/runs", headers=ADMIN)
         assert resp.json()["key"] == "webhook:victim/runs"
+
+
+async def test_admin_bodies_with_unstorable_text_get_4xx_and_store_nothing(serve: ServeApp) -> None:
+    async with serve() as srv, httpx.AsyncClient(timeout=30, headers=ADMIN) as client:
+        api = f"{srv.url}/admin/api"
+        for odd in ("a\\u0000b", "a\\ud800b"):
+            job = (
+                '{"prompt": "' + odd + '", "schedule": "0 9 * * *", '
+                '"target": {"channel": "webhook", "chat_id": "c' + odd + '"}}'
+            )
+            resp = await client.post(
+                f"{api}/cron-jobs", content=job.encode(), headers={"Content-Type": "application/json"}
+            )
+            assert 400 <= resp.status_code < 500, (odd, resp.status_code, resp.text)
+            link = '{"identity": "webhook:' + odd + '", "person_id": "alice"}'
+            resp = await client.post(
+                f"{api}/identity-links", content=link.encode(), headers={"Content-Type": "application/json"}
+            )
+            assert 400 <= resp.status_code < 500, (odd, resp.status_code, resp.text)
+        assert (await client.get(f"{api}/cron-jobs")).json()["jobs"] == []
+        assert (await client.get(f"{api}/identity-links")).status_code == 200

@@ -11,8 +11,9 @@ from datetime import datetime
 from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Response
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
+from app.api.bodies import RequestBody
 from app.api.deps import INT32_MAX, INT64_MAX, RowId, get_runtime, require_admin
 from app.events import SessionScope, build_session_key
 from app.runtime import Runtime
@@ -22,7 +23,7 @@ from app.scheduling.store import MAX_PROMPT_CHARS
 router = APIRouter(prefix="/admin/api/cron-jobs", tags=["cron"], dependencies=[Depends(require_admin)])
 
 
-class TargetBody(BaseModel):
+class TargetBody(RequestBody):
     model_config = ConfigDict(extra="forbid")
 
     channel: str = Field(
@@ -45,7 +46,7 @@ def _valid_zone(value: str | None) -> str | None:
     return value
 
 
-class JobCreate(BaseModel):
+class JobCreate(RequestBody):
     model_config = ConfigDict(extra="forbid")
 
     prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS, description="Text the session receives.")
@@ -72,7 +73,7 @@ class JobCreate(BaseModel):
         return self
 
 
-class JobUpdate(BaseModel):
+class JobUpdate(RequestBody):
     """Fields to change; absent fields stay as they are."""
 
     model_config = ConfigDict(extra="forbid")

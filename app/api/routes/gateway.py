@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends, HTTPException, Request, WebSocket
 from pydantic import BaseModel, Field, model_validator
 from starlette.websockets import WebSocketState
 
+from app.api.bodies import RequestBody
 from app.api.deps import require_admin
 from app.gateway.hub import GatewayHub
 from app.gateway.tokens import issue_token, prefix_problem
@@ -53,7 +54,7 @@ async def gateway_websocket(websocket: WebSocket) -> None:
     await hub.serve(_StarletteGatewaySocket(websocket))
 
 
-class TokenRequest(BaseModel):
+class TokenRequest(RequestBody):
     subject: str = Field(min_length=1, max_length=200, description="Who talks: the events' sender_id.")
     session_keys: list[str] = Field(default_factory=list, max_length=100, description="Exact keys allowed.")
     key_prefix: str | None = Field(None, max_length=512, description='Keys under this prefix ("" = all).')
