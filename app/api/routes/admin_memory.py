@@ -11,9 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException
-from pydantic import ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field
 
-from app.api.bodies import RequestBody
 from app.api.deps import get_runtime, require_admin
 from app.api.routes import keypath as _keypath  # noqa: F401  (registers {key:key})
 from app.memory.identity import IdentityLink, IdentityLinks, check_person_id, parse_identity
@@ -22,7 +21,7 @@ from app.runtime import Runtime
 router = APIRouter(prefix="/admin/api", tags=["admin"], dependencies=[Depends(require_admin)])
 
 
-class LinkRequest(RequestBody):
+class LinkRequest(BaseModel):  # `_identity` and `_person` check its text
     model_config = ConfigDict(extra="forbid")
 
     identity: str = Field(
