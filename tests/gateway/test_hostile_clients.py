@@ -75,6 +75,8 @@ async def test_deep_and_unstorable_frames_get_an_error_frame_and_the_connection_
             assert "NUL" in error["detail"] or "surrogate" in error["detail"]
         await client.ws.send('{"type": "send", "text": "hi", "client_message_id": "x\\ud800"}')
         assert (await client.expect("error"))["code"] == "bad_frame"
+        await client.ws.send('{"type": "attach", "session_key": "web:alice\\u0000x"}')
+        assert (await client.expect("error"))["code"] == "bad_frame"
         assert await count(srv.runtime, inbox) == 0
         # Still open and serving: a clean message goes through on the same connection.
         await client.send({"type": "send", "text": "still here", "client_message_id": "ok-1"})
