@@ -106,6 +106,9 @@ def build_session_key(
     return ":".join(parts)
 
 
+MAX_EXTERNAL_ID_CHARS = 256  # inbox.external_id
+MAX_SESSION_KEY_CHARS = 512  # inbox.session_key, session_keys.key
+
 # Text that no store can hold: NUL (PostgreSQL text and jsonb refuse it) and lone UTF-16
 # surrogates (no UTF-8 encoding exists, so every append of such an event would fail).
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
@@ -167,6 +170,12 @@ class InboundEvent(BaseModel):
         for name, value in ids.items():
             if value is not None and _BAD_ID.search(value):
                 raise ValueError(f"{name} contains a control character, NUL or lone surrogate")
+        # The inbox's columns: a longer id or key would be refused by PostgreSQL only after
+        # the platform was as good as answered (SQLite does not check lengths at all).
+        if self.external_id is not None and len(self.external_id) > MAX_EXTERNAL_ID_CHARS:
+            raise ValueError(f"the platform's message id is longer than {MAX_EXTERNAL_ID_CHARS} characters")
+        if len(self.session_key) > MAX_SESSION_KEY_CHARS:
+            raise ValueError(f"the session key would be longer than {MAX_SESSION_KEY_CHARS} characters")
         if unstorable_in([p.model_dump() for p in self.parts]):
             raise ValueError("text contains a NUL character or a lone surrogate (\\u0000, \\ud800-\\udfff)")
         if unstorable_in(self.metadata):
