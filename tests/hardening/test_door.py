@@ -207,3 +207,17 @@ async def test_admin_bodies_with_unstorable_text_get_4xx_and_store_nothing(serve
             assert 400 <= resp.status_code < 500, (odd, resp.status_code, resp.text)
         assert (await client.get(f"{api}/cron-jobs")).json()["jobs"] == []
         assert (await client.get(f"{api}/identity-links")).status_code == 200
+
+
+async def test_a_platform_id_longer_than_the_inbox_holds_gets_400(serve: ServeApp) -> None:
+    async with json_channel_settings() as channel_settings:
+        async with serve(channel_settings=channel_settings) as srv, httpx.AsyncClient(timeout=30) as client:
+            [qq] = [c for c in JSON_CHANNELS if c.name == "qq"]
+            payload = json.loads(qq.body_with(1, '"hi"'))
+            payload["d"]["id"] = "m" * 300
+            body = json.dumps(payload).encode()
+            resp = await qq.post(client, srv.url, body)
+            assert resp.status_code == 400, resp.text
+            assert "longer than 256" in resp.json()["detail"]
+            assert await count(srv.runtime, inbox) == 0
+            assert (await qq.post(client, srv.url, qq.body_with(2, '"hi"'))).status_code == 200
