@@ -114,6 +114,8 @@ class ChannelRequest:
             return json.loads(self.body)
         except (ValueError, UnicodeDecodeError) as exc:
             raise InvalidPayload(f"body is not valid JSON: {exc}") from exc
+        except RecursionError as exc:
+            raise InvalidPayload("body is nested too deeply") from exc
 
 
 @dataclass

@@ -23,7 +23,7 @@ def _print_json(data: Any) -> None:
 def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     import uvicorn
 
-    from app.api.app import create_app
+    from app.api.app import create_app, server_options
 
     app = create_app(settings)
     # Everything imported and built so far lives as long as the process: frozen, the
@@ -37,6 +37,7 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
         port=args.port or settings.port,
         log_level=settings.log_level.lower(),
         access_log=False,
+        **server_options(app),
     )
     return 0
 

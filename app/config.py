@@ -52,6 +52,13 @@ class Settings(BaseSettings):
     public_base_url: str | None = Field(
         None, description="External URL of this service, used when registering webhooks."
     )
+    max_body_bytes: int = Field(
+        1024 * 1024, ge=1, description="Largest request body on any route; larger ones get 413."
+    )
+    trusted_proxies: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Comma-separated proxy addresses whose X-Forwarded-For is believed; empty: none.",
+    )
 
     channels: Annotated[list[str], NoDecode] = Field(
         default_factory=lambda: ["webhook"],
@@ -188,12 +195,18 @@ class Settings(BaseSettings):
     gateway_resume_limit: int = Field(1000, description="Most missed messages sent on a resume.")
     gateway_max_text_chars: int = Field(32_000, description="Longest text of a `send` frame.")
     gateway_max_frame_bytes: int = Field(65_536, description="Largest client frame.")
+    gateway_sends_per_minute: int = Field(
+        30, ge=1, description="Messages one connection may send per minute; more get error `rate_limited`."
+    )
+    gateway_subject_sends_per_minute: int = Field(
+        60, ge=1, description="Messages one subject may send per minute over all its connections."
+    )
 
     # --- logging ---------------------------------------------------------------------
     log_level: str = "INFO"
     log_format: Literal["json", "console"] = "json"
 
-    @field_validator("channels", "tools_allow", "tools_deny", mode="before")
+    @field_validator("channels", "tools_allow", "tools_deny", "trusted_proxies", mode="before")
     @classmethod
     def _comma_list(cls, value: object) -> object:
         if isinstance(value, str):

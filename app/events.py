@@ -7,12 +7,13 @@ keys are built.
 
 from __future__ import annotations
 
+import re
 import uuid
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class ChatType(StrEnum):
@@ -105,6 +106,37 @@ def build_session_key(
     return ":".join(parts)
 
 
+MAX_EXTERNAL_ID_CHARS = 256  # inbox.external_id
+MAX_SESSION_KEY_CHARS = 512  # inbox.session_key, session_keys.key
+
+# Text that no store can hold: NUL (PostgreSQL text and jsonb refuse it) and lone UTF-16
+# surrogates (no UTF-8 encoding exists, so every append of such an event would fail).
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+# Identifiers become session-key components and log fields: no control characters either.
+_BAD_ID = re.compile("[\x00-\x1f\x7f\ud800-\udfff]")
+
+
+def unstorable_text(value: str) -> bool:
+    """Whether `value` holds a NUL or a lone surrogate, which chatgate refuses at the door."""
+    return _UNSTORABLE.search(value) is not None
+
+
+def unstorable_in(value: Any) -> bool:
+    """`unstorable_text` over nested JSON-like data, without recursion (any depth)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if _UNSTORABLE.search(item):
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return False
+
+
 class InboundEvent(BaseModel):
     """One thing that happened on a channel and must be handled by one session."""
 
@@ -123,6 +155,32 @@ class InboundEvent(BaseModel):
     source_session_key: str | None = None
     received_at: datetime = Field(default_factory=_utcnow)
     metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _storable(self) -> InboundEvent:
+        """Refuse, at the door, what could be acknowledged but never stored (issue 16)."""
+        ids = {
+            "chat_id": self.chat_id,
+            "sender_id": self.sender_id,
+            "thread_id": self.thread_id,
+            "external_id": self.external_id,
+            "session_key_override": self.session_key_override,
+            "source_session_key": self.source_session_key,
+        }
+        for name, value in ids.items():
+            if value is not None and _BAD_ID.search(value):
+                raise ValueError(f"{name} contains a control character, NUL or lone surrogate")
+        # The inbox's columns: a longer id or key would be refused by PostgreSQL only after
+        # the platform was as good as answered (SQLite does not check lengths at all).
+        if self.external_id is not None and len(self.external_id) > MAX_EXTERNAL_ID_CHARS:
+            raise ValueError(f"the platform's message id is longer than {MAX_EXTERNAL_ID_CHARS} characters")
+        if len(self.session_key) > MAX_SESSION_KEY_CHARS:
+            raise ValueError(f"the session key would be longer than {MAX_SESSION_KEY_CHARS} characters")
+        if unstorable_in([p.model_dump() for p in self.parts]):
+            raise ValueError("text contains a NUL character or a lone surrogate (\\u0000, \\ud800-\\udfff)")
+        if unstorable_in(self.metadata):
+            raise ValueError("metadata contains a NUL character or a lone surrogate")
+        return self
 
     @property
     def session_key(self) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -11,7 +12,10 @@ from starlette.types import Receive, Scope, Send
 
 from app.agent.provider import ChatProvider
 from app.agent.tools import Tool
-from app.api.deps import FailedAdminAuth
+from app.api import responses
+from app.api.deps import AdminLockout
+from app.api.limits import AdminAuthFirst, BodyLimit, UrlGuard
+from app.api.responses import SafeJSONResponse
 from app.api.routes import admin, admin_dashboard, admin_memory, channels, health
 from app.api.routes import cron as cron_routes
 from app.api.routes import gateway as gateway_routes
@@ -32,6 +36,13 @@ class ChatgateApp(FastAPI):
     """
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # The URL guard comes first, for the fast channel path too.
+        guard = self.__dict__.get("_url_guard")
+        if guard is None:
+            guard = self.__dict__["_url_guard"] = UrlGuard(self._dispatch)
+        await guard(scope, receive, send)
+
+    async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (
             scope["type"] == "http"
             and scope["method"] in channels.HTTP_METHODS
@@ -64,16 +75,24 @@ def create_app(
             await gateway.stop()
             await runtime.stop()
 
-    app = ChatgateApp(title="chatgate", version="0.1.0", lifespan=lifespan)
+    app = ChatgateApp(
+        title="chatgate", version="0.1.0", lifespan=lifespan, default_response_class=SafeJSONResponse
+    )
     app.state.runtime = runtime
     app.state.settings = settings
     app.state.gateway = gateway
-    app.state.admin_failures = FailedAdminAuth(settings.admin_max_failures, settings.admin_lockout_seconds)
+    app.state.admin_failures = AdminLockout(
+        runtime.engine, settings.admin_max_failures, settings.admin_lockout_seconds
+    )
+    # Added last runs first: authentication, then the body limit, then the routes.
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(AdminAuthFirst)
 
     @app.exception_handler(ChannelRequestError)
     async def _channel_error(_request: Request, exc: ChannelRequestError) -> JSONResponse:
         return channels.error_response(exc)
 
+    responses.install(app)
     app.include_router(health.router)
     app.include_router(channels.router)
     app.include_router(admin.router)
@@ -83,3 +102,22 @@ def create_app(
     app.include_router(gateway_routes.router)
     web_pages.install(app)
     return app
+
+
+def server_options(app: FastAPI) -> dict[str, Any]:
+    """uvicorn options the app needs, for `chatgate serve` and tests alike.
+
+    `ws_max_size` bounds every WebSocket frame, the first one included, before anything of
+    it is buffered: the largest frame any WebSocket endpoint takes (`GATEWAY_MAX_FRAME_BYTES`,
+    `ONEBOT_MAX_FRAME_BYTES`); each endpoint checks its own, smaller limit after. Forwarded
+    headers are never applied by the server: only `TRUSTED_PROXIES` decides whom to believe.
+    """
+    settings: Settings = app.state.settings
+    runtime: Runtime = app.state.runtime
+    frame_limits = [settings.gateway_max_frame_bytes]
+    frame_limits += [
+        int(limit)
+        for channel_settings in runtime.channel_settings.values()
+        if (limit := getattr(channel_settings, "max_frame_bytes", None)) is not None
+    ]
+    return {"ws_max_size": max(frame_limits), "proxy_headers": False}

@@ -5,12 +5,23 @@ from __future__ import annotations
 import hmac
 import math
 import time
-from collections import deque
+from collections.abc import Sequence
+from typing import Annotated
 
-from fastapi import Header, HTTPException, Request
+from fastapi import HTTPException, Path, Request
+from sqlalchemy import case, delete, select
+from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.db.models import admin_auth_failures as failures_table
+from app.db.upsert import insert_for
 from app.runtime import Runtime
 from app.web.admin_cookie import COOKIE_NAME, verify_admin_cookie
+
+# Integers a query or path may carry: what the database columns hold (BIGINT, INTEGER);
+# a larger one is refused with 422 instead of overflowing in the driver.
+INT64_MAX = 2**63 - 1
+INT32_MAX = 2**31 - 1
+RowId = Annotated[int, Path(ge=1, le=INT64_MAX, description="A row id.")]
 
 
 def get_runtime(request: Request) -> Runtime:
@@ -18,66 +29,96 @@ def get_runtime(request: Request) -> Runtime:
     return runtime
 
 
-class FailedAdminAuth:
+class AdminLockout:
     """Wrong admin tokens per client address: after `limit` within `window` seconds the
     address gets 429 (even with the right token) until the window has passed.
 
-    Kept per process, in memory: with several replicas an attacker gets `limit` tries per
-    replica per window, which still makes guessing a long random token hopeless. Behind
-    a reverse proxy the client address must be the real one (uvicorn's proxy headers).
+    The count is a row per address in the database, so every replica sees the same count:
+    N replicas do not give an attacker N times `limit` tries. The window opens with the first
+    failure and closes `window` seconds later.
     """
 
-    def __init__(self, limit: int, window: float) -> None:
+    def __init__(self, engine: AsyncEngine, limit: int, window: float) -> None:
+        self.engine = engine
         self.limit = limit
         self.window = window
-        self._failures: dict[str, deque[float]] = {}
 
-    def _recent(self, client: str, now: float) -> deque[float]:
-        times = self._failures.get(client)
-        if times is None:
-            return deque()
-        while times and now - times[0] >= self.window:
-            times.popleft()
-        if not times:
-            del self._failures[client]
-        return times
+    async def check(self, client: str) -> None:
+        now = time.time()
+        async with self.engine.connect() as conn:
+            row = (
+                await conn.execute(
+                    select(failures_table.c.failures, failures_table.c.window_start).where(
+                        failures_table.c.client == client[:64]
+                    )
+                )
+            ).first()
+        if row is None or now - row.window_start >= self.window or row.failures < self.limit:
+            return
+        retry = max(1, math.ceil(self.window - (now - row.window_start)))
+        raise HTTPException(
+            429,
+            f"too many wrong admin tokens from this address; retry in {retry} s",
+            headers={"Retry-After": str(retry)},
+        )
 
-    def check(self, client: str) -> None:
-        now = time.monotonic()
-        times = self._recent(client, now)
-        if len(times) >= self.limit:
-            retry = max(1, math.ceil(self.window - (now - times[0])))
-            raise HTTPException(
-                429,
-                f"too many wrong admin tokens from this address; retry in {retry} s",
-                headers={"Retry-After": str(retry)},
+    async def failed(self, client: str) -> None:
+        now = time.time()
+        cutoff = now - self.window
+        table = failures_table
+        async with self.engine.begin() as conn:
+            stmt = insert_for(conn.dialect.name, table).values(
+                client=client[:64], failures=1, window_start=now
             )
+            expired = stmt.excluded.window_start - table.c.window_start >= self.window
+            await conn.execute(
+                stmt.on_conflict_do_update(
+                    index_elements=[table.c.client],
+                    set_={
+                        "failures": case((expired, 1), else_=table.c.failures + 1),
+                        "window_start": case(
+                            (expired, stmt.excluded.window_start), else_=table.c.window_start
+                        ),
+                    },
+                )
+            )
+            # Forget closed windows, so the table stays as small as the set of guessers.
+            await conn.execute(delete(table).where(table.c.window_start < cutoff - self.window))
 
-    def failed(self, client: str) -> None:
-        if len(self._failures) > 10_000:  # bounded: forget the oldest addresses
-            for stale in list(self._failures)[:1000]:
-                del self._failures[stale]
-        self._failures.setdefault(client, deque()).append(time.monotonic())
+
+def client_address(request: Request, trusted_proxies: Sequence[str]) -> str:
+    """The client's address: the peer's, or, when the peer is a proxy the operator named
+    (`TRUSTED_PROXIES`), the last `X-Forwarded-For` entry no trusted proxy added."""
+    peer = request.client.host if request.client else "unknown"
+    if peer not in trusted_proxies:
+        return peer
+    hops = [h.strip() for h in ",".join(request.headers.getlist("x-forwarded-for")).split(",") if h.strip()]
+    for hop in reversed(hops):
+        if hop not in trusted_proxies:
+            return hop[:64]
+    return peer
 
 
-def admin_failures(request: Request) -> tuple[FailedAdminAuth, str]:
-    """The app's failed-token record (made by `create_app`) and this request's client address."""
-    record: FailedAdminAuth = request.app.state.admin_failures
-    return record, request.client.host if request.client else "unknown"
+def admin_failures(request: Request) -> tuple[AdminLockout, str]:
+    """The app's lockout (made by `create_app`) and this request's client address."""
+    lockout: AdminLockout = request.app.state.admin_failures
+    return lockout, client_address(request, get_runtime(request).settings.trusted_proxies)
 
 
-def require_admin(request: Request, authorization: str | None = Header(None)) -> None:
+async def require_admin(request: Request) -> None:
     """Bearer `ADMIN_TOKEN` or the dashboard's session cookie; closed when no token is set.
 
     Cookie-authenticated requests that change something must also carry
     `X-Requested-With` (any value): a cross-site form cannot set it, so the cookie alone
-    never authorizes a write even if a browser ignored SameSite.
+    never authorizes a write even if a browser ignored SameSite. The admin API checks this
+    before reading the body too (`app.api.limits.AdminAuthFirst`).
     """
     token = get_runtime(request).settings.admin_token
     if not token:
         raise HTTPException(503, "admin API disabled: set ADMIN_TOKEN")
+    authorization = request.headers.get("authorization")
     failures, client = admin_failures(request)
-    failures.check(client)
+    await failures.check(client)
     scheme, _, given = (authorization or "").partition(" ")
     if scheme.lower() == "bearer" and hmac.compare_digest(given.encode(), token.encode()):
         return
@@ -86,5 +127,5 @@ def require_admin(request: Request, authorization: str | None = Header(None)) ->
             return
         raise HTTPException(403, "cookie-authenticated writes need the X-Requested-With header")
     if authorization is not None:  # a token was tried (no header at all is not a guess)
-        failures.failed(client)
+        await failures.failed(client)
     raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})

@@ -16,6 +16,7 @@ from sqlalchemy import (
     Boolean,
     Column,
     DateTime,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -280,4 +281,14 @@ cron_jobs = Table(
     Column("updated_at", UTCDateTime, nullable=True),
     Index("ix_cron_jobs_enabled_next", "enabled", "next_fire_at"),
     Index("ix_cron_jobs_source_session_key", "source_session_key"),
+)
+
+# Wrong admin tokens per client address, shared by every replica: a fixed window opened
+# by the first failure; `failures` counts within it (`app.api.deps.AdminLockout`).
+admin_auth_failures = Table(
+    "admin_auth_failures",
+    metadata,
+    Column("client", String(64), primary_key=True),
+    Column("failures", Integer, nullable=False),
+    Column("window_start", Float, nullable=False),  # unix seconds
 )

@@ -12,12 +12,15 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import math
+import re
 import time
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
+from pydantic import ValidationError
 
 from app.events import InboundEvent, TextPart
 from app.gateway import history
@@ -36,6 +39,7 @@ from app.gateway.protocol import (
     error_frame,
     parse_client_frame,
 )
+from app.gateway.ratelimit import SendRate, seconds_text
 from app.gateway.tokens import GatewayGrant, TokenInvalid
 
 if TYPE_CHECKING:
@@ -44,6 +48,7 @@ if TYPE_CHECKING:
     from app.bus import SessionBus
     from app.channel import AcceptResult
     from app.config import Settings
+    from app.gateway.ratelimit import SubjectRates
     from app.gateway.tokens import TokenVerifier
     from app.metrics import Metrics
 
@@ -73,6 +78,7 @@ class GatewayHost(Protocol):
     engine: AsyncEngine
     metrics: Metrics
     verifier: TokenVerifier
+    subject_rates: SubjectRates
 
     @property
     def bus(self) -> SessionBus: ...
@@ -83,6 +89,9 @@ class GatewayHost(Protocol):
     async def accept(self, events: Sequence[InboundEvent]) -> list[AcceptResult]: ...
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 class _TooSlow(Exception):
     pass
 
@@ -90,7 +99,8 @@ class _TooSlow(Exception):
 def external_id_for(subject: str, key: str, client_message_id: str) -> str:
     """Dedup id of a client message: scoped to who sent it where, so ids never collide
     across users (a guessed id must not swallow, or reveal, someone else's message)."""
-    digest = hashlib.sha256(f"{subject}\x00{key}\x00{client_message_id}".encode()).hexdigest()
+    raw = f"{subject}\x00{key}\x00{client_message_id}".encode(errors="surrogatepass")
+    digest = hashlib.sha256(raw).hexdigest()
     return f"gw:{digest}"
 
 
@@ -117,6 +127,7 @@ class GatewayConnection:
         # accept may start its turn, `app.pipeline.accept_start`); `emit` sends the
         # `accepted` frame first then, so the client can match its pending message.
         self._accepting: dict[str, dict[str, Any]] = {}
+        self._send_rate = SendRate(settings.gateway_sends_per_minute)
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -178,7 +189,10 @@ class GatewayConnection:
         if frame.get("type") == "message" and frame.get("event_id") in self._accepting:
             self.emit(self._accepting.pop(frame["event_id"]))  # committed: it is on the bus
         try:
-            self._out.put_nowait(json.dumps(frame, default=str, ensure_ascii=False))
+            data = json.dumps(frame, default=str, ensure_ascii=False)
+            if _SURROGATE.search(data):  # echoed client input: no UTF-8 form, send it escaped
+                data = json.dumps(frame, default=str)
+            self._out.put_nowait(data)
         except asyncio.QueueFull:
             self._close_soon(CloseCode.TOO_SLOW, f"too slow: more than {self._out.maxsize} frames behind")
             raise _TooSlow from None
@@ -208,6 +222,9 @@ class GatewayConnection:
             await self.close(CloseCode.UNAUTHORIZED, "unauthorized: no auth frame in time")
             return
         if first is None:
+            return
+        if len(first) > settings.gateway_max_frame_bytes:  # characters ≤ bytes: no encoding needed
+            await self.close(CloseCode.TOO_BIG, f"frame over {settings.gateway_max_frame_bytes} bytes")
             return
         try:
             frame = parse_client_frame(first)
@@ -316,6 +333,27 @@ class GatewayConnection:
 
     # --- inbound messages -------------------------------------------------------------
 
+    def _rate_limited(self, client_message_id: str | None) -> bool:
+        """Whether this connection or its subject sent too many messages this minute."""
+        assert self.grant is not None
+        subject_rate = self.hub.subject_rates.get(self.grant.subject)
+        for rate, who in ((self._send_rate, "this connection"), (subject_rate, "this subject")):
+            wait = rate.retry_after()
+            if wait is not None:
+                self._rejected("rate_limited")
+                self.emit(
+                    error_frame(
+                        "rate_limited",
+                        f"{who} may send {rate.limit} messages a minute; retry in {seconds_text(wait)} s",
+                        client_message_id=client_message_id,
+                        retry_after=math.ceil(wait),
+                    )
+                )
+                return True
+        self._send_rate.record()
+        subject_rate.record()
+        return False
+
     async def _send_text(self, text: str, client_message_id: str | None) -> None:
         assert self.grant is not None
         if self.key is None:
@@ -324,18 +362,26 @@ class GatewayConnection:
                 error_frame("not_attached", "attach to a session first", client_message_id=client_message_id)
             )
             return
+        if self._rate_limited(client_message_id):
+            return
         key = self.key
-        event = InboundEvent(
-            channel="browser",
-            chat_id=key,
-            sender_id=self.grant.subject,
-            parts=(TextPart(text=text),),
-            external_id=external_id_for(self.grant.subject, key, client_message_id)
-            if client_message_id
-            else None,
-            session_key_override=key,
-            metadata={"client_message_id": client_message_id} if client_message_id else {},
-        )
+        try:
+            event = InboundEvent(
+                channel="browser",
+                chat_id=key,
+                sender_id=self.grant.subject,
+                parts=(TextPart(text=text),),
+                external_id=external_id_for(self.grant.subject, key, client_message_id)
+                if client_message_id
+                else None,
+                session_key_override=key,
+                metadata={"client_message_id": client_message_id} if client_message_id else {},
+            )
+        except ValidationError as exc:  # `InboundEvent._storable`: nothing is stored
+            self._rejected("bad_frame")
+            detail = exc.errors()[0]["msg"].removeprefix("Value error, ")
+            self.emit(error_frame("bad_frame", detail, client_message_id=client_message_id))
+            return
         accepted: dict[str, Any] = {
             "type": "accepted",
             "client_message_id": client_message_id,

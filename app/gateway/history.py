@@ -137,8 +137,13 @@ async def sessions_in_scope(
     conditions: list[ColumnElement[bool]] = []
     if grant.session_keys:
         conditions.append(sessions.c.key.in_(list(grant.session_keys)))
-    if grant.key_prefix is not None:
-        conditions.append(sessions.c.key.startswith(grant.key_prefix, autoescape=True))
+    prefix = grant.key_prefix
+    if prefix is not None:  # whole components, as `GatewayGrant.allows`
+        if not prefix or prefix.endswith(":"):
+            conditions.append(sessions.c.key.startswith(prefix, autoescape=True))
+        else:
+            conditions.append(sessions.c.key == prefix)
+            conditions.append(sessions.c.key.startswith(prefix + ":", autoescape=True))
     if not conditions:
         return []
     query = (

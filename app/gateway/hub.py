@@ -14,6 +14,7 @@ from app.events import InboundEvent, OutboundMessage
 from app.gateway import history
 from app.gateway.connection import GatewayConnection, GatewaySocket
 from app.gateway.protocol import CloseCode
+from app.gateway.ratelimit import SubjectRates
 from app.gateway.tokens import TokenVerifier
 from app.runtime import Runtime
 
@@ -29,6 +30,7 @@ class GatewayHub:
         self.metrics = runtime.metrics
         self.engine = runtime.engine
         self.verifier = TokenVerifier(self.settings.gateway_tokens, self.settings.gateway_token_secret)
+        self.subject_rates = SubjectRates(self.settings.gateway_subject_sends_per_minute)
         self.connections: set[GatewayConnection] = set()
 
     @property

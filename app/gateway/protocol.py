@@ -8,6 +8,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from app.events import unstorable_in
+
 
 class CloseCode(IntEnum):
     NORMAL = 1000
@@ -95,8 +97,12 @@ def parse_client_frame(text: str) -> ClientFrame:
         data = json.loads(text)
     except ValueError as exc:
         raise BadFrame(f"not JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise BadFrame("JSON nested too deeply") from exc
     if not isinstance(data, dict) or not isinstance(data.get("type"), str):
         raise BadFrame('a frame is a JSON object with a "type"')
+    if unstorable_in(data):  # no frame field may carry what no store or UTF-8 can hold
+        raise BadFrame("text contains a NUL character or a lone surrogate (\\u0000, \\ud800-\\udfff)")
     try:
         return _client_frame.validate_python(data)
     except ValidationError as exc:

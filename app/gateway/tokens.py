@@ -14,6 +14,7 @@ import hashlib
 import hmac
 import json
 import math
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -43,10 +44,14 @@ class GatewayGrant:
     extra: dict[str, object] = field(default_factory=dict, compare=False)
 
     def allows(self, key: str) -> bool:
-        """Whether the grant covers `key`: an exact listed key or one under the prefix."""
+        """Whether the grant covers `key`: an exact listed key or one under the prefix.
+
+        A prefix matches whole key components: `web:a` grants `web:a` and `web:a:…`, never
+        `web:ab`. A prefix ending in `:` (`web:`) grants the keys below it; `""` grants all.
+        """
         if key in self.session_keys:
             return True
-        return self.key_prefix is not None and key.startswith(self.key_prefix)
+        return self.key_prefix is not None and prefix_covers(self.key_prefix, key)
 
     @property
     def default_key(self) -> str | None:
@@ -54,6 +59,27 @@ class GatewayGrant:
 
     def expired(self, now: float | None = None) -> bool:
         return self.expires_at is not None and (now or time.time()) >= self.expires_at
+
+
+def prefix_covers(prefix: str, key: str) -> bool:
+    """Whether the key prefix `prefix` grants `key`, component by component."""
+    if not prefix or prefix.endswith(":"):
+        return key.startswith(prefix)
+    return key == prefix or key.startswith(prefix + ":")
+
+
+_ESCAPE = re.compile("%(?![0-9A-Fa-f]{2})")
+
+
+def prefix_problem(prefix: str) -> str | None:
+    """Why `prefix` cannot be a key prefix, or None: it must end at a component boundary."""
+    if _ESCAPE.search(prefix) or re.search("%[0-9A-Fa-f]?$", prefix):
+        return "key_prefix cuts an escape (%XX) in two: it must end at a component boundary"
+    if "::" in prefix or prefix.startswith(":"):
+        return "key_prefix has an empty component"
+    if any(ch in prefix for ch in "\x00\r\n"):
+        return "key_prefix contains a control character"
+    return None
 
 
 def _b64(data: bytes) -> str:

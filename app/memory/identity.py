@@ -32,7 +32,7 @@ NO_PERSON_CHANNELS = frozenset({"cron"})
 _PERSON_ID = re.compile(r"^[A-Za-z0-9_.@-]{1,200}$")
 # Channel names are adapter names (`telegram`, `wechat-mp`, …); anything else is a typo.
 _CHANNEL = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_CONTROL = re.compile("[\x00-\x1f\x7f\ud800-\udfff]")  # and lone surrogates: no UTF-8 form
 MAX_IDENTITY_CHARS = 600  # the identity_links.identity column, escaped form
 
 
@@ -76,7 +76,7 @@ def parse_identity(text: str) -> str:
     if channel == "person" or not is_person(channel):
         raise ValueError(f"identities of channel {channel!r} cannot be linked to a person")
     if _CONTROL.search(sender) or sender != sender.strip():
-        raise ValueError("a sender id has no control characters and no leading or trailing spaces")
+        raise ValueError("a sender id has no control characters or surrogates and no outer spaces")
     identity = identity_of(channel, sender)
     if len(identity) > MAX_IDENTITY_CHARS:
         raise ValueError(f"an identity is at most {MAX_IDENTITY_CHARS} characters (escaped)")

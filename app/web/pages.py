@@ -63,7 +63,7 @@ async def _given_token(request: Request) -> str:
     if content_type == "application/json":
         try:
             data = json.loads(body or b"{}")
-        except ValueError:
+        except (ValueError, RecursionError):
             raise HTTPException(400, "malformed JSON") from None
         token = data.get("token") if isinstance(data, dict) else None
     elif content_type == "application/x-www-form-urlencoded":
@@ -89,10 +89,10 @@ async def admin_login(request: Request) -> Response:
     if not admin_token:
         raise HTTPException(503, "admin API disabled: set ADMIN_TOKEN")
     failures, client = admin_failures(request)
-    failures.check(client)
+    await failures.check(client)
     given = await _given_token(request)
-    if not hmac.compare_digest(given.encode(), admin_token.encode()):
-        failures.failed(client)
+    if not hmac.compare_digest(given.encode(errors="surrogatepass"), admin_token.encode()):
+        await failures.failed(client)
         raise HTTPException(401, "wrong admin token")
     is_form = request.headers.get("content-type", "").startswith("application/x-www-form-urlencoded")
     response: Response = (

@@ -73,6 +73,9 @@ class OneBotSettings(ChannelSettings):
     api_timeout_seconds: float = Field(10.0, description="How long an API call waits for the bridge.")
     max_text_chars: int = Field(3000, description="Longer replies are sent as several messages.")
     quote_in_groups: bool = Field(True, description="Group answers quote the message they answer.")
+    max_frame_bytes: int = Field(
+        1024 * 1024, ge=1, description="Largest reverse-WebSocket frame; larger ones close with 1009."
+    )
 
 
 class OneBotChannel:
@@ -135,9 +138,14 @@ class OneBotChannel:
                     raw = await ws.receive_text()
                 except Exception:  # disconnect (the framework's exception type is not ours to import)
                     break
+                if len(raw) > self.settings.max_frame_bytes:  # characters ≤ bytes: a cheap first test
+                    log.warning("onebot_ws_frame_too_big", self_id=self_id)
+                    await ws.close(1009, f"frame over {self.settings.max_frame_bytes} bytes")
+                    break
                 try:
                     frame = json.loads(raw)
-                except ValueError:
+                except (ValueError, RecursionError):
+                    # The bridge keeps its connection: one bad frame loses only itself.
                     log.warning("onebot_ws_bad_frame", self_id=self_id)
                     continue
                 if not isinstance(frame, dict):

@@ -133,7 +133,8 @@ class QQChannel:
             return self._answer_validation(payload, signed=signed)
         if not signed:
             raise ChannelAuthError("missing X-Signature-Ed25519 header")
-        if op == OP_DISPATCH and payload.get("t") in MESSAGE_EVENTS:
+        kind = payload.get("t")
+        if op == OP_DISPATCH and isinstance(kind, str) and kind in MESSAGE_EVENTS:
             event = self.parse_message(payload)
             await self.context.accept([event])
         return ChannelResponse.json({"op": OP_CALLBACK_ACK, "d": 0})

@@ -40,6 +40,10 @@ class Parsed:
     ignored: str | None = None
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def parse_update(data: Any, bot: Bot | None, settings: TelegramSettings, me: BotIdentity) -> Parsed:
     if not isinstance(data, dict) or not isinstance(data.get("update_id"), int):
         raise InvalidPayload("an update must be a JSON object with an integer update_id")
@@ -50,6 +54,8 @@ def parse_update(data: Any, bot: Bot | None, settings: TelegramSettings, me: Bot
             # Edits, channel posts, callbacks …: acknowledged so Telegram stops retrying.
             return Parsed(update.update_id, ignored="not a new message")
         return _parse_message(update.update_id, message, settings, me)
+    except InvalidPayload:
+        raise
     except Exception as exc:  # any shape PTB or we cannot read is the sender's error, not ours
         raise InvalidPayload(f"not a Telegram update: {exc!r}") from exc
 
@@ -61,6 +67,12 @@ def _parse_message(update_id: int, message: Message, settings: TelegramSettings,
     if sender.is_bot or me.is_me(sender):
         return Parsed(update_id, ignored="message from a bot")
     chat = message.chat
+    # PTB keeps whatever JSON gave; ids become key components, so they must be integers.
+    for name, value in (("chat.id", chat.id), ("from.id", sender.id), ("message_id", message.message_id)):
+        if not _is_int(value):
+            raise InvalidPayload(f"{name} must be an integer")
+    if message.message_thread_id is not None and not _is_int(message.message_thread_id):
+        raise InvalidPayload("message_thread_id must be an integer")
     if chat.type == "private":
         chat_type = ChatType.DIRECT
     elif chat.type in ("group", "supergroup"):

@@ -7,6 +7,7 @@ way, to `WEBHOOK_CALLBACK_URL` with retries by the outbox.
 from __future__ import annotations
 
 import json
+import math
 import time
 from typing import Any
 
@@ -78,15 +79,17 @@ class WebhookChannel:
         if request.method != "POST" or request.path not in ("", "/"):
             return ChannelResponse.json({"error": "not_found", "detail": "POST /channels/webhook"}, 404)
         event = self.parse(request)
+        # Every parameter is checked before the inbox commit: an error means nothing stored.
+        wait = _truthy(request.query.get("wait"))
+        timeout = self._wait_timeout(request.query.get("timeout"))
         [result] = await self.context.accept([event])
         body: dict[str, Any] = {"event_id": result.event_id, "session_key": result.session_key}
         if result.duplicate:
             body["duplicate"] = True
         if result.skipped:
             return ChannelResponse.json({**body, "skipped": True, "detail": "sender not allowed"}, 202)
-        if not _truthy(request.query.get("wait")):
+        if not wait:
             return ChannelResponse.json(body, 200 if result.duplicate else 202)
-        timeout = self._wait_timeout(request.query.get("timeout"))
         waited = await self.context.wait_for_replies(result.event_id, timeout)
         body["replies"] = [
             {"message_id": r.message_id, "text": r.text, "parts": r.parts, "status": r.status}
@@ -144,6 +147,8 @@ class WebhookChannel:
             value = float(raw)
         except ValueError as exc:
             raise InvalidPayload("timeout must be a number of seconds") from exc
+        if not math.isfinite(value):
+            raise InvalidPayload("timeout must be a finite number of seconds")
         return max(0.0, min(value, limit))
 
     # --- outbound ---------------------------------------------------------------------

@@ -35,7 +35,11 @@ class RunningApp:
 @contextlib.asynccontextmanager
 async def serve_in_loop(app: FastAPI) -> AsyncIterator[RunningApp]:
     """Serve `app` with uvicorn on 127.0.0.1 and a free port, lifespan included."""
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+    from app.api.app import server_options
+
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=0, log_level="warning", lifespan="on", **server_options(app)
+    )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
     try:

@@ -12,7 +12,8 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query
 
-from app.api.deps import get_runtime, require_admin
+from app.api.deps import INT32_MAX, INT64_MAX, get_runtime, require_admin
+from app.api.routes import keypath as _keypath  # noqa: F401  (registers {key:key})
 from app.events import InboundEvent, TextPart
 from app.runtime import Runtime
 from app.sessions import lease as leases
@@ -32,7 +33,7 @@ async def list_sessions(
     q: str | None = Query(None, description="Search in keys and message text"),
     include_archived: bool = False,
     limit: int = Query(100, ge=1, le=1000),
-    offset: int = Query(0, ge=0),
+    offset: int = Query(0, ge=0, le=INT64_MAX),
     runtime: Runtime = Depends(get_runtime),
 ) -> dict[str, Any]:
     """Sessions, newest activity first (archived ones only when asked for)."""
@@ -72,11 +73,11 @@ async def _current(runtime: Runtime, key: str, generation: int | None = None) ->
     return found
 
 
-@router.get("/sessions/{key:path}/messages")
+@router.get("/sessions/{key:key}/messages")
 async def session_messages(
     key: str,
-    generation: int | None = None,
-    after_seq: int = Query(0, ge=0),
+    generation: int | None = Query(None, ge=1, le=INT32_MAX),
+    after_seq: int = Query(0, ge=0, le=INT64_MAX),
     limit: int = Query(1000, ge=1, le=10000),
     runtime: Runtime = Depends(get_runtime),
 ) -> dict[str, Any]:
@@ -86,13 +87,13 @@ async def session_messages(
     return {"key": key, "generation": session["generation"], "messages": items}
 
 
-@router.get("/sessions/{key:path}/runs")
+@router.get("/sessions/{key:key}/runs")
 async def session_runs(key: str, runtime: Runtime = Depends(get_runtime)) -> dict[str, Any]:
     """Run traces of the key (newest first): model, tool calls, tokens, timing, outcome."""
     return {"key": key, "runs": await queries.session_runs(runtime.engine, key)}
 
 
-@router.post("/sessions/{key:path}/reset", status_code=202)
+@router.post("/sessions/{key:key}/reset", status_code=202)
 async def reset_session(key: str, runtime: Runtime = Depends(get_runtime)) -> dict[str, Any]:
     """Close the current generation. Queued behind the key's events, like a user's /reset."""
     await _current(runtime, key)
@@ -108,7 +109,7 @@ async def reset_session(key: str, runtime: Runtime = Depends(get_runtime)) -> di
     return {"event_id": result.event_id, "session_key": key}
 
 
-@router.post("/sessions/{key:path}/archive")
+@router.post("/sessions/{key:key}/archive")
 async def archive_session(key: str, runtime: Runtime = Depends(get_runtime)) -> dict[str, Any]:
     """Archive the current generation (kept and readable, hidden from default lists)."""
     session = await _current(runtime, key)
@@ -117,9 +118,9 @@ async def archive_session(key: str, runtime: Runtime = Depends(get_runtime)) -> 
     return {"key": key, "generation": session["generation"], "status": "archived"}
 
 
-@router.post("/sessions/{key:path}/reopen")
+@router.post("/sessions/{key:key}/reopen")
 async def reopen_session(
-    key: str, generation: int, runtime: Runtime = Depends(get_runtime)
+    key: str, generation: int = Query(ge=1, le=INT32_MAX), runtime: Runtime = Depends(get_runtime)
 ) -> dict[str, Any]:
     """Make an earlier generation the key's current, active one again."""
     session = await _current(runtime, key, generation)
@@ -128,7 +129,7 @@ async def reopen_session(
     return {"key": key, "generation": generation, "status": "active"}
 
 
-@router.get("/sessions/{key:path}")
+@router.get("/sessions/{key:key}")
 async def get_session(key: str, runtime: Runtime = Depends(get_runtime)) -> dict[str, Any]:
     """The key's current generation: status, counts, lease."""
     return await _current(runtime, key)

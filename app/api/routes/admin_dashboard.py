@@ -3,7 +3,7 @@
 Everything the dashboard (`/admin`) shows comes from here or from `routes/admin.py`;
 scripts can use the same endpoints. Same authentication as the rest of `/admin/api`
 (bearer ADMIN_TOKEN or the dashboard's session cookie). None of these paths starts
-with `/sessions/`, which `routes/admin.py` matches as `{key:path}`.
+with `/sessions/`, which `routes/admin.py` matches as `{key:key}`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from typing import Any
 from fastapi import APIRouter, Depends, HTTPException, Query
 from pydantic import BaseModel, Field
 
-from app.api.deps import get_runtime, require_admin
+from app.api.deps import INT64_MAX, RowId, get_runtime, require_admin
+from app.api.routes import keypath as _keypath  # noqa: F401  (registers {key:key})
 from app.db.models import utcnow
 from app.runtime import Runtime
 from app.sessions import queries, stats
@@ -166,7 +167,9 @@ async def timeseries(
 async def list_runs(
     session_key: str | None = None,
     outcome: str | None = Query(None, description="ok, running, provider_error, max_iterations, …"),
-    before_id: int | None = Query(None, description="Page backwards: runs with a smaller id."),
+    before_id: int | None = Query(
+        None, ge=1, le=INT64_MAX, description="Page backwards: runs with a smaller id."
+    ),
     limit: int = Query(100, ge=1, le=1000),
     runtime: Runtime = Depends(get_runtime),
 ) -> dict[str, Any]:
@@ -179,7 +182,7 @@ async def list_runs(
 
 
 @router.get("/runs/{run_id}")
-async def get_run(run_id: int, runtime: Runtime = Depends(get_runtime)) -> dict[str, Any]:
+async def get_run(run_id: RowId, runtime: Runtime = Depends(get_runtime)) -> dict[str, Any]:
     """One run trace with the messages it appended (seq, role, tool name) and its approvals."""
     found = await queries.run_detail(runtime.engine, run_id)
     if found is None:
@@ -202,7 +205,7 @@ async def list_approvals(
     }
 
 
-@router.get("/session-generations/{key:path}")
+@router.get("/session-generations/{key:key}")
 async def session_generations(key: str, runtime: Runtime = Depends(get_runtime)) -> dict[str, Any]:
     """Every generation of a session key, newest first, marking the current one."""
     generations = await queries.session_generations(runtime.engine, key)

@@ -14,13 +14,14 @@ from fastapi import APIRouter, Depends, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.api.deps import get_runtime, require_admin
+from app.api.routes import keypath as _keypath  # noqa: F401  (registers {key:key})
 from app.memory.identity import IdentityLink, IdentityLinks, check_person_id, parse_identity
 from app.runtime import Runtime
 
 router = APIRouter(prefix="/admin/api", tags=["admin"], dependencies=[Depends(require_admin)])
 
 
-class LinkRequest(BaseModel):
+class LinkRequest(BaseModel):  # `_identity` and `_person` check its text
     model_config = ConfigDict(extra="forbid")
 
     identity: str = Field(
@@ -80,7 +81,7 @@ async def link_identity(body: LinkRequest, runtime: Runtime = Depends(get_runtim
     return {**_out(link), "previous_person_id": previous}
 
 
-@router.get("/identity-links/{identity:path}")
+@router.get("/identity-links/{identity:key}")
 async def get_identity_link(identity: str, runtime: Runtime = Depends(get_runtime)) -> dict[str, Any]:
     """The person an identity is linked to (404 when it is not linked)."""
     found = await _links(runtime).links(identity=_identity(identity))
@@ -89,7 +90,7 @@ async def get_identity_link(identity: str, runtime: Runtime = Depends(get_runtim
     return _out(found[0])
 
 
-@router.delete("/identity-links/{identity:path}")
+@router.delete("/identity-links/{identity:key}")
 async def unlink_identity(identity: str, runtime: Runtime = Depends(get_runtime)) -> dict[str, Any]:
     """Remove an identity's link; memory stays with the person, the identity starts empty."""
     escaped = _identity(identity)

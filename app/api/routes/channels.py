@@ -6,17 +6,20 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, cast
 from urllib.parse import parse_qsl
 
+import structlog
 from fastapi import APIRouter, Request, Response, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse, PlainTextResponse
+from pydantic import ValidationError
 from starlette.types import Receive, Scope, Send
 
 from app.api.deps import get_runtime
 from app.channel import ChannelAdapter, ChannelRequest, ChannelResponse, HttpChannel, WebSocketChannel
-from app.errors import ChannelRequestError, PayloadTooLarge, UnknownChannel
+from app.errors import ChannelRequestError, InvalidPayload, PayloadTooLarge, UnknownChannel
 
 if TYPE_CHECKING:
     from app.runtime import Runtime
 
+log = structlog.get_logger(__name__)
 router = APIRouter(tags=["channels"])
 
 # The methods platforms use on `/channels/...`; the app serves these without FastAPI's
@@ -50,12 +53,32 @@ async def _handle(
     """The adapter's answer, or the error response for a request it cannot take."""
     try:
         adapter, http = _http_channel(runtime, name)
-        body = await read_body(adapter.settings.max_body_bytes)
-        return _to_response(await http.handle_request(make_request(body)))
+        body = await read_body(min(adapter.settings.max_body_bytes, runtime.settings.max_body_bytes))
+        try:
+            return _to_response(await http.handle_request(make_request(body)))
+        except ValidationError as exc:
+            # An adapter built an event the event model refuses (`InboundEvent._storable`):
+            # nothing was stored, the sender gets the reason.
+            raise InvalidPayload(_validation_detail(exc)) from exc
+        except RecursionError as exc:
+            raise InvalidPayload("payload is nested too deeply") from exc
+        except _SHAPE_ERRORS as exc:
+            # A validly signed payload of a shape the adapter did not expect (a list where
+            # the platform documents a string …): the sender's error, not ours. Logged with
+            # its traceback, so the adapter can learn to refuse it by name.
+            log.warning("channel_payload_unexpected_shape", channel=name, exc_info=True)
+            raise InvalidPayload(f"payload has an unexpected shape ({type(exc).__name__}: {exc})") from exc
     except ChannelRequestError as exc:
         if not isinstance(exc, UnknownChannel):
             runtime.metrics.events_rejected.labels(name, exc.code).inc()
         return error_response(exc)
+
+
+_SHAPE_ERRORS = (TypeError, KeyError, AttributeError, IndexError, ValueError)
+
+
+def _validation_detail(exc: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'event'}: {e['msg']}" for e in exc.errors()[:5])
 
 
 def error_response(exc: ChannelRequestError) -> JSONResponse:

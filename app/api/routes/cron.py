@@ -11,9 +11,10 @@ from datetime import datetime
 from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Response
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from app.api.deps import get_runtime, require_admin
+from app.api.bodies import RequestBody
+from app.api.deps import INT32_MAX, INT64_MAX, RowId, get_runtime, require_admin
 from app.events import SessionScope, build_session_key
 from app.runtime import Runtime
 from app.scheduling import CronJob, InvalidSchedule, Target, check_cron, zone
@@ -22,7 +23,7 @@ from app.scheduling.store import MAX_PROMPT_CHARS
 router = APIRouter(prefix="/admin/api/cron-jobs", tags=["cron"], dependencies=[Depends(require_admin)])
 
 
-class TargetBody(BaseModel):
+class TargetBody(RequestBody):
     model_config = ConfigDict(extra="forbid")
 
     channel: str = Field(
@@ -45,7 +46,7 @@ def _valid_zone(value: str | None) -> str | None:
     return value
 
 
-class JobCreate(BaseModel):
+class JobCreate(RequestBody):
     model_config = ConfigDict(extra="forbid")
 
     prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS, description="Text the session receives.")
@@ -57,7 +58,9 @@ class JobCreate(BaseModel):
         None, max_length=512, description="Session the prompt lands on; default: the target chat's."
     )
     name: str | None = Field(None, max_length=200)
-    max_runs: int | None = Field(None, ge=1, description="Disable the job after this many fires.")
+    max_runs: int | None = Field(
+        None, ge=1, le=INT32_MAX, description="Disable the job after this many fires."
+    )
     enabled: bool = True
 
     _schedule = field_validator("schedule")(_valid_schedule)
@@ -70,7 +73,7 @@ class JobCreate(BaseModel):
         return self
 
 
-class JobUpdate(BaseModel):
+class JobUpdate(RequestBody):
     """Fields to change; absent fields stay as they are."""
 
     model_config = ConfigDict(extra="forbid")
@@ -82,7 +85,7 @@ class JobUpdate(BaseModel):
     timezone: str | None = None
     source_session_key: str | None = Field(None, min_length=1, max_length=512)
     name: str | None = Field(None, max_length=200)
-    max_runs: int | None = Field(None, ge=1)
+    max_runs: int | None = Field(None, ge=1, le=INT32_MAX)
     enabled: bool | None = None
 
     _schedule = field_validator("schedule")(_valid_schedule)
@@ -116,7 +119,7 @@ async def list_cron_jobs(
     session_key: str | None = Query(None, description="Only jobs of this source session"),
     enabled: bool | None = None,
     limit: int = Query(100, ge=1, le=1000),
-    offset: int = Query(0, ge=0),
+    offset: int = Query(0, ge=0, le=INT64_MAX),
     runtime: Runtime = Depends(get_runtime),
 ) -> dict[str, Any]:
     """Cron jobs in id order, optionally of one source session or by enabled state."""
@@ -149,14 +152,14 @@ async def create_cron_job(body: JobCreate, runtime: Runtime = Depends(get_runtim
 
 
 @router.get("/{job_id}")
-async def get_cron_job(job_id: int, runtime: Runtime = Depends(get_runtime)) -> dict[str, Any]:
+async def get_cron_job(job_id: RowId, runtime: Runtime = Depends(get_runtime)) -> dict[str, Any]:
     """One job with its next and last fire times, run count and last error."""
     return (await _found(runtime, job_id)).to_dict()
 
 
 @router.patch("/{job_id}")
 async def update_cron_job(
-    job_id: int, body: JobUpdate, runtime: Runtime = Depends(get_runtime)
+    job_id: RowId, body: JobUpdate, runtime: Runtime = Depends(get_runtime)
 ) -> dict[str, Any]:
     """Change a job; a new schedule, time zone or run_at recomputes the next fire from now."""
     await _found(runtime, job_id)
@@ -185,19 +188,19 @@ async def _set_enabled(runtime: Runtime, job_id: int, enabled: bool) -> dict[str
 
 
 @router.post("/{job_id}/enable")
-async def enable_cron_job(job_id: int, runtime: Runtime = Depends(get_runtime)) -> dict[str, Any]:
+async def enable_cron_job(job_id: RowId, runtime: Runtime = Depends(get_runtime)) -> dict[str, Any]:
     """Enable a job; its next fire is computed from now (a one-shot needs a future run_at)."""
     return await _set_enabled(runtime, job_id, True)
 
 
 @router.post("/{job_id}/disable")
-async def disable_cron_job(job_id: int, runtime: Runtime = Depends(get_runtime)) -> dict[str, Any]:
+async def disable_cron_job(job_id: RowId, runtime: Runtime = Depends(get_runtime)) -> dict[str, Any]:
     """Disable a job; it keeps its settings and fires no more until enabled."""
     return await _set_enabled(runtime, job_id, False)
 
 
 @router.delete("/{job_id}", status_code=204)
-async def delete_cron_job(job_id: int, runtime: Runtime = Depends(get_runtime)) -> Response:
+async def delete_cron_job(job_id: RowId, runtime: Runtime = Depends(get_runtime)) -> Response:
     """Delete a job. Fires already accepted are still answered."""
     if not await runtime.jobs.delete(job_id):
         raise HTTPException(404, f"no cron job with id {job_id}")

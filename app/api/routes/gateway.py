@@ -9,9 +9,10 @@ from fastapi import APIRouter, Depends, HTTPException, Request, WebSocket
 from pydantic import BaseModel, Field, model_validator
 from starlette.websockets import WebSocketState
 
+from app.api.bodies import RequestBody
 from app.api.deps import require_admin
 from app.gateway.hub import GatewayHub
-from app.gateway.tokens import issue_token
+from app.gateway.tokens import issue_token, prefix_problem
 
 router = APIRouter(tags=["gateway"])
 
@@ -53,16 +54,20 @@ async def gateway_websocket(websocket: WebSocket) -> None:
     await hub.serve(_StarletteGatewaySocket(websocket))
 
 
-class TokenRequest(BaseModel):
+class TokenRequest(RequestBody):
     subject: str = Field(min_length=1, max_length=200, description="Who talks: the events' sender_id.")
     session_keys: list[str] = Field(default_factory=list, max_length=100, description="Exact keys allowed.")
     key_prefix: str | None = Field(None, max_length=512, description='Keys under this prefix ("" = all).')
-    ttl_seconds: int | None = Field(None, ge=1, description="Lifetime; default GATEWAY_TOKEN_TTL_SECONDS.")
+    ttl_seconds: int | None = Field(
+        None, ge=1, le=2**31 - 1, description="Lifetime; default GATEWAY_TOKEN_TTL_SECONDS."
+    )
 
     @model_validator(mode="after")
     def _some_scope(self) -> TokenRequest:
         if not self.session_keys and self.key_prefix is None:
             raise ValueError("give session_keys or key_prefix: a token must allow some session")
+        if self.key_prefix is not None and (problem := prefix_problem(self.key_prefix)):
+            raise ValueError(problem)
         return self
 
 
