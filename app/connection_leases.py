@@ -203,7 +203,7 @@ class DatabaseConnections:
         if task.cancelled():
             return
         if task.exception() is not None:
-            log.error("connection_failed", connection=lease.name, error=repr(task.exception()))
+            log.error("connection_failed", connection=lease.name, exc_info=task.exception())
         else:
             log.info("connection_ended", connection=lease.name)
 
