@@ -59,3 +59,14 @@ async def test_a_dropped_gateway_is_resumed_and_messages_flow_again(serve: Serve
             await fake.dispatch("MESSAGE_CREATE", dc.message("after resume", channel_id="2003"))
             [reply] = await fake.wait_for_messages(1)
             assert reply.body["content"] == "You said: after resume"
+
+
+async def test_long_replies_are_split_at_2000_characters(serve: ServeApp) -> None:
+    async with FakeDiscord() as fake:
+        async with serve(channel_settings={"discord": discord_settings(fake)}) as srv:
+            await fake.wait_ready()
+            await fake.dispatch("MESSAGE_CREATE", dc.message("x" * 2500, channel_id="2004"))
+            chunks = await fake.wait_for_messages(2)
+            await wait_outbox_final(srv.runtime)
+            assert all(len(c.body["content"]) <= 2000 for c in chunks)
+            assert "".join(c.body["content"] for c in chunks) == "You said: " + "x" * 2500
