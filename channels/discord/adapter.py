@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import time
 from typing import Any
 
@@ -149,7 +150,10 @@ class DiscordChannel:
                     path = f"/webhooks/{app_id}/{token}/messages/@original"
                     return await self._call("PATCH", path, {"content": chunk}, auth=False)
                 return await self._call("POST", f"/webhooks/{app_id}/{token}", {"content": chunk}, auth=False)
-            return await self._call("POST", f"/channels/{channel_id}/messages", {"content": chunk})
+            # A nonce Discord enforces: a retry after a lost answer (or by another replica
+            # after a crash) returns the message already created instead of a second one.
+            body = {"content": chunk, "nonce": _nonce(message.message_id, index), "enforce_nonce": True}
+            return await self._call("POST", f"/channels/{channel_id}/messages", body)
 
         sent = await send_chunks(self._progress, message.message_id, chunks, deliver)
         return SendResult(platform_message_id=sent[0] if sent else None)
@@ -170,6 +174,11 @@ class DiscordChannel:
             raise ChannelRejected(f"Discord rejected the message: {resp.status_code} {resp.text[:200]}")
         data = resp.json() if resp.content else {}
         return str(data.get("id") or "")
+
+
+def _nonce(message_id: str, index: int) -> str:
+    """At most 25 characters (Discord's limit), stable per outbox message and chunk."""
+    return hashlib.sha256(f"{message_id}:{index}".encode()).hexdigest()[:25]
 
 
 def _public_key(value: str) -> Ed25519PublicKey:

@@ -30,6 +30,7 @@ class Call:
     body: dict[str, Any]
     headers: dict[str, str]
     ok: bool = True
+    duplicate: bool = False  # a nonce seen before (with enforce_nonce): no new message
 
 
 @dataclass
@@ -40,6 +41,7 @@ class FakeDiscord(LocalServer):
     identifies: list[dict[str, Any]] = field(default_factory=list)
     resumes: list[dict[str, Any]] = field(default_factory=list)
     heartbeats: int = 0
+    most_sessions: int = 0  # the most identified sockets open at one time
     gateway_url: str = ""
 
     def __post_init__(self) -> None:
@@ -47,12 +49,17 @@ class FakeDiscord(LocalServer):
         self._sockets: list[web.WebSocketResponse] = []
         self._seq = 0
         self._ids = itertools.count(1300000000000000000)
+        self._by_nonce: dict[str, dict[str, Any]] = {}
 
     # --- test API -------------------------------------------------------------------
 
     def messages(self) -> list[Call]:
         """Accepted calls that posted or edited a message."""
-        return [c for c in self.calls if c.ok and c.method in ("POST", "PATCH") and "content" in c.body]
+        return [
+            c
+            for c in self.calls
+            if c.ok and not c.duplicate and c.method in ("POST", "PATCH") and "content" in c.body
+        ]
 
     async def wait_until(self, predicate: Any, timeout: float = 15) -> None:
         async with self._changed:
@@ -120,6 +127,7 @@ class FakeDiscord(LocalServer):
         async with self._changed:
             self.identifies.append(identify)
             self._sockets.append(ws)
+            self.most_sessions = max(self.most_sessions, len(self._sockets))
             self._changed.notify_all()
 
     # --- REST -----------------------------------------------------------------------
@@ -148,12 +156,24 @@ class FakeDiscord(LocalServer):
             answer: tuple[int, dict[str, Any]] | None = (401, {"message": "401: Unauthorized", "code": 0})
         else:
             answer = self.script.pop(0) if is_message and self.script else None
+        nonce = body.get("nonce") if body.get("enforce_nonce") else None
         async with self._changed:
-            self.calls.append(Call(request.method, path, body, headers, ok=answer is None))
+            earlier = self._by_nonce.get(nonce) if nonce is not None and answer is None else None
+            call = Call(request.method, path, body, headers, ok=answer is None, duplicate=earlier is not None)
+            self.calls.append(call)
             self._changed.notify_all()
         if answer is not None:
             return _json(answer[1], status=answer[0])
-        return _json({"id": str(next(self._ids)), "content": body.get("content")})
+        if earlier is not None:
+            return _json(earlier)
+        created = {
+            "id": str(next(self._ids)),
+            "channel_id": path.split("/")[2],
+            "content": body.get("content"),
+        }
+        if nonce is not None:
+            self._by_nonce[nonce] = created
+        return _json(created)
 
     async def __aenter__(self) -> FakeDiscord:
         app = web.Application()
