@@ -119,6 +119,11 @@ class Settings(BaseSettings):
     worker_id: str | None = Field(None, description="Lease owner name; default host:pid:random.")
     max_concurrent_runs: int = Field(16, description="Agent runs at once in this process.")
     lease_ttl_seconds: float = Field(30.0, description="A dead worker's keys are free after this.")
+    connection_lease_ttl_seconds: float = Field(
+        30.0,
+        description="A long-lived platform connection (polling, Socket Mode, Gateway, Stream) of a dead "
+        "replica is taken over by another within this.",
+    )
     inbox_poll_seconds: float = Field(1.0, description="How often pending inbox rows are polled.")
     max_event_attempts: int = Field(3, description="Processing attempts before an event fails.")
     collect_debounce_seconds: float = Field(0.5, description="Wait of the `collect` busy policy.")

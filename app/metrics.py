@@ -45,6 +45,18 @@ class Metrics:
         self.lease_takeovers = Counter(
             "chatgate_lease_takeovers", "Leases taken from an expired owner", registry=r
         )
+        self.connection_held = Gauge(
+            "chatgate_connection_held",
+            "1 while this process (owner) holds the long-lived platform connection",
+            ["connection", "owner"],
+            registry=r,
+        )
+        self.connection_takeovers = Counter(
+            "chatgate_connection_takeovers",
+            "Long-lived connections this process took over from an owner whose lease expired",
+            ["connection"],
+            registry=r,
+        )
         self.provider_errors = Counter(
             "chatgate_provider_errors", "Model provider failures", ["provider"], registry=r
         )

@@ -29,7 +29,8 @@ from app.agent.workspace import file_tools
 from app.bus import SessionBus
 from app.channel import AcceptResult, ChannelAdapter, ChannelContext, ChannelSettings
 from app.config import Settings
-from app.connections import ConnectionHolder, LocalConnections
+from app.connection_leases import DatabaseConnections
+from app.connections import ConnectionHolder
 from app.db.engine import create_engine
 from app.db.migrate import upgrade, wait_for_database
 from app.db.models import INBOX_UNFINISHED, OUTBOX_UNDELIVERED, utcnow
@@ -150,7 +151,14 @@ class Runtime:
         self.adapters: dict[str, ChannelAdapter] = {}
         self.http = httpx.AsyncClient(timeout=httpx.Timeout(15.0))
         # Long-lived platform connections (polling, sockets): one holder (`app.connections`).
-        self.connections: ConnectionHolder = LocalConnections()
+        # Fenced leases in the database: one holder across every replica on it.
+        self.connections: ConnectionHolder = DatabaseConnections(
+            self.engine,
+            self.owner,
+            ttl=settings.connection_lease_ttl_seconds,
+            on_change=lambda name, held: self.metrics.connection_held.labels(name, self.owner).set(int(held)),
+            on_takeover=lambda name: self.metrics.connection_takeovers.labels(name).inc(),
+        )
         self.sender = OutboxSender(
             self.engine,
             self.adapters,

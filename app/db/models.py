@@ -97,6 +97,18 @@ session_keys = Table(
     Column("watched_until", UTCDateTime, nullable=True),
 )
 
+# One row per long-lived platform connection (`app.connection_leases`): who holds it.
+connection_leases = Table(
+    "connection_leases",
+    metadata,
+    Column("name", String(200), primary_key=True),
+    Column("owner", String(200), nullable=True),
+    Column("fence", BigInteger, nullable=False, default=0),
+    Column("expires_at", UTCDateTime, nullable=True),
+    Column("acquired_at", UTCDateTime, nullable=True),
+    Column("takeovers", BigInteger, nullable=False, default=0),
+)
+
 sessions = Table(
     "sessions",
     metadata,

@@ -9,7 +9,8 @@ again. Requests are authenticated by the app-level token (`SLACK_APP_TOKEN`), no
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+import contextlib
+from typing import TYPE_CHECKING
 
 import structlog
 from slack_sdk.socket_mode.aiohttp import SocketModeClient
@@ -17,6 +18,7 @@ from slack_sdk.socket_mode.request import SocketModeRequest
 from slack_sdk.socket_mode.response import SocketModeResponse
 from slack_sdk.web.async_client import AsyncWebClient
 
+from app.connections import fingerprint
 from app.errors import ChannelNotConfigured, ChannelRequestError
 
 if TYPE_CHECKING:
@@ -26,23 +28,44 @@ log = structlog.get_logger(__name__)
 
 
 class SlackSocket:
-    """A running Socket Mode connection; `close()` ends it."""
+    """Socket Mode held through `ChannelContext.hold_connection`: one replica at a time.
 
-    def __init__(self, client: SocketModeClient) -> None:
-        self.client = client
-        self._connecting: asyncio.Task[Any] = asyncio.create_task(client.connect(), name="slack-socket")
+    Slack spreads events over every open connection of an app, so two replicas would each
+    see some; holding it in one place keeps the connection count and the logs simple.
+    `close()` ends it.
+    """
+
+    def __init__(self, channel: SlackChannel, app_token: str) -> None:
+        self.channel = channel
+        self.app_token = app_token
+        name = f"slack:{fingerprint(app_token)}"
+        self._holder = asyncio.ensure_future(channel.context.hold_connection(name, self._run))
+
+    async def _run(self) -> None:
+        client = _client(self.channel, self.app_token)
+        try:
+            await client.connect()  # retries in the background while Slack is unreachable
+            await asyncio.Event().wait()  # held until cancelled
+        finally:
+            await client.close()
 
     async def close(self) -> None:
-        self._connecting.cancel()
-        await self.client.close()
+        self._holder.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._holder
 
 
 async def start_socket_mode(channel: SlackChannel) -> SlackSocket:
-    settings = channel.settings
-    if not settings.app_token:
+    if not channel.settings.app_token:
         raise ChannelNotConfigured("SLACK_MODE=socket needs SLACK_APP_TOKEN (an xapp-… app-level token)")
+    # Connecting happens in the background, so an unreachable Slack does not block start-up.
+    return SlackSocket(channel, channel.settings.app_token)
+
+
+def _client(channel: SlackChannel, app_token: str) -> SocketModeClient:
+    settings = channel.settings
     web = AsyncWebClient(base_url=settings.api_base_url, timeout=settings.request_timeout_seconds)
-    client = SocketModeClient(app_token=settings.app_token, web_client=web)
+    client = SocketModeClient(app_token=app_token, web_client=web)
 
     async def on_request(socket: SocketModeClient, request: SocketModeRequest) -> None:
         if request.type == "events_api":
@@ -56,5 +79,4 @@ async def start_socket_mode(channel: SlackChannel) -> SlackSocket:
         await socket.send_socket_mode_response(SocketModeResponse(envelope_id=request.envelope_id))
 
     client.socket_mode_request_listeners.append(on_request)  # type: ignore[arg-type]
-    # Connecting retries in the background, so an unreachable Slack does not block start-up.
-    return SlackSocket(client)
+    return client

@@ -32,6 +32,7 @@ from telegram.error import (
 from telegram.request import HTTPXRequest
 
 from app.channel import ChannelContext, ChannelRequest, ChannelResponse, SendResult
+from app.connections import fingerprint
 from app.errors import (
     ChannelAuthError,
     ChannelNotConfigured,
@@ -85,7 +86,7 @@ class TelegramChannel:
         self.identity = BotIdentity(settings.bot_id, settings.bot_username)
         self._identity_tried_at = -IDENTITY_RETRY_SECONDS
         self.poll_error: str | None = None  # the last getUpdates failure, for operators and tests
-        self._poller: asyncio.Task[None] | None = None
+        self._poller: asyncio.Future[None] | None = None
         self._progress = ChunkProgress(capacity=1000)  # chunks already delivered, per message
 
     # --- lifecycle ----------------------------------------------------------------------
@@ -107,7 +108,9 @@ class TelegramChannel:
                 self.settings.bot_id or me.id, self.settings.bot_username or me.username
             )
         if self.settings.mode == "polling":
-            self._poller = asyncio.create_task(self._poll_loop(), name="telegram-poller")
+            # One poller per token across every replica (a second one gets 409 Conflict).
+            name = f"telegram:{fingerprint(self.bot.token)}"
+            self._poller = asyncio.ensure_future(self.context.hold_connection(name, self._poll_loop))
 
     async def stop(self) -> None:
         if self._poller is not None:

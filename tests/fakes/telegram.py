@@ -64,6 +64,8 @@ class FakeTelegram(LocalServer):
     updates: list[dict[str, Any]] = field(default_factory=list)
     url: str = ""
     file_url: str = ""
+    polls_in_flight: int = 0  # getUpdates calls being answered now
+    most_polls_in_flight: int = 0  # the most at any one time (Telegram allows one poller per token)
 
     def __post_init__(self) -> None:
         self._changed = asyncio.Condition()
@@ -155,10 +157,14 @@ class FakeTelegram(LocalServer):
             return [u for u in self.updates if u["update_id"] >= offset]
 
         async with self._changed:
+            self.polls_in_flight += 1
+            self.most_polls_in_flight = max(self.most_polls_in_flight, self.polls_in_flight)
             try:
                 await asyncio.wait_for(self._changed.wait_for(lambda: bool(pending())), timeout)
             except TimeoutError:
                 pass
+            finally:
+                self.polls_in_flight -= 1
             return pending()
 
     async def __aenter__(self) -> FakeTelegram:

@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field
 
 from app.api.deps import INT64_MAX, RowId, get_runtime, require_admin
 from app.api.routes import keypath as _keypath  # noqa: F401  (registers {key:key})
+from app.connection_leases import list_holds
 from app.db.models import utcnow
 from app.runtime import Runtime
 from app.sessions import queries, stats
@@ -81,6 +82,18 @@ class TimeSeries(BaseModel):
     points: list[SeriesPoint]
 
 
+class ConnectionHoldInfo(BaseModel):
+    """A long-lived platform connection (polling, socket) and the replica holding it."""
+
+    name: str = Field(description="`<channel>:<bot id or token fingerprint>`.")
+    owner: str | None = Field(description="The replica (WORKER_ID) holding it, if the lease is live.")
+    held_here: bool = Field(description="This process is the owner.")
+    fence: int = Field(description="Incremented each time the connection is taken.")
+    expires_at: datetime | None
+    acquired_at: datetime | None
+    takeovers: int = Field(description="Times a replica took it from an owner whose lease expired.")
+
+
 class ChannelHealth(BaseModel):
     name: str
     enabled: bool = Field(description="An adapter for it runs in this process (CHANNELS).")
@@ -101,6 +114,9 @@ class ChannelHealth(BaseModel):
     outbox_failed: int
     last_error: str | None = Field(description="Newest delivery error recorded for the channel.")
     last_error_at: datetime | None
+    connections: list[ConnectionHoldInfo] = Field(
+        default_factory=list, description="Its long-lived connections and their owners."
+    )
 
 
 class ChannelList(BaseModel):
@@ -223,6 +239,19 @@ async def channels(
     since, _ = _window(minutes)
     activity = await stats.channel_activity(runtime.engine, since=since)
     names = sorted(set(runtime.adapters) | set(runtime.channel_settings) | set(activity))
+    now = utcnow()
+    holds = [
+        ConnectionHoldInfo(
+            name=h.name,
+            owner=h.owner if h.held(now) else None,
+            held_here=h.held(now) and h.owner == runtime.owner,
+            fence=h.fence,
+            expires_at=h.expires_at,
+            acquired_at=h.acquired_at,
+            takeovers=h.takeovers,
+        )
+        for h in await list_holds(runtime.engine)
+    ]
     out = []
     for name in names:
         act = activity.get(name) or stats.no_activity()
@@ -237,6 +266,7 @@ async def channels(
                 session_scope=cs.session_scope.value if cs is not None else None,
                 busy_policy=cs.busy_policy.value if cs is not None else None,
                 health=_health(name, enabled, act),
+                connections=[h for h in holds if h.name.startswith(f"{name}:")],
                 **act,
             )
         )

@@ -575,6 +575,12 @@ async function renderCron() {
 
 // --- channels --------------------------------------------------------------------------
 
+function connectionCell(k) {
+  const owner = k.owner ? (k.held_here ? `${k.owner} (this replica)` : k.owner) : "nobody";
+  const taken = k.takeovers ? ` · ${k.takeovers} takeover${k.takeovers === 1 ? "" : "s"}` : "";
+  return h("div", { class: "mono", title: k.name, dataset: { connection: k.name } }, `${owner}${taken}`);
+}
+
 async function renderChannels() {
   const data = await api.channels();
   const rows = data.channels.map((c) =>
@@ -591,6 +597,7 @@ async function renderChannels() {
       h("td", { class: "num" }, `${c.inbox_pending} / ${c.outbox_pending}`),
       h("td", { class: "num" }, `${c.inbox_failed} / ${c.outbox_failed}`),
       h("td", { class: "small" }, c.last_error ? [c.last_error, " · ", ago(c.last_error_at)] : ""),
+      h("td", { class: "small" }, c.connections.map((k) => connectionCell(k))),
     ),
   );
   return [
@@ -599,7 +606,7 @@ async function renderChannels() {
     h(
       "table",
       { class: "grid", id: "channels-table" },
-      h("thead", null, h("tr", null, ["Channel", "Health", "Adapter", "Scope · busy", "Last inbound", "Last outbound", "Recent in / out", "Pending in / out", "Failed in / out", "Last error"].map((t) => h("th", null, t)))),
+      h("thead", null, h("tr", null, ["Channel", "Health", "Adapter", "Scope · busy", "Last inbound", "Last outbound", "Recent in / out", "Pending in / out", "Failed in / out", "Last error", "Connection owner"].map((t) => h("th", null, t)))),
       h("tbody", null, rows),
     ),
   ];

@@ -1,0 +1,240 @@
+"""One holder per long-lived platform connection across replicas: fenced leases in the database.
+
+`DatabaseConnections` is the `ConnectionHolder` of a runtime whose database may be shared
+by several replicas. For each connection name (`telegram:<fingerprint>`,
+`discord:<fingerprint>` …) the table `connection_leases` has one row: the owner, a fence
+(incremented each time the hold changes hands, or is taken again), and an expiry.
+
+- Taking: one statement takes a free lease, or our own; an expired lease of another
+  owner is taken over by a second statement (`takeovers` counts those).
+- Holding: the holder renews every `ttl / 3` with `UPDATE … WHERE owner = me AND fence =
+  mine`. A renewal that matches no row means the hold was lost (another replica took it
+  after this one stalled): `run()` is cancelled at once. A renewal that cannot reach the
+  database is retried; once `ttl` has passed since the last renewal that succeeded,
+  `run()` is cancelled too, because another replica may now take the connection.
+- Giving up: when `run()` returns or fails, or the holder is cancelled (shutdown), the
+  lease is released so another replica takes it without waiting for the expiry.
+
+A connection hands what it receives to `ChannelContext.accept` (the inbox, deduplicated
+on the platform's ids), and platforms redeliver what was not acknowledged: an event seen
+by both the old and the new holder around a takeover is stored once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import structlog
+from sqlalchemy import and_, bindparam, or_, select, update
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.connections import ConnectionRun
+from app.db.engine import autocommit
+from app.db.models import connection_leases, utcnow
+from app.db.upsert import insert_for
+
+log = structlog.get_logger(__name__)
+
+_C = connection_leases.c
+_MINE = and_(_C.name == bindparam("n"), _C.owner == bindparam("o"), _C.fence == bindparam("f"))
+_TAKE_EXPIRED = (
+    update(connection_leases)
+    .where(_C.name == bindparam("n"), _C.owner != bindparam("o"), _C.expires_at < bindparam("now"))
+    .values(
+        owner=bindparam("o"),
+        fence=_C.fence + 1,
+        expires_at=bindparam("exp"),
+        acquired_at=bindparam("now"),
+        takeovers=_C.takeovers + 1,
+    )
+    .returning(_C.fence)
+)
+_RENEW = update(connection_leases).where(_MINE).values(expires_at=bindparam("exp"))
+_RELEASE = update(connection_leases).where(_MINE).values(owner=None, expires_at=None)
+
+
+def _take_free_or_own(dialect_name: str) -> Any:
+    owner: Any = bindparam("o")
+    values: dict[str, Any] = {"expires_at": bindparam("exp"), "acquired_at": bindparam("now")}
+    return (
+        insert_for(dialect_name, connection_leases)
+        .values(name=bindparam("n"), owner=owner, fence=1, takeovers=0, **values)
+        .on_conflict_do_update(
+            index_elements=["name"],
+            set_={"owner": owner, "fence": _C.fence + 1, **values},
+            where=or_(_C.owner.is_(None), _C.owner == owner),
+        )
+        .returning(_C.fence)
+    )
+
+
+_TAKE = {name: _take_free_or_own(name) for name in ("postgresql", "sqlite")}
+
+
+@dataclass(frozen=True)
+class ConnectionLease:
+    name: str
+    owner: str
+    fence: int
+    took_over: bool = False  # taken from another owner whose lease had expired
+
+
+@dataclass(frozen=True)
+class ConnectionHold:
+    """One row of `connection_leases`, as the admin API shows it."""
+
+    name: str
+    owner: str | None
+    fence: int
+    expires_at: datetime | None
+    acquired_at: datetime | None
+    takeovers: int
+
+    def held(self, now: datetime) -> bool:
+        return self.owner is not None and self.expires_at is not None and self.expires_at >= now
+
+
+async def acquire(engine: AsyncEngine, name: str, owner: str, ttl: float) -> ConnectionLease | None:
+    """Take the lease of connection `name` if it is free, expired or ours; None if held."""
+    now = utcnow()
+    params = {"n": name, "o": owner, "now": now, "exp": now + timedelta(seconds=ttl)}
+    async with autocommit(engine).connect() as conn:
+        fence = (await conn.execute(_TAKE[conn.dialect.name], params)).scalar()
+        if fence is not None:
+            return ConnectionLease(name, owner, fence)
+        fence = (await conn.execute(_TAKE_EXPIRED, params)).scalar()
+    return ConnectionLease(name, owner, fence, took_over=True) if fence is not None else None
+
+
+def _mine(lease: ConnectionLease) -> dict[str, Any]:
+    return {"n": lease.name, "o": lease.owner, "f": lease.fence}
+
+
+async def renew(engine: AsyncEngine, lease: ConnectionLease, ttl: float) -> bool:
+    """Extend the hold; False when it is no longer ours (the fence moved on)."""
+    async with autocommit(engine).connect() as conn:
+        result = await conn.execute(_RENEW, {**_mine(lease), "exp": utcnow() + timedelta(seconds=ttl)})
+    return result.rowcount == 1
+
+
+async def release(engine: AsyncEngine, lease: ConnectionLease) -> None:
+    async with autocommit(engine).connect() as conn:
+        await conn.execute(_RELEASE, _mine(lease))
+
+
+async def list_holds(engine: AsyncEngine) -> list[ConnectionHold]:
+    """Every connection lease ever taken, by name."""
+    async with engine.connect() as conn:
+        rows = (await conn.execute(select(connection_leases).order_by(_C.name))).mappings().all()
+    return [ConnectionHold(**dict(row)) for row in rows]
+
+
+class DatabaseConnections:
+    """`ConnectionHolder` across replicas sharing one database (`app.connections`)."""
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        owner: str,
+        *,
+        ttl: float = 30.0,
+        retry_seconds: float | None = None,
+        on_change: Callable[[str, bool], None] | None = None,
+        on_takeover: Callable[[str], None] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.owner = owner
+        self.ttl = ttl
+        self.renew_every = ttl / 3
+        self.retry_seconds = retry_seconds if retry_seconds is not None else min(ttl / 3, 5.0)
+        self._on_change = on_change
+        self._on_takeover = on_takeover
+        self.held: dict[str, ConnectionLease] = {}  # the connections this process holds now
+
+    async def hold_connection(self, name: str, run: ConnectionRun) -> None:
+        while True:
+            lease = await self._wait_for_lease(name)
+            try:
+                await self._run_while_held(lease, run)
+            finally:
+                await self._let_go(lease)
+            await asyncio.sleep(self.retry_seconds)
+
+    async def _wait_for_lease(self, name: str) -> ConnectionLease:
+        while True:
+            try:
+                lease = await acquire(self.engine, name, self.owner, self.ttl)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the database is away: keep asking
+                log.warning("connection_lease_unavailable", connection=name, error=repr(exc))
+                lease = None
+            if lease is not None:
+                self.held[name] = lease
+                if self._on_change is not None:
+                    self._on_change(name, True)
+                if lease.took_over and self._on_takeover is not None:
+                    self._on_takeover(name)
+                log.info(
+                    "connection_held",
+                    connection=name,
+                    owner=self.owner,
+                    fence=lease.fence,
+                    took_over=lease.took_over,
+                )
+                return lease
+            await asyncio.sleep(self.retry_seconds)
+
+    async def _run_while_held(self, lease: ConnectionLease, run: ConnectionRun) -> None:
+        task = asyncio.ensure_future(run())
+        try:
+            await self._renew_until_done(lease, task)
+        finally:
+            if not task.done():
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if task.cancelled():
+            return
+        if task.exception() is not None:
+            log.error("connection_failed", connection=lease.name, exc_info=task.exception())
+        else:
+            log.info("connection_ended", connection=lease.name)
+
+    async def _renew_until_done(self, lease: ConnectionLease, task: asyncio.Future[None]) -> None:
+        """Return when `task` ends or the hold is lost (then `task` is cancelled by the caller)."""
+        confirmed = time.monotonic()  # the hold is certain until `confirmed + ttl`
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=self.renew_every)
+            if done:
+                return
+            asked = time.monotonic()
+            try:
+                still_ours = await asyncio.wait_for(renew(self.engine, lease, self.ttl), self.renew_every)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if time.monotonic() - confirmed >= self.ttl:
+                    log.error("connection_lease_expired", connection=lease.name, error=repr(exc))
+                    return
+                log.warning("connection_lease_renew_failed", connection=lease.name, error=repr(exc))
+                continue
+            if not still_ours:
+                log.error("connection_lost", connection=lease.name, owner=self.owner, fence=lease.fence)
+                return
+            confirmed = asked
+
+    async def _let_go(self, lease: ConnectionLease) -> None:
+        if self.held.get(lease.name) == lease:
+            del self.held[lease.name]
+            if self._on_change is not None:
+                self._on_change(lease.name, False)
+        # Shielded: a shutdown cancelling the holder still frees the connection for a peer.
+        with contextlib.suppress(Exception):
+            await asyncio.shield(release(self.engine, lease))

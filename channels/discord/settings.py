@@ -1,0 +1,29 @@
+"""Discord settings (`DISCORD_*`)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from app.channel import ChannelSettings
+
+
+class DiscordSettings(ChannelSettings):
+    model_config = SettingsConfigDict(env_prefix="DISCORD_", env_file=".env", extra="ignore")
+
+    bot_token: str | None = Field(None, description="Bot token (Developer Portal → Bot).")
+    public_key: str | None = Field(
+        None, description="Application public key (hex), to verify interactions (Ed25519)."
+    )
+    api_base: str = Field("https://discord.com/api/v10", description="REST API base URL.")
+    gateway_url: str | None = Field(
+        None, description="Gateway WebSocket URL; unset: the one GET /gateway/bot names."
+    )
+    gateway: bool = Field(True, description="Receive messages over the Gateway (needs the bot token).")
+    max_message_chars: int = Field(
+        2000, description="Discord's message length limit; longer texts are split."
+    )
+    timestamp_tolerance_seconds: float = Field(
+        300.0, description="Interactions whose X-Signature-Timestamp is further from now are refused."
+    )
+    request_timeout_seconds: float = Field(15.0, description="Timeout of REST calls.")

@@ -1,0 +1,117 @@
+"""Two server processes on one PostgreSQL share one Telegram long-polling connection.
+
+Exactly one polls at a time; after a SIGKILL of the owner the other takes the connection
+over within the lease TTL, and every update is answered exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+
+import httpx
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from app.connection_leases import list_holds
+from app.db.models import inbox
+from tests.conftest import ADMIN_TOKEN
+from tests.fakes import telegram as tg
+from tests.fakes.telegram import FakeTelegram
+from tests.support.servers import ServerProcess
+
+pytestmark = pytest.mark.slow
+
+TTL = 3.0
+
+
+def _env(db_url: str, fake: FakeTelegram, worker: str) -> dict[str, str]:
+    return {
+        "DATABASE_URL": db_url,
+        "ADMIN_TOKEN": ADMIN_TOKEN,
+        "CHANNELS": "telegram",
+        "WORKER_ID": worker,
+        "CONNECTION_LEASE_TTL_SECONDS": str(TTL),
+        "TELEGRAM_BOT_TOKEN": fake.token,
+        "TELEGRAM_MODE": "polling",
+        "TELEGRAM_API_BASE_URL": fake.url,
+        "TELEGRAM_FILE_BASE_URL": fake.file_url,
+        "TELEGRAM_POLLING_TIMEOUT_SECONDS": "1",
+        "TELEGRAM_POLLING_RETRY_SECONDS": "0.2",
+        "INBOX_POLL_SECONDS": "0.2",
+        "OUTBOX_POLL_SECONDS": "0.1",
+        "LOG_LEVEL": "WARNING",
+    }
+
+
+async def _owner(engine: AsyncEngine) -> str | None:
+    holds = await list_holds(engine)
+    return holds[0].owner if holds else None
+
+
+async def _wait_owner(engine: AsyncEngine, expected: str, timeout: float) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        if await _owner(engine) == expected:
+            return time.monotonic() - started
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{expected} did not take the connection within {timeout} s")
+
+
+async def _channel_connections(client: httpx.AsyncClient, server: ServerProcess) -> list[dict]:
+    resp = await client.get(
+        f"{server.url}/admin/api/channels", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    )
+    assert resp.status_code == 200
+    [telegram] = [c for c in resp.json()["channels"] if c["name"] == "telegram"]
+    return list(telegram["connections"])
+
+
+async def test_one_replica_polls_and_the_other_takes_over_after_sigkill(pg_url: str) -> None:
+    async with FakeTelegram() as fake:
+        servers = {
+            name: ServerProcess(_env(pg_url, fake, name)).start() for name in ("replica-a", "replica-b")
+        }
+        engine = create_async_engine(pg_url)
+        try:
+            for i in range(5):
+                await fake.push_update(tg.update(100 + i, tg.message(f"before {i}")))
+            await fake.wait_for("sendMessage", 5, timeout=30)
+            owner = await _owner(engine)
+            assert owner in servers
+            survivor = next(name for name in servers if name != owner)
+            async with httpx.AsyncClient(timeout=10) as client:
+                views = {name: await _channel_connections(client, srv) for name, srv in servers.items()}
+                metrics = (await client.get(f"{servers[owner].url}/metrics")).text
+            for name, [view] in views.items():
+                assert view["owner"] == owner
+                assert view["held_here"] == (name == owner)
+            assert f'chatgate_connection_held{{connection="{view["name"]}",owner="{owner}"}} 1.0' in metrics
+
+            # Updates the owner may have read but not confirmed, then the owner dies.
+            for i in range(5):
+                await fake.push_update(tg.update(200 + i, tg.message(f"around {i}")))
+            servers[owner].kill()
+            for i in range(5):
+                await fake.push_update(tg.update(300 + i, tg.message(f"after {i}")))
+            took = await _wait_owner(engine, survivor, timeout=TTL + 5)
+            assert took <= TTL + 2, f"took over after {took:.1f} s"
+            await fake.wait_for("sendMessage", 15, timeout=30)
+            await asyncio.sleep(1.0)  # a duplicate answer would arrive now
+            async with httpx.AsyncClient(timeout=10) as client:
+                [view] = await _channel_connections(client, servers[survivor])
+                metrics = (await client.get(f"{servers[survivor].url}/metrics")).text
+            assert view["owner"] == survivor and view["held_here"] and view["takeovers"] == 1
+            assert f'chatgate_connection_takeovers_total{{connection="{view["name"]}"}} 1.0' in metrics
+            async with engine.connect() as conn:
+                stored = (await conn.execute(select(func.count()).select_from(inbox))).scalar_one()
+        finally:
+            for server in servers.values():
+                server.stop()
+            await engine.dispose()
+    texts = [f"before {i}" for i in range(5)] + [f"{w} {i}" for w in ("around", "after") for i in range(5)]
+    assert Counter(fake.sent_texts()) == Counter(f"You said: {t}" for t in texts)  # each exactly once
+    assert stored == 15
+    assert fake.most_polls_in_flight == 1  # never two pollers at once

@@ -1,0 +1,72 @@
+"""Helpers of the Discord tests: settings pointing at the fake, signed interactions."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import httpx
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+from channels.discord import DiscordSettings
+from tests.fakes import discord as dc
+from tests.fakes.discord import FakeDiscord
+
+# The application's key pair; Discord signs with the private half, we get the public one.
+SIGNING_KEY = Ed25519PrivateKey.generate()
+PUBLIC_KEY = SIGNING_KEY.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw).hex()
+
+
+def discord_settings(fake: FakeDiscord, **overrides: Any) -> DiscordSettings:
+    values: dict[str, Any] = dict(
+        bot_token=dc.TOKEN,
+        public_key=PUBLIC_KEY,
+        api_base=fake.url,
+        gateway_url=fake.gateway_url,
+    )
+    values.update(overrides)
+    return DiscordSettings(_env_file=None, **values)  # type: ignore[call-arg]
+
+
+async def post_interaction(
+    client: httpx.AsyncClient,
+    base_url: str,
+    payload: dict[str, Any],
+    *,
+    key: Ed25519PrivateKey = SIGNING_KEY,
+    timestamp: int | None = None,
+) -> httpx.Response:
+    """POST as Discord does: Ed25519 over `timestamp + raw body`, hex in X-Signature-Ed25519."""
+    body = json.dumps(payload).encode()
+    ts = str(timestamp if timestamp is not None else int(time.time()))
+    signature = key.sign(ts.encode() + body).hex()
+    headers = {
+        "Content-Type": "application/json",
+        "X-Signature-Ed25519": signature,
+        "X-Signature-Timestamp": ts,
+    }
+    return await client.post(f"{base_url}/channels/discord/interactions", content=body, headers=headers)
+
+
+def command(
+    name: str, *, interaction_id: str = "5000", channel_id: str = "2000", guild_id: str | None = "9000"
+) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "id": interaction_id,
+        "application_id": dc.APP_ID,
+        "type": 2,
+        "token": f"itoken-{interaction_id}",
+        "version": 1,
+        "channel_id": channel_id,
+        "channel": {"id": channel_id, "type": 0},
+        "data": {"id": "6000", "name": name, "type": 1},
+    }
+    user = {"id": "3000", "username": "alice", "discriminator": "0"}
+    if guild_id:
+        data["guild_id"] = guild_id
+        data["member"] = {"user": user, "roles": []}
+    else:
+        data["user"] = user
+    return data
