@@ -13,6 +13,7 @@ calls and keeps the token in a process-global cache.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
@@ -94,7 +95,8 @@ class FeishuApi:
                 method,
                 self.base_url + path,
                 params=params,
-                json=body,
+                # Chinese as UTF-8, not \u escapes: Feishu's size limits count bytes.
+                content=None if body is None else json.dumps(body, ensure_ascii=False).encode(),
                 headers=headers,
                 timeout=self.settings.request_timeout_seconds,
             )

@@ -47,6 +47,7 @@ class Call:
     body: dict[str, Any]
     headers: dict[str, str]
     ok: bool = True
+    size: int = 0  # bytes of the request body
 
     @property
     def token(self) -> str:
@@ -157,8 +158,9 @@ class FakeFeishu(LocalServer):
     async def _send(self, request: web.Request) -> web.Response:
         replied = request.match_info.get("message_id")
         kind = "reply" if replied else "create"
-        body = await request.json()
-        call = Call(kind, request.path, dict(request.query), body, _headers(request))
+        raw = await request.read()
+        body = json.loads(raw)
+        call = Call(kind, request.path, dict(request.query), body, _headers(request), size=len(raw))
         failure = self._auth_failure(request) or self._failure(kind)
         if failure is None and kind == "create" and request.query.get("receive_id_type") != "chat_id":
             failure = Failure(400, 99992402, "field validation failed: receive_id_type")
