@@ -8,6 +8,7 @@ import time
 
 import httpx
 
+from app.agent.offline import OfflineProvider
 from app.db.models import inbox, outbox
 from tests.channels.feishu.support import feishu_settings, post_callback
 from tests.channels.support import count, inbox_keys, wait_inbox_done, wait_outbox_final
@@ -261,3 +262,34 @@ async def test_mention_gating_can_be_turned_off(serve: ServeApp) -> None:
             [call] = await fake.wait_for(1)
             assert await inbox_keys(srv.runtime) == ["feishu:oc_team"]
     assert (call.kind, call.body["receive_id"], call.text) == ("create", "oc_team", "You said: open room")
+
+
+async def test_commands_work_after_a_mention_in_groups(serve: ServeApp) -> None:
+    async with FakeFeishu() as fake:
+        async with (
+            serve(channel_settings={"feishu": feishu_settings(fake)}) as srv,
+            httpx.AsyncClient(timeout=30) as client,
+        ):
+            resp = await post_callback(client, srv.url, fs.group_mention("/help", message_id="om_help"))
+            assert resp.status_code == 200, resp.text
+            [call] = await fake.wait_for(1)
+    assert call.path == "/open-apis/im/v1/messages/om_help/reply"
+    assert "/new" in call.text and "/reset" in call.text
+
+
+async def test_ack_does_not_wait_for_the_agent(serve: ServeApp) -> None:
+    async with FakeFeishu() as fake:
+        async with (
+            serve(
+                channel_settings={"feishu": feishu_settings(fake)}, provider=OfflineProvider(latency_ms=4000)
+            ) as srv,
+            httpx.AsyncClient(timeout=30) as client,
+        ):
+            started = time.monotonic()
+            resp = await post_callback(client, srv.url, fs.text_event("slow thinking"))
+            elapsed = time.monotonic() - started
+            assert resp.status_code == 200
+            # Well before the model's 4 s (Feishu waits about 3 s); margin for a busy CI.
+            assert elapsed < 2.5, elapsed
+            assert await count(srv.runtime, inbox) == 1  # committed before the ack
+            await fake.wait_for(1)
