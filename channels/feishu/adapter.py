@@ -36,6 +36,7 @@ log = structlog.get_logger(__name__)
 
 IDENTITY_RETRY_SECONDS = 30.0
 BOT_INFO_PATH = "/open-apis/bot/v3/info"
+PARENT_LOOKUP_SECONDS = 1.5
 
 
 class FeishuChannel:
@@ -161,7 +162,35 @@ class FeishuChannel:
     async def _parse(self, payload: dict[str, Any]) -> Parsed:
         if self.bot_open_id is None:
             await self._ensure_identity()  # bot/v3/info failed at start; try again
-        return parse_message_event(payload, self.settings, self.bot_open_id)
+        parsed = parse_message_event(payload, self.settings, self.bot_open_id)
+        if parsed.unmentioned_reply_to and await self._sent_by_bot(parsed.unmentioned_reply_to):
+            parsed = parse_message_event(payload, self.settings, self.bot_open_id, replied_to_bot=True)
+        return parsed
+
+    async def _sent_by_bot(self, message_id: str) -> bool:
+        """Whether this app sent the message (`GET /open-apis/im/v1/messages/{id}`)."""
+        if not self.settings.app_id or not self.settings.app_secret:
+            return False
+        try:
+            # Inside Feishu's ~3 s wait for our answer: a slow lookup counts as "not ours".
+            answer = await self.api.get(
+                f"/open-apis/im/v1/messages/{message_id}", timeout=PARENT_LOOKUP_SECONDS
+            )
+        except DeliveryError as exc:
+            log.warning("feishu_parent_lookup_failed", message_id=message_id, error=exc.detail)
+            return False
+        data = answer.get("data")
+        items = data.get("items") if isinstance(data, dict) else None
+        sender = (
+            items[0].get("sender")
+            if isinstance(items, list) and items and isinstance(items[0], dict)
+            else None
+        )
+        return (
+            isinstance(sender, dict)
+            and sender.get("sender_type") == "app"
+            and sender.get("id") == self.settings.app_id
+        )
 
     # --- outbound ---------------------------------------------------------------------
 

@@ -53,17 +53,22 @@ class FeishuApi:
         answer = await self._authorized("POST", path, body, params)
         return answer.get("data") or {}
 
-    async def get(self, path: str) -> dict[str, Any]:
+    async def get(self, path: str, *, timeout: float | None = None) -> dict[str, Any]:
         """GET with the tenant token; the whole answer (some endpoints answer beside `data`)."""
-        return await self._authorized("GET", path, None, None)
+        return await self._authorized("GET", path, None, None, timeout)
 
     async def _authorized(
-        self, method: str, path: str, body: dict[str, Any] | None, params: dict[str, str] | None
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None,
+        params: dict[str, str] | None,
+        timeout: float | None = None,
     ) -> dict[str, Any]:
         """One call with the cached token; a token Feishu refuses is replaced once."""
         for attempt in (1, 2):
             token = await self.tokens.get()
-            answer = await self._request(method, path, token=token, body=body, params=params)
+            answer = await self._request(method, path, token=token, body=body, params=params, timeout=timeout)
             code = _code(answer)
             if code in TOKEN_INVALID:
                 self.tokens.invalidate(token)
@@ -86,6 +91,7 @@ class FeishuApi:
         token: str | None = None,
         body: dict[str, Any] | None = None,
         params: dict[str, str] | None = None,
+        timeout: float | None = None,
     ) -> dict[str, Any]:
         headers = {"Content-Type": "application/json; charset=utf-8"}
         if token:
@@ -98,7 +104,7 @@ class FeishuApi:
                 # Chinese as UTF-8, not \u escapes: Feishu's size limits count bytes.
                 content=None if body is None else json.dumps(body, ensure_ascii=False).encode(),
                 headers=headers,
-                timeout=self.settings.request_timeout_seconds,
+                timeout=timeout or self.settings.request_timeout_seconds,
             )
         except httpx.HTTPError as exc:
             raise ChannelUnavailable(f"{path}: {type(exc).__name__}: {exc}") from exc

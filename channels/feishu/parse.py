@@ -26,6 +26,9 @@ MESSAGE_RECEIVED = "im.message.receive_v1"
 class Parsed:
     event: InboundEvent | None = None
     ignored: str | None = None
+    # Ignored only for want of a mention, yet a reply to this message: addressed to the bot
+    # if the bot wrote it (the payload does not say who did).
+    unmentioned_reply_to: str | None = None
 
 
 @dataclass(frozen=True)
@@ -35,8 +38,18 @@ class _Mention:
     name: str
 
 
-def parse_message_event(payload: dict[str, Any], settings: FeishuSettings, bot_open_id: str | None) -> Parsed:
-    """One verified schema 2.0 `im.message.receive_v1` payload → an event, or why it is ignored."""
+def parse_message_event(
+    payload: dict[str, Any],
+    settings: FeishuSettings,
+    bot_open_id: str | None,
+    *,
+    replied_to_bot: bool = False,
+) -> Parsed:
+    """One verified schema 2.0 `im.message.receive_v1` payload → an event, or why it is ignored.
+
+    `replied_to_bot`: the message replies to one the bot sent, which addresses the bot in a
+    group as a mention does.
+    """
     header = payload.get("header")
     body = payload.get("event")
     if not isinstance(header, dict) or not isinstance(body, dict):
@@ -62,15 +75,16 @@ def parse_message_event(payload: dict[str, Any], settings: FeishuSettings, bot_o
     chat_type = ChatType.DIRECT if message.get("chat_type") == "p2p" else ChatType.GROUP
     mentions = _mentions(message.get("mentions"))
     self_mentions = [m for m in mentions if _is_self(m, bot_open_id)]
-    if chat_type is ChatType.GROUP and settings.require_mention_in_groups and not self_mentions:
-        return Parsed(ignored="group message without a mention of the bot")
+    parent_id = _str(message.get("parent_id"))
+    gated = chat_type is ChatType.GROUP and settings.require_mention_in_groups
+    if gated and not self_mentions and not replied_to_bot:
+        return Parsed(ignored="group message without a mention of the bot", unmentioned_reply_to=parent_id)
 
     kind = _str(message.get("message_type")) or ""
     content = _content(message.get("content"))
     parts = _parts(kind, content, message_id, settings.api_base.rstrip("/"), mentions, bot_open_id)
     if self_mentions:
         parts.append(MentionPart(user_id=self_mentions[0].open_id or "", is_self=True))
-    parent_id = _str(message.get("parent_id"))
     if parent_id:
         parts.append(ReplyToPart(message_id=parent_id))
     if not any(isinstance(p, (TextPart, ImagePart, FilePart)) for p in parts):

@@ -91,6 +91,7 @@ class FakeFeishu(LocalServer):
         self._token_ids = itertools.count(1)
         self._message_ids = itertools.count(1)
         self._by_uuid: dict[str, str] = {}
+        self._sent: set[str] = set()
 
     def fail(self, kind: str, *failures: Failure | None) -> None:
         self.script.setdefault(kind, []).extend(failures)
@@ -173,6 +174,7 @@ class FakeFeishu(LocalServer):
         message_id = self._by_uuid[uuid] if duplicate else f"om_sent{next(self._message_ids):04d}"
         if isinstance(uuid, str):
             self._by_uuid[uuid] = message_id
+        self._sent.add(message_id)
         data: dict[str, Any] = {
             "message_id": message_id,
             "chat_id": body.get("receive_id") or "oc_from_reply",
@@ -185,12 +187,27 @@ class FakeFeishu(LocalServer):
             data["root_id"] = replied
         return web.json_response({"code": 0, "msg": "success", "data": data})
 
+    async def _get_message(self, request: web.Request) -> web.Response:
+        message_id = request.match_info["message_id"]
+        failure = self._auth_failure(request) or self._failure("get")
+        if failure is None and message_id not in self._sent:
+            # A message someone else sent: Feishu names its sender as a user.
+            sender = {"id": "ou_someone", "id_type": "open_id", "sender_type": "user"}
+        else:
+            sender = {"id": self.app_id, "id_type": "app_id", "sender_type": "app"}
+        await self._record(Call("get", request.path, {}, {}, _headers(request), ok=failure is None))
+        if failure is not None:
+            return _fail(failure)
+        item = {"message_id": message_id, "msg_type": "text", "sender": {**sender, "tenant_key": TENANT_KEY}}
+        return web.json_response({"code": 0, "msg": "success", "data": {"items": [item]}})
+
     async def __aenter__(self) -> FakeFeishu:
         app = web.Application()
         app.router.add_post(TOKEN_PATH, self._token)
         app.router.add_get("/open-apis/bot/v3/info", self._bot_info)
         app.router.add_post("/open-apis/im/v1/messages", self._send)
         app.router.add_post("/open-apis/im/v1/messages/{message_id}/reply", self._send)
+        app.router.add_get("/open-apis/im/v1/messages/{message_id}", self._get_message)
         await self._serve(app, shutdown_timeout=0.5)
         return self
 

@@ -293,3 +293,29 @@ async def test_ack_does_not_wait_for_the_agent(serve: ServeApp) -> None:
             assert elapsed < 2.5, elapsed
             assert await count(srv.runtime, inbox) == 1  # committed before the ack
             await fake.wait_for(1)
+
+
+async def test_a_reply_to_the_bot_in_a_group_addresses_it_without_a_mention(serve: ServeApp) -> None:
+    async with FakeFeishu() as fake:
+        async with (
+            serve(channel_settings={"feishu": feishu_settings(fake)}) as srv,
+            httpx.AsyncClient(timeout=30) as client,
+        ):
+            await post_callback(client, srv.url, fs.group_mention("first", message_id="om_q1"))
+            [answer] = await fake.wait_for(1)
+            bot_message = "om_sent0001"
+            follow = fs.text_event(
+                "and why?", chat_type="group", chat_id="oc_team", parent_id=bot_message, root_id="om_q1"
+            )
+            resp = await post_callback(client, srv.url, follow)
+            assert resp.json()["session_key"] == "feishu:oc_team", resp.text
+            # A reply to someone else's message, unmentioned: not for the bot.
+            other = fs.text_event("+1", chat_type="group", chat_id="oc_team", parent_id="om_q1")
+            assert "ignored" in (await post_callback(client, srv.url, other)).json()
+            calls = await fake.wait_for(2)
+    assert calls[1].text == "You said: and why?"
+    assert [c.path for c in fake.calls_of("get")] == [
+        f"/open-apis/im/v1/messages/{bot_message}",
+        "/open-apis/im/v1/messages/om_q1",
+    ]
+    assert answer.ok
