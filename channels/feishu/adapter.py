@@ -23,7 +23,13 @@ from typing import Any
 import structlog
 
 from app.channel import ChannelContext, ChannelRequest, ChannelResponse, SendResult
-from app.errors import ChannelAuthError, ChannelNotConfigured, DeliveryError, InvalidPayload
+from app.errors import (
+    ChannelAuthError,
+    ChannelNotConfigured,
+    ChannelRequestError,
+    DeliveryError,
+    InvalidPayload,
+)
 from app.events import OutboundMessage
 from channels.common.chunks import ChunkProgress, send_chunks, split_text
 from channels.common.wechat_api import outbound_text
@@ -98,12 +104,11 @@ class FeishuChannel:
                 s.encrypt_key, request.headers, request.body, tolerance=s.timestamp_tolerance_seconds
             )
             signed = True
+        if s.encrypt_key and not signed:
+            return ChannelResponse.json(self._unsigned(request))
         payload = self._open(request.json())
         if payload.get("type") == "url_verification":
             return ChannelResponse.json(self._url_verification(payload))
-        if s.encrypt_key and not signed:
-            # Feishu signs every event once an Encrypt Key is configured.
-            raise ChannelAuthError("missing X-Lark-Signature headers")
         header = payload.get("header")
         if payload.get("schema") != "2.0" or not isinstance(header, dict):
             raise InvalidPayload("only event subscription schema 2.0 is supported")
@@ -121,6 +126,27 @@ class FeishuChannel:
         if result.skipped:
             body["skipped"] = True
         return ChannelResponse.json(body)
+
+    def _unsigned(self, request: ChannelRequest) -> dict[str, Any]:
+        """With an Encrypt Key, Feishu signs every event; only `url_verification` comes unsigned.
+
+        It must be encrypted with our key. Every way to fail gets the same answer, so that
+        unsigned requests cannot be used to learn anything about a ciphertext (a padding
+        oracle) or about our settings.
+        """
+        refused = ChannelAuthError(
+            "missing X-Lark-Signature headers (only an encrypted url_verification comes unsigned)"
+        )
+        try:
+            body = request.json()
+            if not isinstance(body, dict) or not isinstance(body.get("encrypt"), str):
+                raise refused
+            payload = self._open(body)
+            if payload.get("type") != "url_verification":
+                raise refused
+            return self._url_verification(payload)
+        except ChannelRequestError as exc:
+            raise refused from exc
 
     def _open(self, body: Any) -> dict[str, Any]:
         """The event itself: the body, or what its `encrypt` field decrypts to."""

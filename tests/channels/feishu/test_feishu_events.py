@@ -118,6 +118,28 @@ async def test_url_verification_plain_and_encrypted(serve: ServeApp) -> None:
             )
             assert other_key.status_code == 401
             assert "c-y" not in other_key.text
+            # Unsigned, with an Encrypt Key set: one answer for every way to fail, so an
+            # unsigned request tells nothing about a ciphertext (no padding oracle).
+            url = f"{srv.url}/channels/feishu"
+            plain_json = {"Content-Type": "application/json"}
+            wrong_key = fs.encrypt(json.dumps(fs.url_verification("c-w")).encode(), key="another key")
+            unsigned = [
+                await client.post(url, content=json.dumps({"encrypt": wrong_key}), headers=plain_json),
+                await post_callback(client, srv.url, fs.url_verification("c-z"), encrypt_key=None),
+                await client.post(url, content=json.dumps({"encrypt": "not base64!"}), headers=plain_json),
+                await client.post(
+                    url, content=json.dumps({"encrypt": fs.encrypt(b"{oops")}), headers=plain_json
+                ),
+                await client.post(url, content=b"{oops", headers=plain_json),
+                await client.post(
+                    url,
+                    content=json.dumps({"encrypt": fs.encrypt(json.dumps(fs.text_event("hi")).encode())}),
+                    headers=plain_json,
+                ),
+            ]
+            assert len({(r.status_code, r.text) for r in unsigned}) == 1
+            assert unsigned[0].status_code == 401
+            assert await count(srv.runtime, inbox) == 0
 
 
 async def test_forged_stale_or_wrong_token_is_refused_and_nothing_is_stored(serve: ServeApp) -> None:
