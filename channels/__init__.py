@@ -22,6 +22,7 @@ KNOWN_CHANNELS: dict[str, str] = {
     "wechat-mp": "channels.wechat_mp",
     "onebot": "channels.onebot",
     "qq": "channels.qq",
+    "feishu": "channels.feishu",
     "cron": "channels.cron",
     "browser": "channels.browser",
     "discord": "channels.discord",

@@ -1,0 +1,264 @@
+"""Feishu/Lark channel: event subscription callback (`POST /channels/feishu`), Open API replies.
+
+Inbound: Feishu POSTs schema 2.0 events, plain or encrypted (`{"encrypt": …}`) when an
+Encrypt Key is set, and then signed (`X-Lark-Signature`). The signature is checked on the
+raw body before anything else, the body decrypted, the verification token compared, and
+an `im.message.receive_v1` message committed to the inbox and answered 200 at once
+(Feishu redelivers events it got no answer for within a few seconds; the agent runs
+later). `url_verification` is answered with its `challenge`.
+
+Outbound: `POST /open-apis/im/v1/messages?receive_id_type=chat_id`, or
+`/open-apis/im/v1/messages/{message_id}/reply` to answer a group message (in its thread
+when it has one), with a tenant access token (`api.FeishuApi`). Long replies are split;
+each piece carries a `uuid` made of the outbox message id, so Feishu itself drops a piece
+sent twice by a retry.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import structlog
+
+from app.channel import ChannelContext, ChannelRequest, ChannelResponse, SendResult
+from app.errors import (
+    ChannelAuthError,
+    ChannelNotConfigured,
+    ChannelRequestError,
+    DeliveryError,
+    InvalidPayload,
+)
+from app.events import OutboundMessage
+from channels.common.chunks import ChunkProgress, send_chunks, split_text
+from channels.common.wechat_api import outbound_text
+from channels.feishu import crypto
+from channels.feishu.api import FeishuApi
+from channels.feishu.parse import MESSAGE_RECEIVED, Parsed, parse_message_event
+from channels.feishu.settings import FeishuSettings
+
+log = structlog.get_logger(__name__)
+
+IDENTITY_RETRY_SECONDS = 30.0
+BOT_INFO_PATH = "/open-apis/bot/v3/info"
+PARENT_LOOKUP_SECONDS = 1.5
+
+
+class FeishuChannel:
+    name = "feishu"
+
+    def __init__(self, settings: FeishuSettings, context: ChannelContext) -> None:
+        self.settings = settings
+        self.context = context
+        self.api = FeishuApi(context.http, settings)
+        self.bot_open_id = settings.bot_open_id
+        self._identity_tried_at = -IDENTITY_RETRY_SECONDS
+        self._progress = ChunkProgress(capacity=1000)
+
+    # --- lifecycle --------------------------------------------------------------------
+
+    async def start(self) -> None:
+        s = self.settings
+        if not s.verification_token and not s.encrypt_key:
+            log.warning(
+                "feishu_not_configured", detail="FEISHU_VERIFICATION_TOKEN or FEISHU_ENCRYPT_KEY is not set"
+            )
+        await self._ensure_identity()
+
+    async def stop(self) -> None:
+        return None
+
+    async def _ensure_identity(self) -> None:
+        """Learn the bot's open_id (to find mentions of it) through bot/v3/info."""
+        s = self.settings
+        if self.bot_open_id is not None or not s.app_id or not s.app_secret:
+            return
+        now = time.monotonic()
+        if now - self._identity_tried_at < IDENTITY_RETRY_SECONDS:
+            return  # Feishu was unreachable a moment ago; do not slow every event down
+        self._identity_tried_at = now
+        try:
+            answer = await self.api.get(BOT_INFO_PATH)
+        except DeliveryError as exc:
+            log.error("feishu_bot_info_failed", error=exc.detail)
+            return
+        bot = answer.get("bot")
+        open_id = bot.get("open_id") if isinstance(bot, dict) else None
+        self.bot_open_id = open_id if isinstance(open_id, str) and open_id else None
+
+    # --- inbound ----------------------------------------------------------------------
+
+    async def handle_request(self, request: ChannelRequest) -> ChannelResponse:
+        if request.method != "POST" or request.path.strip("/"):
+            return ChannelResponse.json({"error": "not_found", "detail": "POST /channels/feishu"}, 404)
+        s = self.settings
+        if not s.verification_token and not s.encrypt_key:
+            raise ChannelNotConfigured(
+                "FEISHU_VERIFICATION_TOKEN or FEISHU_ENCRYPT_KEY must be set on this server"
+            )
+        signed = False
+        if s.encrypt_key and crypto.has_signature(request.headers):
+            # Checked on the raw body, before it is parsed or decrypted.
+            crypto.verify_signature(
+                s.encrypt_key, request.headers, request.body, tolerance=s.timestamp_tolerance_seconds
+            )
+            signed = True
+        if s.encrypt_key and not signed:
+            return ChannelResponse.json(self._unsigned(request))
+        payload = self._open(request.json())
+        if payload.get("type") == "url_verification":
+            return ChannelResponse.json(self._url_verification(payload))
+        header = payload.get("header")
+        if payload.get("schema") != "2.0" or not isinstance(header, dict):
+            raise InvalidPayload("only event subscription schema 2.0 is supported")
+        self._check_token(header.get("token"))
+        kind = header.get("event_type")
+        if kind != MESSAGE_RECEIVED:
+            return ChannelResponse.json({"ok": True, "ignored": f"event type {kind}"})
+        parsed = await self._parse(payload)
+        if parsed.event is None:
+            return ChannelResponse.json({"ok": True, "ignored": parsed.ignored})
+        [result] = await self.context.accept([parsed.event])
+        body: dict[str, Any] = {"ok": True, "event_id": result.event_id, "session_key": result.session_key}
+        if result.duplicate:
+            body["duplicate"] = True
+        if result.skipped:
+            body["skipped"] = True
+        return ChannelResponse.json(body)
+
+    def _unsigned(self, request: ChannelRequest) -> dict[str, Any]:
+        """With an Encrypt Key, Feishu signs every event; only `url_verification` comes unsigned.
+
+        It must be encrypted with our key. Every way to fail gets the same answer, so that
+        unsigned requests cannot be used to learn anything about a ciphertext (a padding
+        oracle) or about our settings.
+        """
+        refused = ChannelAuthError(
+            "missing X-Lark-Signature headers (only an encrypted url_verification comes unsigned)"
+        )
+        try:
+            body = request.json()
+            if not isinstance(body, dict) or not isinstance(body.get("encrypt"), str):
+                raise refused
+            payload = self._open(body)
+            if payload.get("type") != "url_verification":
+                raise refused
+            return self._url_verification(payload)
+        except ChannelRequestError as exc:
+            raise refused from exc
+
+    def _open(self, body: Any) -> dict[str, Any]:
+        """The event itself: the body, or what its `encrypt` field decrypts to."""
+        if not isinstance(body, dict):
+            raise InvalidPayload("body must be a JSON object")
+        encrypted = body.get("encrypt")
+        if encrypted is None:
+            return body
+        if not self.settings.encrypt_key:
+            raise ChannelNotConfigured(
+                "the body is encrypted but FEISHU_ENCRYPT_KEY is not set on this server"
+            )
+        if not isinstance(encrypted, str):
+            raise InvalidPayload("encrypt must be a string")
+        plain = crypto.decrypt(self.settings.encrypt_key, encrypted)
+        try:
+            payload = json.loads(plain)
+        except (ValueError, UnicodeDecodeError) as exc:
+            # Padding that checks out by chance: this was not encrypted with our key either.
+            raise ChannelAuthError("encrypt does not decrypt to JSON with FEISHU_ENCRYPT_KEY") from exc
+        if not isinstance(payload, dict):
+            raise InvalidPayload("decrypted body must be a JSON object")
+        return payload
+
+    def _url_verification(self, payload: dict[str, Any]) -> dict[str, Any]:
+        self._check_token(payload.get("token"))
+        challenge = payload.get("challenge")
+        if not isinstance(challenge, str) or not challenge:
+            raise InvalidPayload("url_verification without a challenge")
+        return {"challenge": challenge}
+
+    def _check_token(self, token: Any) -> None:
+        expected = self.settings.verification_token
+        if not expected:
+            return  # an Encrypt Key alone: the body was signed or encrypted with it
+        if not isinstance(token, str) or not crypto.same_secret(expected, token):
+            raise ChannelAuthError("the verification token does not match FEISHU_VERIFICATION_TOKEN")
+
+    async def _parse(self, payload: dict[str, Any]) -> Parsed:
+        if self.bot_open_id is None:
+            await self._ensure_identity()  # bot/v3/info failed at start; try again
+        parsed = parse_message_event(payload, self.settings, self.bot_open_id)
+        if parsed.unmentioned_reply_to and await self._sent_by_bot(parsed.unmentioned_reply_to):
+            parsed = parse_message_event(payload, self.settings, self.bot_open_id, replied_to_bot=True)
+        return parsed
+
+    async def _sent_by_bot(self, message_id: str) -> bool:
+        """Whether this app sent the message (`GET /open-apis/im/v1/messages/{id}`)."""
+        if not self.settings.app_id or not self.settings.app_secret:
+            return False
+        try:
+            # Inside Feishu's ~3 s wait for our answer: a slow lookup counts as "not ours".
+            answer = await self.api.get(
+                f"/open-apis/im/v1/messages/{message_id}", timeout=PARENT_LOOKUP_SECONDS
+            )
+        except DeliveryError as exc:
+            log.warning("feishu_parent_lookup_failed", message_id=message_id, error=exc.detail)
+            return False
+        data = answer.get("data")
+        items = data.get("items") if isinstance(data, dict) else None
+        sender = (
+            items[0].get("sender")
+            if isinstance(items, list) and items and isinstance(items[0], dict)
+            else None
+        )
+        return (
+            isinstance(sender, dict)
+            and sender.get("sender_type") == "app"
+            and sender.get("id") == self.settings.app_id
+        )
+
+    # --- outbound ---------------------------------------------------------------------
+
+    async def send(self, message: OutboundMessage) -> SendResult:
+        text = outbound_text(message.parts)
+        chunks = split_text(text, self.settings.max_message_bytes, units=_sent_bytes)
+        if not chunks:
+            return SendResult()
+        reply_to, in_thread = _reply_target(message)
+
+        async def deliver(index: int, chunk: str) -> str | None:
+            body: dict[str, Any] = {
+                "msg_type": "text",
+                "content": json.dumps({"text": chunk}, ensure_ascii=False),
+                # Feishu sends at most one message per uuid within an hour.
+                "uuid": f"{message.message_id}-{index}",
+            }
+            if reply_to:
+                body["reply_in_thread"] = in_thread
+                data = await self.api.post(f"/open-apis/im/v1/messages/{reply_to}/reply", body)
+            else:
+                body["receive_id"] = message.chat_id
+                data = await self.api.post("/open-apis/im/v1/messages", body, {"receive_id_type": "chat_id"})
+            sent = data.get("message_id") if isinstance(data, dict) else None
+            return str(sent) if sent else None
+
+        sent = await send_chunks(self._progress, message.message_id, chunks, deliver)
+        return SendResult(platform_message_id=next((m for m in sent if m), None))
+
+
+def _reply_target(message: OutboundMessage) -> tuple[str | None, bool]:
+    """The message to answer with /reply (and whether in its thread), or None to post in the chat."""
+    replied = message.metadata.get("reply_feishu_message_id")
+    if isinstance(replied, str) and replied:
+        return replied, bool(message.metadata.get("reply_feishu_in_thread"))
+    # A reply without its event (a scheduled job) for a thread session: the thread's root.
+    if message.thread_id and message.thread_id.startswith("om_"):
+        return message.thread_id, True
+    return None, False
+
+
+def _sent_bytes(char: str) -> int:
+    """What one character weighs in the request: UTF-8, JSON-escaped twice (content is a JSON string)."""
+    once = json.dumps(char, ensure_ascii=False)[1:-1]
+    return len(json.dumps(once, ensure_ascii=False)[1:-1].encode())

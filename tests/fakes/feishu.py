@@ -1,0 +1,345 @@
+"""A fake Feishu Open API, and event callbacks signed and encrypted as Feishu makes them.
+
+The server is a real local HTTP server answering like open.feishu.cn: the tenant access
+token endpoint (tokens that really expire), `bot/v3/info`, sending a message to a chat and
+replying to a message, with Feishu's `{"code", "msg", "data"}` answers, its `uuid` dedup,
+and scriptable failures. Every call is recorded.
+
+Callbacks are built from Feishu's published rules, independently of the adapter's code:
+AES-256-CBC with key SHA-256(Encrypt Key) and a random IV in front, PKCS#7, base64; and
+`X-Lark-Signature` = hex SHA-256(timestamp + nonce + Encrypt Key + body). The tests check
+these against lark-oapi, the official SDK (`tests/channels/feishu/test_sdk_vectors.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import itertools
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+from cryptography.hazmat.primitives import padding
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+from tests.fakes.local_server import LocalServer
+
+APP_ID = "cli_test0001"
+APP_SECRET = "feishu-app-secret"
+VERIFICATION_TOKEN = "feishu-verification-token"
+ENCRYPT_KEY = "feishu-encrypt-key"
+BOT_OPEN_ID = "ou_bot0001"
+TENANT_KEY = "tenant0001"
+
+TOKEN_PATH = "/open-apis/auth/v3/tenant_access_token/internal"
+
+
+@dataclass
+class Call:
+    kind: str  # "token", "bot_info", "create", "reply"
+    path: str
+    params: dict[str, str]
+    body: dict[str, Any]
+    headers: dict[str, str]
+    ok: bool = True
+    size: int = 0  # bytes of the request body
+
+    @property
+    def token(self) -> str:
+        return self.headers.get("authorization", "").removeprefix("Bearer ")
+
+    @property
+    def text(self) -> str:
+        return str(json.loads(self.body["content"])["text"])
+
+
+@dataclass
+class Failure:
+    status: int
+    code: int
+    msg: str
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+SERVER_ERROR = Failure(500, 1500, "internal error")
+RATE_LIMITED = Failure(429, 99991400, "request trigger frequency limit", {"x-ogw-ratelimit-reset": "1"})
+BOT_NOT_IN_CHAT = Failure(400, 230002, "The bot is not in the chat.")
+NO_PERMISSION = Failure(400, 99991672, "Access denied. One of the following scopes is required")
+TOKEN_INVALID = Failure(400, 99991663, "Invalid access token for authorization.")
+
+
+@dataclass
+class FakeFeishu(LocalServer):
+    app_id: str = APP_ID
+    app_secret: str = APP_SECRET
+    bot_open_id: str = BOT_OPEN_ID
+    token_lifetime: int = 7200  # `expire` of the tokens handed out, in seconds
+    calls: list[Call] = field(default_factory=list)
+    # kind -> answers of its next calls, in order: a failure, or None for a normal answer
+    script: dict[str, list[Failure | None]] = field(default_factory=dict)
+    always: dict[str, Failure] = field(default_factory=dict)
+    url: str = ""
+
+    def __post_init__(self) -> None:
+        self._changed = asyncio.Condition()
+        self._tokens: dict[str, float] = {}  # token -> monotonic expiry
+        self._token_ids = itertools.count(1)
+        self._message_ids = itertools.count(1)
+        self._by_uuid: dict[str, str] = {}
+        self._sent: set[str] = set()
+
+    def fail(self, kind: str, *failures: Failure | None) -> None:
+        self.script.setdefault(kind, []).extend(failures)
+
+    def revoke_tokens(self) -> None:
+        self._tokens.clear()
+
+    def calls_of(self, *kinds: str) -> list[Call]:
+        return [c for c in self.calls if c.kind in kinds]
+
+    def delivered(self) -> list[Call]:
+        """Messages Feishu accepted (failed attempts excluded), sent or replies."""
+        return [c for c in self.calls_of("create", "reply") if c.ok]
+
+    async def wait_for(self, count: int, *kinds: str, timeout: float = 15) -> list[Call]:
+        kinds = kinds or ("create", "reply")
+        async with self._changed:
+            await asyncio.wait_for(
+                self._changed.wait_for(lambda: len(self.calls_of(*kinds)) >= count), timeout
+            )
+        return self.calls_of(*kinds)
+
+    async def _record(self, call: Call) -> None:
+        async with self._changed:
+            self.calls.append(call)
+            self._changed.notify_all()
+
+    def _failure(self, kind: str) -> Failure | None:
+        scripted = self.script.get(kind)
+        return scripted.pop(0) if scripted else self.always.get(kind)
+
+    async def _token(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        call = Call("token", request.path, dict(request.query), body, _headers(request))
+        failure = self._failure("token")
+        if failure is None and (body.get("app_id"), body.get("app_secret")) != (self.app_id, self.app_secret):
+            failure = Failure(400, 10014, "app secret invalid")
+        call.ok = failure is None
+        await self._record(call)
+        if failure is not None:
+            return _fail(failure)
+        token = f"t-{next(self._token_ids):04d}"
+        self._tokens[token] = time.monotonic() + self.token_lifetime
+        return web.json_response(
+            {"code": 0, "msg": "ok", "tenant_access_token": token, "expire": self.token_lifetime}
+        )
+
+    def _auth_failure(self, request: web.Request) -> Failure | None:
+        token = request.headers.get("Authorization", "").removeprefix("Bearer ")
+        expires = self._tokens.get(token)
+        if expires is None:
+            return TOKEN_INVALID
+        if time.monotonic() >= expires:
+            return Failure(400, 99991677, "Authentication token expired.")
+        return None
+
+    async def _bot_info(self, request: web.Request) -> web.Response:
+        failure = self._auth_failure(request) or self._failure("bot_info")
+        await self._record(Call("bot_info", request.path, {}, {}, _headers(request), ok=failure is None))
+        if failure is not None:
+            return _fail(failure)
+        bot = {"activate_status": 2, "app_name": "chatgate", "open_id": self.bot_open_id}
+        return web.json_response({"code": 0, "msg": "ok", "bot": bot})
+
+    async def _send(self, request: web.Request) -> web.Response:
+        replied = request.match_info.get("message_id")
+        kind = "reply" if replied else "create"
+        raw = await request.read()
+        body = json.loads(raw)
+        call = Call(kind, request.path, dict(request.query), body, _headers(request), size=len(raw))
+        failure = self._auth_failure(request) or self._failure(kind)
+        if failure is None and kind == "create" and request.query.get("receive_id_type") != "chat_id":
+            failure = Failure(400, 99992402, "field validation failed: receive_id_type")
+        call.ok = failure is None
+        await self._record(call)
+        if failure is not None:
+            return _fail(failure)
+        uuid = body.get("uuid")
+        duplicate = isinstance(uuid, str) and uuid in self._by_uuid
+        message_id = self._by_uuid[uuid] if duplicate else f"om_sent{next(self._message_ids):04d}"
+        if isinstance(uuid, str):
+            self._by_uuid[uuid] = message_id
+        self._sent.add(message_id)
+        data: dict[str, Any] = {
+            "message_id": message_id,
+            "chat_id": body.get("receive_id") or "oc_from_reply",
+            "msg_type": body.get("msg_type"),
+            "body": {"content": body.get("content")},
+            "sender": {"id": self.app_id, "id_type": "app_id", "sender_type": "app"},
+        }
+        if replied:
+            data["parent_id"] = replied
+            data["root_id"] = replied
+        return web.json_response({"code": 0, "msg": "success", "data": data})
+
+    async def _get_message(self, request: web.Request) -> web.Response:
+        message_id = request.match_info["message_id"]
+        failure = self._auth_failure(request) or self._failure("get")
+        if failure is None and message_id not in self._sent:
+            # A message someone else sent: Feishu names its sender as a user.
+            sender = {"id": "ou_someone", "id_type": "open_id", "sender_type": "user"}
+        else:
+            sender = {"id": self.app_id, "id_type": "app_id", "sender_type": "app"}
+        await self._record(Call("get", request.path, {}, {}, _headers(request), ok=failure is None))
+        if failure is not None:
+            return _fail(failure)
+        item = {"message_id": message_id, "msg_type": "text", "sender": {**sender, "tenant_key": TENANT_KEY}}
+        return web.json_response({"code": 0, "msg": "success", "data": {"items": [item]}})
+
+    async def __aenter__(self) -> FakeFeishu:
+        app = web.Application()
+        app.router.add_post(TOKEN_PATH, self._token)
+        app.router.add_get("/open-apis/bot/v3/info", self._bot_info)
+        app.router.add_post("/open-apis/im/v1/messages", self._send)
+        app.router.add_post("/open-apis/im/v1/messages/{message_id}/reply", self._send)
+        app.router.add_get("/open-apis/im/v1/messages/{message_id}", self._get_message)
+        await self._serve(app, shutdown_timeout=0.5)
+        return self
+
+
+def _headers(request: web.Request) -> dict[str, str]:
+    return {k.lower(): v for k, v in request.headers.items()}
+
+
+def _fail(failure: Failure) -> web.Response:
+    return web.json_response(
+        {"code": failure.code, "msg": failure.msg}, status=failure.status, headers=failure.headers
+    )
+
+
+# --- callbacks, as Feishu builds them -------------------------------------------------------
+
+_ids = itertools.count(1)
+
+
+def encrypt(plain: bytes, key: str = ENCRYPT_KEY, iv: bytes | None = None) -> str:
+    """Feishu's rule: base64(IV + AES-256-CBC(SHA-256(key), IV, PKCS#7(plain)))."""
+    iv = os.urandom(16) if iv is None else iv
+    padder = padding.PKCS7(128).padder()
+    padded = padder.update(plain) + padder.finalize()
+    encryptor = Cipher(algorithms.AES(hashlib.sha256(key.encode()).digest()), modes.CBC(iv)).encryptor()
+    return base64.b64encode(iv + encryptor.update(padded) + encryptor.finalize()).decode()
+
+
+def sign(timestamp: str, nonce: str, body: bytes, key: str = ENCRYPT_KEY) -> str:
+    """Feishu's rule: hex SHA-256(timestamp + nonce + Encrypt Key + raw body)."""
+    return hashlib.sha256((timestamp + nonce + key).encode() + body).hexdigest()
+
+
+def callback(
+    payload: dict[str, Any],
+    *,
+    encrypt_key: str | None = ENCRYPT_KEY,
+    signing_key: str | None = None,
+    timestamp: int | None = None,
+    nonce: str | None = None,
+) -> tuple[bytes, dict[str, str]]:
+    """The body and headers of a callback: encrypted and signed when there is an Encrypt Key."""
+    plain = json.dumps(payload, ensure_ascii=False).encode()
+    headers = {"Content-Type": "application/json; charset=utf-8"}
+    if encrypt_key is None:
+        return plain, headers
+    body = json.dumps({"encrypt": encrypt(plain, encrypt_key)}).encode()
+    ts = str(int(time.time()) if timestamp is None else timestamp)
+    nonce = nonce or f"nonce{next(_ids)}"
+    headers.update(
+        {
+            "X-Lark-Request-Timestamp": ts,
+            "X-Lark-Request-Nonce": nonce,
+            "X-Lark-Signature": sign(ts, nonce, body, signing_key or encrypt_key),
+        }
+    )
+    return body, headers
+
+
+def url_verification(challenge: str = "ajls384kdjx98XX", token: str = VERIFICATION_TOKEN) -> dict[str, Any]:
+    return {"challenge": challenge, "token": token, "type": "url_verification"}
+
+
+def message_event(
+    message_type: str,
+    content: dict[str, Any],
+    *,
+    chat_id: str = "oc_alice",
+    chat_type: str = "p2p",
+    sender: str = "ou_alice",
+    mentions: list[dict[str, Any]] | None = None,
+    root_id: str | None = None,
+    parent_id: str | None = None,
+    thread_id: str | None = None,
+    event_id: str | None = None,
+    message_id: str | None = None,
+    token: str = VERIFICATION_TOKEN,
+    event_type: str = "im.message.receive_v1",
+    sender_type: str = "user",
+) -> dict[str, Any]:
+    n = next(_ids)
+    now_ms = str(int(time.time() * 1000))
+    message: dict[str, Any] = {
+        "message_id": message_id or f"om_in{n:06d}",
+        "create_time": now_ms,
+        "update_time": now_ms,
+        "chat_id": chat_id,
+        "chat_type": chat_type,
+        "message_type": message_type,
+        "content": json.dumps(content, ensure_ascii=False),
+        "user_agent": "Mozilla/5.0 Lark/7.30",
+    }
+    if mentions:
+        message["mentions"] = mentions
+    for name, value in (("root_id", root_id), ("parent_id", parent_id), ("thread_id", thread_id)):
+        if value:
+            message[name] = value
+    return {
+        "schema": "2.0",
+        "header": {
+            "event_id": event_id or f"{n:032x}",
+            "event_type": event_type,
+            "create_time": now_ms,
+            "token": token,
+            "app_id": APP_ID,
+            "tenant_key": TENANT_KEY,
+        },
+        "event": {
+            "sender": {
+                "sender_id": {"union_id": f"on_{sender}", "user_id": f"u_{sender}", "open_id": sender},
+                "sender_type": sender_type,
+                "tenant_key": TENANT_KEY,
+            },
+            "message": message,
+        },
+    }
+
+
+def text_event(text: str, **kw: Any) -> dict[str, Any]:
+    return message_event("text", {"text": text}, **kw)
+
+
+def bot_mention(key: str = "@_user_1", open_id: str = BOT_OPEN_ID, name: str = "chatgate") -> dict[str, Any]:
+    return {
+        "key": key,
+        "id": {"union_id": f"on_{open_id}", "user_id": "", "open_id": open_id},
+        "name": name,
+        "tenant_key": TENANT_KEY,
+    }
+
+
+def group_mention(text: str, **kw: Any) -> dict[str, Any]:
+    """A group message "@chatgate <text>"."""
+    kw.setdefault("chat_id", "oc_team")
+    return text_event(f"@_user_1 {text}", chat_type="group", mentions=[bot_mention()], **kw)
