@@ -39,6 +39,10 @@ if TYPE_CHECKING:
     from channels.dingtalk.adapter import DingTalkChannel
 
 log = structlog.get_logger(__name__)
+# The SDK logs every system `ping` frame as an "unknown message topic" warning; only its
+# errors (a frame it could not handle, an ACK it could not send) are worth a line.
+_sdk_log = logging.getLogger("channels.dingtalk.sdk")
+_sdk_log.setLevel(logging.ERROR)
 
 OPEN_CONNECTION_PATH = "/v1.0/gateway/connections/open"
 ROBOT_TOPIC: str = ChatbotMessage.TOPIC  # "/v1.0/im/bot/messages/get"
@@ -71,7 +75,7 @@ async def run_connection(channel: DingTalkChannel) -> None:
     assert settings.client_id and settings.client_secret
     client = DingTalkStreamClient(
         Credential(settings.client_id, settings.client_secret),
-        logger=logging.getLogger("channels.dingtalk.sdk"),
+        logger=_sdk_log,
     )
     client.register_callback_handler(ROBOT_TOPIC, _RobotMessageHandler(channel))
     client.pre_start()

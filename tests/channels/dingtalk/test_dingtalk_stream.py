@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import httpx
 
@@ -128,3 +128,65 @@ async def test_stream_runs_under_the_connection_holder_and_acks_only_after_accep
         finally:
             await channel.stop()
     assert held == [f"dingtalk:{fingerprint(dt.CLIENT_ID)}"]
+
+
+class _OneHolderAtATime:
+    """Two replicas' view of one connection: whoever holds the lock runs it; a replica that
+    dies (its task cancelled) lets the other take over. Stands in for the database lease."""
+
+    def __init__(self) -> None:
+        self._lock = asyncio.Lock()
+        self.holders: list[str] = []
+
+    def for_replica(self, replica: str) -> Callable[[str, ConnectionRun], Awaitable[None]]:
+        async def hold_connection(name: str, run: ConnectionRun) -> None:
+            async with self._lock:
+                self.holders.append(replica)
+                await LocalConnections(retry_seconds=0.05).hold_connection(name, run)
+
+        return hold_connection
+
+
+async def test_two_replicas_one_stream_and_a_takeover_loses_nothing_and_repeats_nothing(
+    serve: ServeApp,
+) -> None:
+    holder = _OneHolderAtATime()
+    async with FakeDingTalk() as fake:
+        # The served app stores and answers; its own DingTalk channel does not hold a stream.
+        async with serve(channel_settings={"dingtalk": dingtalk_settings(fake, mode="http")}) as srv:
+            context = srv.runtime.context_for("dingtalk")
+            replicas = [
+                DingTalkChannel(
+                    dingtalk_settings(fake, mode="stream"),
+                    ChannelContext(
+                        context.accept, context.wait_for_replies, context.http, holder.for_replica(name)
+                    ),
+                )
+                for name in ("a", "b")
+            ]
+            for replica in replicas:
+                await replica.start()
+            try:
+                await fake.wait_for_socket()
+                await asyncio.sleep(0.3)
+                assert fake.connected == 1
+                assert holder.holders == ["a"]
+                first = dt.robot_message("before the takeover")
+                await fake.wait_for_ack(await fake.push_callback(first))
+                await replicas[0].stop()  # the owner dies
+                await fake.wait_for(lambda: len(fake.tickets_used) == 2 and fake.connected == 1)
+                assert holder.holders == ["a", "b"]
+                # DingTalk redelivers what it is unsure of, and sends on.
+                await fake.wait_for_ack(await fake.push_callback(first))
+                await fake.wait_for_ack(await fake.push_callback(dt.robot_message("after the takeover")))
+                await wait_outbox_final(srv.runtime, 2)
+                await wait_inbox_done(srv.runtime)
+                assert await count(srv.runtime, inbox) == 2
+                assert await count(srv.runtime, outbox) == 2
+            finally:
+                for replica in replicas:
+                    await replica.stop()
+    assert sorted(json.loads(c.body["msgParam"])["content"] for c in fake.delivered()) == [
+        "You said: after the takeover",
+        "You said: before the takeover",
+    ]
