@@ -21,7 +21,13 @@ import structlog
 
 from app.channel import ChannelContext, ChannelRequest, ChannelResponse, SendResult
 from app.connections import fingerprint
-from app.errors import ChannelNotConfigured, ChannelSendAuthError, DeliveryError, InvalidPayload
+from app.errors import (
+    ChannelNotConfigured,
+    ChannelRejected,
+    ChannelSendAuthError,
+    DeliveryError,
+    InvalidPayload,
+)
 from app.events import OutboundMessage
 from channels.common.chunks import ChunkProgress, send_chunks, split_text
 from channels.dingtalk import signing
@@ -133,8 +139,12 @@ class DingTalkChannel:
                 await self.api.send_by_webhook(webhook, text)
                 return None
             except DeliveryError as exc:
+                if message.metadata.get("reply_webhook_only"):
+                    raise
                 log.warning("dingtalk_session_webhook_failed", detail=exc.detail)
                 # The robot API reaches the same chat; it decides whether to retry.
+        elif message.metadata.get("reply_webhook_only"):
+            raise ChannelRejected("the session webhook expired; the robot API cannot reach this sender")
         robot_code = str(message.metadata.get("reply_robot_code") or self.settings.robot_code or "")
         robot_code = robot_code or str(self.settings.client_id)
         return await self.api.send_text(

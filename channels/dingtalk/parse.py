@@ -60,20 +60,20 @@ def parse_message(payload: Any, settings: DingTalkSettings) -> Parsed:
     text = _text_of(kind, payload)
     if text is None:
         return Parsed(ignored=f"message type {kind} is not supported")
-    parts: list[Part] = []
-    if text:
-        parts.append(TextPart(text=text))
+    if not text:
+        return Parsed(ignored="no text")
+    parts: list[Part] = [TextPart(text=text)]
     bot_user_id = payload.get("chatbotUserId")
     if group and mentioned and isinstance(bot_user_id, str) and bot_user_id:
         parts.append(MentionPart(user_id=bot_user_id, is_self=True))
-    if not text:
-        return Parsed(ignored="no text")
 
     metadata: dict[str, Any] = {
         "dingtalk_msg_id": msg_id,
         "dingtalk_conversation_id": conversation_id,
         "reply_conversation_type": conversation_type,
     }
+    if not group and sender_id != staff_id:
+        metadata["reply_webhook_only"] = True  # no staff id: the robot API cannot reach them
     for key, name in (("senderNick", "sender_name"), ("conversationTitle", "chat_title")):
         if isinstance(payload.get(key), str):
             metadata[name] = payload[key]

@@ -54,3 +54,25 @@ async def test_revoked_token_is_renewed_and_refusals_are_not_retried(serve: Serv
     refused = rows[1]
     assert (refused["status"], refused["attempts"]) == ("failed", 1)
     assert "403" in refused["last_error"]
+
+
+async def test_people_outside_the_organisation_are_answered_only_by_session_webhook(serve: ServeApp) -> None:
+    async with FakeDingTalk() as fake:
+        fake.fail(dt.WEBHOOK_PATH, dt.SERVER_ERROR)  # down once, then up
+        async with (
+            serve(channel_settings={"dingtalk": dingtalk_settings(fake)}) as srv,
+            httpx.AsyncClient(timeout=30) as client,
+        ):
+            guest = dt.robot_message("from outside", webhook=fake.webhook_url)
+            del guest["senderStaffId"]
+            await post_message(client, srv.url, guest)
+            [row] = await wait_outbox_final(srv.runtime)
+            assert (row["status"], row["attempts"]) == ("sent", 2)
+            late = dt.robot_message("too late", webhook=fake.webhook_url, webhook_expires_ms=1_000)
+            del late["senderStaffId"]
+            await post_message(client, srv.url, late)
+            rows = await wait_outbox_final(srv.runtime, 2)
+    assert (rows[1]["status"], rows[1]["attempts"]) == ("failed", 1)
+    assert "webhook expired" in rows[1]["last_error"]
+    assert fake.calls_of(dt.SINGLE_SEND) == []  # the robot API cannot reach them: never tried
+    assert [c.body["text"]["content"] for c in fake.delivered()] == ["You said: from outside"]
