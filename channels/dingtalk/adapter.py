@@ -144,7 +144,9 @@ class DingTalkChannel:
                 log.warning("dingtalk_session_webhook_failed", detail=exc.detail)
                 # The robot API reaches the same chat; it decides whether to retry.
         elif message.metadata.get("reply_webhook_only"):
-            raise ChannelRejected("the session webhook expired; the robot API cannot reach this sender")
+            raise ChannelRejected(
+                "no valid session webhook (expired or disabled); the robot API cannot reach this sender"
+            )
         robot_code = str(message.metadata.get("reply_robot_code") or self.settings.robot_code or "")
         robot_code = robot_code or str(self.settings.client_id)
         return await self.api.send_text(
