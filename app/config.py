@@ -63,7 +63,7 @@ class Settings(BaseSettings):
     channels: Annotated[list[str], NoDecode] = Field(
         default_factory=lambda: ["webhook"],
         description="Comma-separated channels to serve (webhook, telegram, slack, wecom, "
-        "wechat-mp, onebot, qq, feishu, cron).",
+        "wechat-mp, onebot, qq, feishu, dingtalk, cron).",
     )
 
     # --- model -----------------------------------------------------------------------

@@ -26,6 +26,7 @@ KNOWN_CHANNELS: dict[str, str] = {
     "cron": "channels.cron",
     "browser": "channels.browser",
     "discord": "channels.discord",
+    "dingtalk": "channels.dingtalk",
 }
 
 

@@ -1,0 +1,176 @@
+"""DingTalk channel: robot messages over Stream mode (default) or the HTTP callback.
+
+Stream mode (`DINGTALK_MODE=stream`) needs no public URL: the app opens a WebSocket to
+DingTalk (`channels.dingtalk.stream`), held by one replica at a time through
+`ChannelContext.hold_connection`. The HTTP callback (`POST /channels/dingtalk`) is
+verified with DingTalk's `timestamp`/`sign` rule before anything is parsed. Either way a
+message is committed to the inbox (deduplicated on `msgId`) before DingTalk is answered.
+
+Replies go through the message's `sessionWebhook` while it is valid, otherwise through
+the robot send API with a cached access token (`channels.dingtalk.openapi`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any
+
+import structlog
+
+from app.channel import ChannelContext, ChannelRequest, ChannelResponse, SendResult
+from app.connections import fingerprint
+from app.errors import (
+    ChannelNotConfigured,
+    ChannelRejected,
+    ChannelSendAuthError,
+    DeliveryError,
+    InvalidPayload,
+)
+from app.events import OutboundMessage
+from channels.common.chunks import ChunkProgress, send_chunks, split_text
+from channels.dingtalk import signing
+from channels.dingtalk.openapi import DingTalkApi
+from channels.dingtalk.parse import GROUP, SINGLE, parse_message
+from channels.dingtalk.settings import DingTalkSettings
+
+log = structlog.get_logger(__name__)
+
+# A session webhook is not used in its last seconds: the send could arrive after it expired.
+WEBHOOK_MARGIN_MS = 30_000
+
+
+class DingTalkChannel:
+    name = "dingtalk"
+
+    def __init__(self, settings: DingTalkSettings, context: ChannelContext) -> None:
+        self.settings = settings
+        self.context = context
+        self.api: DingTalkApi | None = None
+        if settings.client_id and settings.client_secret:
+            self.api = DingTalkApi(
+                context.http,
+                settings.api_base,
+                settings.client_id,
+                settings.client_secret,
+                timeout=settings.request_timeout_seconds,
+            )
+        self._stream: asyncio.Task[None] | None = None
+        self._progress = ChunkProgress(capacity=1000)
+
+    @property
+    def connection_name(self) -> str:
+        return f"dingtalk:{fingerprint(self.settings.client_id or '')}"
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self.api is None:
+            log.warning("dingtalk_not_configured", detail="DINGTALK_CLIENT_ID/CLIENT_SECRET are not set")
+            return
+        if self.settings.mode == "stream":
+            from channels.dingtalk.stream import run_connection
+
+            async def run() -> None:
+                await run_connection(self)
+
+            async def hold() -> None:
+                await self.context.hold_connection(self.connection_name, run)
+
+            self._stream = asyncio.create_task(hold(), name="dingtalk-stream")
+
+    async def stop(self) -> None:
+        if self._stream is not None:
+            self._stream.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._stream
+            self._stream = None
+
+    # --- inbound --------------------------------------------------------------------
+
+    async def handle_request(self, request: ChannelRequest) -> ChannelResponse:
+        if request.method != "POST" or request.path.strip("/"):
+            return ChannelResponse.json({"error": "not_found", "detail": "POST /channels/dingtalk"}, 404)
+        if not self.settings.client_secret:
+            raise ChannelNotConfigured("DINGTALK_CLIENT_SECRET is not set on this server")
+        signing.verify(
+            self.settings.client_secret,
+            request.headers,
+            tolerance_seconds=self.settings.timestamp_tolerance_seconds,
+        )
+        return ChannelResponse.json(await self.accept_payload(request.json()))
+
+    async def accept_payload(self, payload: Any) -> dict[str, Any]:
+        """One robot message (HTTP body or Stream `data`) → stored; what to answer DingTalk."""
+        if not isinstance(payload, dict):
+            raise InvalidPayload("a robot message must be a JSON object")
+        parsed = parse_message(payload, self.settings)
+        if parsed.event is None:
+            return {"ok": True, "ignored": parsed.ignored}
+        [result] = await self.context.accept([parsed.event])
+        body: dict[str, Any] = {"ok": True, "event_id": result.event_id, "session_key": result.session_key}
+        if result.duplicate:
+            body["duplicate"] = True
+        if result.skipped:
+            body["skipped"] = True
+        return body
+
+    # --- outbound -------------------------------------------------------------------
+
+    async def send(self, message: OutboundMessage) -> SendResult:
+        if self.api is None:
+            raise ChannelSendAuthError("DINGTALK_CLIENT_ID/CLIENT_SECRET are not set", retryable=False)
+        chunks = split_text(message.text, self.settings.max_message_chars)
+        if not chunks:
+            return SendResult()
+
+        async def post(_index: int, chunk: str) -> str | None:
+            return await self._post(message, chunk)
+
+        posted = await send_chunks(self._progress, message.message_id, chunks, post)
+        return SendResult(platform_message_id=next((key for key in posted if key), None))
+
+    async def _post(self, message: OutboundMessage, text: str) -> str | None:
+        assert self.api is not None
+        webhook = self._valid_webhook(message.metadata)
+        if webhook is not None:
+            try:
+                await self.api.send_by_webhook(webhook, text)
+                return None
+            except DeliveryError as exc:
+                if message.metadata.get("reply_webhook_only"):
+                    raise
+                log.warning("dingtalk_session_webhook_failed", detail=exc.detail)
+                # The robot API reaches the same chat; it decides whether to retry.
+        elif message.metadata.get("reply_webhook_only"):
+            raise ChannelRejected(
+                "no valid session webhook (expired or disabled); the robot API cannot reach this sender"
+            )
+        robot_code = str(message.metadata.get("reply_robot_code") or self.settings.robot_code or "")
+        robot_code = robot_code or str(self.settings.client_id)
+        return await self.api.send_text(
+            robot_code=robot_code,
+            chat_id=message.chat_id,
+            group=_is_group(message),
+            text=text,
+        )
+
+    def _valid_webhook(self, metadata: dict[str, Any]) -> str | None:
+        if not self.settings.use_session_webhook:
+            return None
+        url = metadata.get("reply_session_webhook")
+        expires = metadata.get("reply_session_webhook_expires_ms")
+        if not isinstance(url, str) or not isinstance(expires, int):
+            return None
+        if time.time() * 1000 + WEBHOOK_MARGIN_MS >= expires:
+            return None
+        return url
+
+
+def _is_group(message: OutboundMessage) -> bool:
+    kind = message.metadata.get("reply_conversation_type")
+    if kind in (GROUP, SINGLE):
+        return bool(kind == GROUP)
+    # No event to ask (a cron job, an operator's send): group conversation ids start with "cid".
+    return message.chat_id.startswith("cid")

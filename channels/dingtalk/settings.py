@@ -1,0 +1,36 @@
+"""Settings of the DingTalk channel (`DINGTALK_…`)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from app.channel import ChannelSettings
+
+
+class DingTalkSettings(ChannelSettings):
+    model_config = SettingsConfigDict(env_prefix="DINGTALK_", env_file=".env", extra="ignore")
+
+    client_id: str | None = Field(None, description="Client ID (AppKey) of the DingTalk app.")
+    client_secret: str | None = Field(
+        None, description="Client Secret (AppSecret): signs HTTP callbacks, gets access tokens."
+    )
+    mode: Literal["stream", "http"] = Field(
+        "stream", description="stream (outbound WebSocket, no public URL) or http (POST /channels/dingtalk)."
+    )
+    api_base: str = Field("https://api.dingtalk.com", description="DingTalk OpenAPI base URL.")
+    robot_code: str | None = Field(
+        None, description="robotCode for the robot send API; defaults to the Client ID."
+    )
+    use_session_webhook: bool = Field(
+        True, description="Reply through the message's sessionWebhook while it is valid."
+    )
+    max_message_chars: int = Field(
+        5000, ge=100, le=20_000, description="Longer replies are split into several messages."
+    )
+    timestamp_tolerance_seconds: int = Field(
+        3600, description="HTTP callbacks signed longer ago (DingTalk: 1 hour) are refused."
+    )
+    request_timeout_seconds: float = Field(15, description="Timeout of OpenAPI calls.")

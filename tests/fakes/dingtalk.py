@@ -1,0 +1,335 @@
+"""A fake DingTalk: the OpenAPI over HTTP and the Stream protocol over a WebSocket.
+
+A real local server the channel (and the official `dingtalk-stream` SDK inside it) talks
+to, as it talks to api.dingtalk.com:
+
+- `POST /v1.0/oauth2/accessToken` (`appKey`, `appSecret`) → `accessToken`, `expireIn`;
+- `POST /v1.0/gateway/connections/open` (`clientId`, `clientSecret`, `subscriptions`) →
+  `endpoint` (this server's WebSocket) and a one-time `ticket`;
+- `GET /gateway/connect?ticket=…`: the Stream WebSocket. The fake pushes CALLBACK frames
+  (topic `/v1.0/im/bot/messages/get`, `data` a JSON string) and SYSTEM `ping` frames, and
+  records the ACK frames the client sends back (`{"code", "headers": {"messageId"}, …}`);
+- `POST /v1.0/robot/groupMessages/send` and `/v1.0/robot/oToMessages/batchSend` with the
+  `x-acs-dingtalk-access-token` header;
+- `POST /robot/sendBySession?session=…`: a message's `sessionWebhook`.
+
+Every call is recorded, and answers can be scripted to fail. Also builds robot messages
+and signs HTTP callbacks with DingTalk's published rule (independently of the adapter).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import hmac
+import itertools
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from tests.fakes.local_server import LocalServer
+
+CLIENT_ID = "dingtestclientid"
+CLIENT_SECRET = "dingtalk-test-secret"
+ROBOT_TOPIC = "/v1.0/im/bot/messages/get"
+BOT_USER_ID = "$:LWCP_v1:$bot"
+TOKEN_PATH = "/v1.0/oauth2/accessToken"
+OPEN_PATH = "/v1.0/gateway/connections/open"
+GROUP_SEND = "/v1.0/robot/groupMessages/send"
+SINGLE_SEND = "/v1.0/robot/oToMessages/batchSend"
+WEBHOOK_PATH = "/robot/sendBySession"
+
+
+@dataclass
+class Call:
+    path: str
+    body: dict[str, Any]
+    headers: dict[str, str]
+    query: dict[str, str]
+    ok: bool = True
+
+
+@dataclass
+class Failure:
+    status: int
+    code: str
+    message: str = ""
+
+
+SERVER_ERROR = Failure(500, "ServiceUnavailable", "the service is unavailable")
+THROTTLED = Failure(429, "Throttling.Api", "too many requests")
+NO_PERMISSION = Failure(403, "Forbidden.AccessDenied", "no permission")
+
+
+@dataclass
+class FakeDingTalk(LocalServer):
+    client_id: str = CLIENT_ID
+    client_secret: str = CLIENT_SECRET
+    token_lifetime: int = 7200
+    calls: list[Call] = field(default_factory=list)
+    # path -> answers of its next calls, in order: a failure, or None for a normal answer
+    script: dict[str, list[Failure | None]] = field(default_factory=dict)
+    always: dict[str, Failure] = field(default_factory=dict)
+    # Stream: ACK frames the client sent, in order
+    acks: list[dict[str, Any]] = field(default_factory=list)
+    tickets_used: list[str] = field(default_factory=list)
+    url: str = ""
+
+    def __post_init__(self) -> None:
+        self._changed = asyncio.Condition()
+        self._tokens: list[str] = []
+        self._tickets = itertools.count(1)
+        self._issued_tickets: set[str] = set()
+        self._sockets: list[web.WebSocketResponse] = []
+        self._frame_ids = itertools.count(1)
+
+    def fail(self, path: str, *failures: Failure | None) -> None:
+        self.script.setdefault(path, []).extend(failures)
+
+    def calls_of(self, path: str) -> list[Call]:
+        return [c for c in self.calls if c.path == path]
+
+    def delivered(self) -> list[Call]:
+        """Successful sends, through any of the three ways."""
+        return [c for c in self.calls if c.ok and c.path in (GROUP_SEND, SINGLE_SEND, WEBHOOK_PATH)]
+
+    @property
+    def webhook_url(self) -> str:
+        return f"{self.url}{WEBHOOK_PATH}?session=sess-{next(self._frame_ids)}"
+
+    async def wait_for(self, predicate: Any, timeout: float = 15) -> None:
+        async with self._changed:
+            await asyncio.wait_for(self._changed.wait_for(predicate), timeout)
+
+    async def wait_for_delivered(self, count: int, timeout: float = 15) -> list[Call]:
+        await self.wait_for(lambda: len(self.delivered()) >= count, timeout)
+        return self.delivered()
+
+    # --- Stream mode ----------------------------------------------------------------
+
+    @property
+    def connected(self) -> int:
+        return len(self._sockets)
+
+    async def wait_for_socket(self, timeout: float = 15) -> None:
+        await self.wait_for(lambda: bool(self._sockets), timeout)
+
+    async def push_callback(self, data: dict[str, Any], message_id: str | None = None) -> str:
+        """Send a robot message as a CALLBACK frame to every connected client; its messageId."""
+        message_id = message_id or f"frame-{next(self._frame_ids)}"
+        frame = {
+            "specVersion": "1.0",
+            "type": "CALLBACK",
+            "headers": {
+                "appId": "app-1",
+                "connectionId": "conn-1",
+                "contentType": "application/json",
+                "messageId": message_id,
+                "time": str(int(time.time() * 1000)),
+                "topic": ROBOT_TOPIC,
+            },
+            "data": json.dumps(data, ensure_ascii=False),
+        }
+        await self._broadcast(frame)
+        return message_id
+
+    async def push_ping(self, opaque: str) -> str:
+        message_id = f"ping-{next(self._frame_ids)}"
+        frame = {
+            "specVersion": "1.0",
+            "type": "SYSTEM",
+            "headers": {
+                "contentType": "application/json",
+                "messageId": message_id,
+                "time": str(int(time.time() * 1000)),
+                "topic": "ping",
+            },
+            "data": json.dumps({"opaque": opaque}),
+        }
+        await self._broadcast(frame)
+        return message_id
+
+    async def push_disconnect(self) -> None:
+        frame = {
+            "specVersion": "1.0",
+            "type": "SYSTEM",
+            "headers": {"messageId": f"dc-{next(self._frame_ids)}", "topic": "disconnect"},
+            "data": json.dumps({"reason": "server restart"}),
+        }
+        await self._broadcast(frame)
+
+    def ack_for(self, message_id: str) -> dict[str, Any] | None:
+        return next((a for a in self.acks if a.get("headers", {}).get("messageId") == message_id), None)
+
+    async def wait_for_ack(self, message_id: str, timeout: float = 15) -> dict[str, Any]:
+        await self.wait_for(lambda: self.ack_for(message_id) is not None, timeout)
+        ack = self.ack_for(message_id)
+        assert ack is not None
+        return ack
+
+    async def _broadcast(self, frame: dict[str, Any]) -> None:
+        for ws in list(self._sockets):
+            await ws.send_str(json.dumps(frame))
+
+    async def _connect(self, request: web.Request) -> web.StreamResponse:
+        ticket = request.query.get("ticket", "")
+        if ticket not in self._issued_tickets:
+            return web.json_response({"code": "InvalidTicket"}, status=401)
+        self._issued_tickets.discard(ticket)  # one connection per ticket
+        ws = web.WebSocketResponse(autoping=True)
+        await ws.prepare(request)
+        async with self._changed:
+            self.tickets_used.append(ticket)
+            self._sockets.append(ws)
+            self._changed.notify_all()
+        try:
+            async for msg in ws:
+                data = json.loads(msg.data) if isinstance(msg.data, str) else {}
+                async with self._changed:
+                    self.acks.append(data)
+                    self._changed.notify_all()
+        finally:
+            async with self._changed:
+                self._sockets.remove(ws)
+                self._changed.notify_all()
+        return ws
+
+    # --- OpenAPI --------------------------------------------------------------------
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        path = request.path
+        try:
+            body = await request.json()
+        except ValueError:
+            body = {}
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        failure = self._auth_failure(path, body, headers, dict(request.query))
+        async with self._changed:
+            if failure is None:
+                scripted = self.script.get(path)
+                failure = scripted.pop(0) if scripted else self.always.get(path)
+            self.calls.append(Call(path, body, headers, dict(request.query), ok=failure is None))
+            self._changed.notify_all()
+        if failure is not None:
+            return web.json_response(
+                {"code": failure.code, "message": failure.message, "requestid": "req-1"},
+                status=failure.status,
+            )
+        if path == TOKEN_PATH:
+            token = f"token-{len(self._tokens) + 1}"
+            self._tokens.append(token)
+            return web.json_response({"accessToken": token, "expireIn": self.token_lifetime})
+        if path == OPEN_PATH:
+            ticket = f"ticket-{next(self._tickets)}"
+            self._issued_tickets.add(ticket)
+            host = request.host
+            return web.json_response({"endpoint": f"ws://{host}/gateway/connect", "ticket": ticket})
+        if path == GROUP_SEND:
+            return web.json_response({"processQueryKey": f"pqk-{len(self.calls)}"})
+        if path == SINGLE_SEND:
+            return web.json_response(
+                {
+                    "processQueryKey": f"pqk-{len(self.calls)}",
+                    "invalidStaffIdList": [],
+                    "flowControlledStaffIdList": [],
+                }
+            )
+        if path == WEBHOOK_PATH:
+            return web.json_response({"errcode": 0, "errmsg": "ok"})
+        return web.json_response({"code": "NotFound"}, status=404)
+
+    def _auth_failure(
+        self, path: str, body: dict[str, Any], headers: dict[str, str], query: dict[str, str]
+    ) -> Failure | None:
+        if path == TOKEN_PATH:
+            if (body.get("appKey"), body.get("appSecret")) != (self.client_id, self.client_secret):
+                return Failure(400, "invalidClientIdOrSecret", "bad appKey or appSecret")
+        elif path == OPEN_PATH:
+            if (body.get("clientId"), body.get("clientSecret")) != (self.client_id, self.client_secret):
+                return Failure(401, "InvalidAuthentication", "bad clientId or clientSecret")
+        elif path in (GROUP_SEND, SINGLE_SEND):
+            if headers.get("x-acs-dingtalk-access-token") not in self._tokens:
+                return Failure(401, "InvalidAuthentication", "bad access token")
+            if body.get("robotCode") != self.client_id:
+                return Failure(400, "invalidParameter.robotCode", "robot does not exist")
+        elif path == WEBHOOK_PATH and not query.get("session"):
+            return Failure(400, "invalidSession", "no session")
+        return None
+
+    async def __aenter__(self) -> FakeDingTalk:
+        app = web.Application()
+        app.router.add_get("/gateway/connect", self._connect)
+        app.router.add_post("/{tail:.*}", self._handle)
+        await self._serve(app, shutdown_timeout=0.5)
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        for ws in list(self._sockets):
+            await ws.close()
+        await super().__aexit__(*exc)
+
+
+# --- robot messages, and HTTP callbacks signed as DingTalk signs them ---------------------
+
+_msg_ids = itertools.count(1)
+
+
+def robot_message(
+    text: str,
+    *,
+    group: bool = False,
+    staff_id: str = "staff-alice",
+    conversation_id: str | None = None,
+    at_me: bool = True,
+    webhook: str | None = None,
+    webhook_expires_ms: int | None = None,
+    msg_id: str | None = None,
+    rich: bool = False,
+) -> dict[str, Any]:
+    """A robot message as DingTalk delivers it (Stream `data` or HTTP body)."""
+    now_ms = int(time.time() * 1000)
+    message: dict[str, Any] = {
+        "conversationId": conversation_id or ("cidGROUP001==" if group else "cidSINGLE-" + staff_id),
+        "chatbotCorpId": "dingcorp",
+        "chatbotUserId": BOT_USER_ID,
+        "msgId": msg_id or f"msg{next(_msg_ids):06d}",
+        "senderNick": "Alice",
+        "isAdmin": False,
+        "senderStaffId": staff_id,
+        "sessionWebhookExpiredTime": webhook_expires_ms or now_ms + 90 * 60 * 1000,
+        "createAt": now_ms,
+        "senderCorpId": "dingcorp",
+        "conversationType": "2" if group else "1",
+        "senderId": "$:LWCP_v1:$" + staff_id,
+        "robotCode": CLIENT_ID,
+    }
+    if webhook is not None:
+        message["sessionWebhook"] = webhook
+    if group:
+        message["conversationTitle"] = "Team"
+        message["isInAtList"] = at_me
+        if at_me:
+            message["atUsers"] = [{"dingtalkId": BOT_USER_ID}]
+    if rich:
+        message["msgtype"] = "richText"
+        message["content"] = {
+            "richText": [
+                {"text": text},
+                {"pictureDownloadCode": "pdc", "downloadCode": "dc", "type": "picture"},
+            ]
+        }
+    else:
+        message["msgtype"] = "text"
+        message["text"] = {"content": (" " if group else "") + text}
+    return message
+
+
+def signed_headers(*, secret: str = CLIENT_SECRET, timestamp_ms: int | None = None) -> dict[str, str]:
+    """`timestamp` (ms) and `sign` = Base64(HMAC-SHA256(secret, timestamp + "\\n" + secret))."""
+    ts = str(int(time.time() * 1000) if timestamp_ms is None else timestamp_ms)
+    mac = hmac.new(secret.encode("utf-8"), f"{ts}\n{secret}".encode(), hashlib.sha256).digest()
+    return {"Content-Type": "application/json", "timestamp": ts, "sign": base64.b64encode(mac).decode()}
