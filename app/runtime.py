@@ -35,6 +35,7 @@ from app.db.migrate import upgrade, wait_for_database
 from app.db.models import INBOX_UNFINISHED, OUTBOX_UNDELIVERED, utcnow
 from app.db.models import inbox as inbox_table
 from app.db.models import outbox as outbox_table
+from app.event_reader import ChannelEvents
 from app.events import InboundEvent
 from app.gateway import build_session_bus
 from app.memory import MemoryFeatures
@@ -364,4 +365,5 @@ class Runtime:
             wait_for_replies=self.waiters.wait_for_replies,
             http=self.http,
             hold_connection=self.connections.hold_connection,
+            events=ChannelEvents(self.engine, name),
         )

@@ -24,6 +24,7 @@ KNOWN_CHANNELS: dict[str, str] = {
     "qq": "channels.qq",
     "cron": "channels.cron",
     "browser": "channels.browser",
+    "a2a": "channels.a2a",
 }
 
 

@@ -12,6 +12,7 @@ from starlette.types import Receive, Scope, Send
 from app.agent.provider import ChatProvider
 from app.agent.tools import Tool
 from app.api.deps import FailedAdminAuth
+from app.api.routes import a2a as a2a_routes
 from app.api.routes import admin, admin_dashboard, admin_memory, channels, health
 from app.api.routes import cron as cron_routes
 from app.api.routes import gateway as gateway_routes
@@ -82,4 +83,5 @@ def create_app(
     app.include_router(admin_dashboard.router)
     app.include_router(gateway_routes.router)
     web_pages.install(app)
+    a2a_routes.install(app)
     return app
