@@ -54,7 +54,8 @@ class ChannelEvents:
                     .where(
                         approvals.c.session_key == row["session_key"],
                         approvals.c.status == "pending",
-                        approvals.c.requested_at >= row["created_at"],
+                        # the event's own turn asked (its run), not a later one
+                        approvals.c.run_id == row["run_id"],
                     )
                 )
             ).scalar_one()

@@ -7,6 +7,7 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -37,8 +38,11 @@ from sqlalchemy import select
 
 from app.db.models import inbox, messages, sessions
 from channels.a2a import A2ASettings
+from tests.app.agent.test_agent_e2e import openai_settings
 from tests.channels.support import count
 from tests.conftest import ServeApp, webhook_settings
+from tests.fakes.openai_server import FakeOpenAI, calls, text
+from tests.pipeline.test_approvals import approval_id, write_call
 
 TOKEN_A = "token-of-agent-one-0123456789"
 TOKEN_B = "token-of-agent-two-0123456789"
@@ -313,3 +317,25 @@ async def test_a2a_is_absent_when_not_enabled(serve: ServeApp) -> None:
     async with serve() as srv, httpx.AsyncClient() as http:
         assert (await http.get(f"{srv.url}/.well-known/agent-card.json")).status_code == 404
         assert (await http.post(f"{srv.url}/a2a", json={})).status_code == 404
+
+
+async def test_approval_makes_the_task_input_required_until_answered(serve: ServeApp, tmp_path: Path) -> None:
+    async with FakeOpenAI() as fake:
+        fake.enqueue(calls(write_call(), content="I'll write it."), text("Written."))
+        settings = openai_settings(fake, workspace_root=str(tmp_path))
+        async with (
+            serve(channel_settings=channels(approvers=["agent-one"]), **settings) as srv,
+            sdk_client(srv.url, TOKEN_A) as client,
+        ):
+            asked = await only_task(client, user_message("please write out.txt", "files"))
+            assert asked.status.state == TaskState.TASK_STATE_INPUT_REQUIRED
+            number = approval_id(asked.status.message.parts[0].text)
+            assert not (tmp_path / "out.txt").exists()
+
+            answer = await only_task(client, user_message(f"/approve {number}", "files", task_id=asked.id))
+            assert answer.context_id == "files"
+            assert answer.status.state == TaskState.TASK_STATE_COMPLETED
+            assert (tmp_path / "out.txt").read_text() == "hello"
+            before = await client.get_task(GetTaskRequest(id=asked.id))
+            assert before.status.state == TaskState.TASK_STATE_COMPLETED  # no longer waiting
+            assert await count(srv.runtime, inbox) == 2
