@@ -44,7 +44,7 @@ def task_state(event: EventStatus, *, canceled: bool) -> TaskState:
         return TaskState.TASK_STATE_SUBMITTED
     if event.status == "processing":
         return TaskState.TASK_STATE_WORKING
-    if event.status == "failed":
+    if event.status in ("failed", "discarded"):  # a dead letter; retried, it goes on
         return TaskState.TASK_STATE_FAILED
     if event.awaiting_approval:
         return TaskState.TASK_STATE_INPUT_REQUIRED
@@ -74,7 +74,7 @@ def build_task(event: EventStatus, *, canceled: bool, history_length: int | None
         for r in answers
     ]
     status_message: Message | None = agent_messages[-1] if agent_messages else None
-    if state == TaskState.TASK_STATE_FAILED:
+    if state == TaskState.TASK_STATE_FAILED and not agent_messages:
         status_message = Message(
             message_id=f"{event.event_id}:error",
             context_id=context_id,
