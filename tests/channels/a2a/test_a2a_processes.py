@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from a2a.types.a2a_pb2 import GetTaskRequest, TaskState
+from a2a.types.a2a_pb2 import CancelTaskRequest, GetTaskRequest, TaskState
 from a2a.utils.errors import TaskNotFoundError
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import create_async_engine
@@ -68,3 +68,24 @@ async def test_task_survives_sigkill_of_the_server(db_url: str) -> None:
     finally:
         restarted.stop()
         await engine.dispose()
+
+
+async def test_a_task_accepted_by_one_replica_is_read_and_canceled_on_another(pg_url: str) -> None:
+    env = {**_env(pg_url), "OFFLINE_LATENCY_MS": "3000", "STOP_POLL_SECONDS": "0.1"}
+    first, second = ServerProcess(env).start(), ServerProcess(env).start()
+    try:
+        async with sdk_client(first.url, TOKEN_A) as one, sdk_client(second.url, TOKEN_A) as two:
+            task = await only_task(one, user_message("slow one", "across"), immediately=True)
+            seen = await wait_state(two, task.id, {TaskState.TASK_STATE_WORKING})
+            assert seen.context_id == "across"
+            canceled = await two.cancel_task(CancelTaskRequest(id=task.id))
+            assert canceled.status.state == TaskState.TASK_STATE_CANCELED
+            assert (
+                await one.get_task(GetTaskRequest(id=task.id))
+            ).status.state == TaskState.TASK_STATE_CANCELED
+            done = await only_task(two, user_message("quick now", "across"))  # same context, next turn
+            assert done.status.state == TaskState.TASK_STATE_COMPLETED
+            assert [p.text for a in done.artifacts for p in a.parts] == ["You said: quick now"]
+    finally:
+        first.stop()
+        second.stop()
