@@ -79,7 +79,11 @@ def load_channel_settings(names: Sequence[str]) -> dict[str, ChannelSettings]:
     """Read each named channel's settings from the environment (imports its package)."""
     from channels import load_spec
 
-    return {name: load_spec(name).settings_class() for name in names}
+    loaded = {name: load_spec(name).settings_class() for name in names}
+    # A2A is served as soon as callers are configured, without listing it in CHANNELS.
+    if "a2a" not in loaded and os.environ.get("A2A_TOKENS", "").strip():
+        loaded["a2a"] = load_spec("a2a").settings_class()
+    return loaded
 
 
 class Runtime:

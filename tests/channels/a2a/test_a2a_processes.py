@@ -71,7 +71,8 @@ async def test_task_survives_sigkill_of_the_server(db_url: str) -> None:
 
 
 async def test_a_task_accepted_by_one_replica_is_read_and_canceled_on_another(pg_url: str) -> None:
-    env = {**_env(pg_url), "OFFLINE_LATENCY_MS": "3000", "STOP_POLL_SECONDS": "0.1"}
+    # CHANNELS without a2a: configured callers (A2A_TOKENS) are enough to serve it.
+    env = {**_env(pg_url), "CHANNELS": "webhook", "OFFLINE_LATENCY_MS": "3000", "STOP_POLL_SECONDS": "0.1"}
     first, second = ServerProcess(env).start(), ServerProcess(env).start()
     try:
         async with sdk_client(first.url, TOKEN_A) as one, sdk_client(second.url, TOKEN_A) as two:
