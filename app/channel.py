@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Annotated, Any, Literal, Protocol, runtime_checkable
 
 import httpx
@@ -173,6 +174,48 @@ class WaitResult(BaseModel):
     replies: list[Reply] = Field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class EventStatus:
+    """What the inbox knows about one stored event (for channels that report progress: A2A)."""
+
+    event_id: str
+    channel: str
+    session_key: str
+    status: str  # pending, processing, done, failed
+    attempts: int
+    error: str | None
+    metadata: dict[str, Any]
+    text: str
+    created_at: datetime
+    updated_at: datetime
+    awaiting_approval: bool = False  # a tool call of the session waits for /approve
+    replies: list[Reply] = field(default_factory=list)
+
+
+class EventReader(Protocol):
+    """Reads stored events of one channel; nothing here writes."""
+
+    async def status(self, event_id: str) -> EventStatus | None: ...
+    async def find(self, external_id: str) -> str | None:
+        """The event id stored under the platform id `external_id`, if any."""
+        ...
+
+    async def count(self, session_key: str) -> int:
+        """How many events of this channel were stored for the session key."""
+        ...
+
+
+class _NoEvents:
+    async def status(self, event_id: str) -> EventStatus | None:
+        return None
+
+    async def find(self, external_id: str) -> str | None:
+        return None
+
+    async def count(self, session_key: str) -> int:
+        return 0
+
+
 @dataclass
 class ChannelContext:
     """What the core gives an adapter."""
@@ -184,6 +227,8 @@ class ChannelContext:
     hold_connection: Callable[[str, ConnectionRun], Awaitable[None]] = field(
         default_factory=lambda: LocalConnections().hold_connection
     )
+    # Read-only view of this channel's stored events (`app.event_reader`).
+    events: EventReader = field(default_factory=_NoEvents)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from app.config import Settings
+from app.dead_letters.cli import add_parser as add_dead_letters_parser
 from app.events import SessionScope
 from app.scheduling.cli import add_parser as add_cron_parser
 
@@ -156,6 +157,12 @@ def cmd_cron(settings: Settings, args: argparse.Namespace) -> int:
     return asyncio.run(run(settings, args, _channel_scope))
 
 
+def cmd_dead_letters(settings: Settings, args: argparse.Namespace) -> int:
+    from app.dead_letters.cli import run
+
+    return asyncio.run(run(settings, args))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="chatgate", description="Multi-channel chatbot gateway")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -185,6 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     sessions.set_defaults(func=cmd_sessions)
 
     add_cron_parser(sub).set_defaults(func=cmd_cron)
+    add_dead_letters_parser(sub).set_defaults(func=cmd_dead_letters)
 
     channels = sub.add_parser("channels", help="platform set-up tasks")
     csub = channels.add_subparsers(dest="channel", required=True)

@@ -39,6 +39,12 @@ class Metrics:
             ["channel"],
             registry=r,
         )
+        self.dead_letters = Gauge(
+            "chatgate_dead_letters",
+            "Failed inbox events (kind=inbox) and deliveries (kind=outbox) nobody retried or discarded",
+            ["kind"],
+            registry=r,
+        )
         self.mcp_server_up = Gauge(
             "chatgate_mcp_server_up", "1 while an MCP tool server is connected", ["server"], registry=r
         )

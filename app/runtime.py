@@ -36,6 +36,8 @@ from app.db.migrate import upgrade, wait_for_database
 from app.db.models import INBOX_UNFINISHED, OUTBOX_UNDELIVERED, utcnow
 from app.db.models import inbox as inbox_table
 from app.db.models import outbox as outbox_table
+from app.dead_letters import DeadLetterFilter, DeadLetters, Resolved
+from app.event_reader import ChannelEvents
 from app.events import InboundEvent
 from app.gateway import build_session_bus
 from app.memory import MemoryFeatures
@@ -78,7 +80,11 @@ def load_channel_settings(names: Sequence[str]) -> dict[str, ChannelSettings]:
     """Read each named channel's settings from the environment (imports its package)."""
     from channels import load_spec
 
-    return {name: load_spec(name).settings_class() for name in names}
+    loaded = {name: load_spec(name).settings_class() for name in names}
+    # A2A is served as soon as callers are configured, without listing it in CHANNELS.
+    if "a2a" not in loaded and os.environ.get("A2A_TOKENS", "").strip():
+        loaded["a2a"] = load_spec("a2a").settings_class()
+    return loaded
 
 
 class Runtime:
@@ -219,6 +225,11 @@ class Runtime:
         self.ingest = Ingest(
             self.store, self.scheduler, self.waiters, self.channel_settings, counted=self._count_event
         )
+        self.dead_letters = DeadLetters(
+            self.engine,
+            event_attempts=settings.max_event_attempts,
+            delivery_attempts=settings.outbox_max_attempts,
+        )
         self._approvals: asyncio.Task[None] | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._started = False
@@ -358,8 +369,20 @@ class Runtime:
             if channel not in self._unserved_seen:
                 log.warning("outbox_channel_not_running", channel=channel, undelivered=count)
         self._unserved_seen = set(unserved)
+        for kind, n in (await self.dead_letters.counts()).items():
+            self.metrics.dead_letters.labels(kind).set(n)
         for server in self.mcp.status():
             self.metrics.mcp_server_up.labels(server["name"]).set(1 if server["state"] == "up" else 0)
+
+    async def retry_dead_letters(self, which: DeadLetterFilter) -> list[Resolved]:
+        """Re-queue dead letters once more and wake the worker or sender that takes them."""
+        retried = await self.dead_letters.retry(which)
+        for item in retried:
+            if item.kind == "inbox":
+                self.scheduler.notify(item.session_key)
+        if any(item.kind == "outbox" for item in retried):
+            self.sender.notify()
+        return retried
 
     # --- ingest -----------------------------------------------------------------------
 
@@ -372,4 +395,5 @@ class Runtime:
             wait_for_replies=self.waiters.wait_for_replies,
             http=self.http,
             hold_connection=self.connections.hold_connection,
+            events=ChannelEvents(self.engine, name),
         )

@@ -27,6 +27,7 @@ KNOWN_CHANNELS: dict[str, str] = {
     "browser": "channels.browser",
     "discord": "channels.discord",
     "dingtalk": "channels.dingtalk",
+    "a2a": "channels.a2a",
 }
 
 

@@ -1,9 +1,11 @@
 """Finished inbox and outbox rows are deleted after a retention period; history never is.
 
 The inbox keeps one row per accepted event and the outbox one per reply; without pruning
-both grow with every message forever. Only finished rows go (inbox `done`/`failed`,
-outbox `sent`/`failed`), oldest first, in bounded batches so a sweep never holds long
-locks. Conversation history (`messages`), run traces and sessions are not touched.
+both grow with every message forever. Only finished rows go (inbox `done`/`discarded`,
+outbox `sent`/`discarded`), oldest first, in bounded batches so a sweep never holds long
+locks. A `failed` row is a dead letter nobody acted on yet: it is never deleted here,
+only after an operator retried or discarded it (`app.dead_letters`). Conversation
+history (`messages`), run traces and sessions are not touched.
 
 The inbox row is also the dedup record of `(channel, external_id)`: a platform
 redelivering an event older than the inbox retention would be accepted again. Platforms
@@ -38,8 +40,8 @@ def _prune_statement(table: Any, statuses: tuple[str, ...], age_column: Any) -> 
 
 # Ages: an event counts from its acceptance (the dedup window starts there; indexed by
 # ix_inbox_created_at); a reply from its last scheduled attempt (ix_outbox_status_next).
-_PRUNE_INBOX = _prune_statement(inbox, ("done", "failed"), inbox.c.created_at)
-_PRUNE_OUTBOX = _prune_statement(outbox, ("sent", "failed"), outbox.c.next_attempt_at)
+_PRUNE_INBOX = _prune_statement(inbox, ("done", "discarded"), inbox.c.created_at)
+_PRUNE_OUTBOX = _prune_statement(outbox, ("sent", "discarded"), outbox.c.next_attempt_at)
 
 
 async def prune(

@@ -44,7 +44,7 @@ async def _event(engine: AsyncEngine, n: int, status: str, age_days: float) -> s
             update(outbox)
             .where(outbox.c.event_id == event.event_id)
             .values(
-                status={"done": "sent", "failed": "failed"}.get(status, "pending"),
+                status={"done": "sent", "failed": "failed", "discarded": "discarded"}.get(status, "pending"),
                 created_at=when,
                 next_attempt_at=when,
             )
@@ -64,19 +64,20 @@ async def test_only_finished_rows_older_than_the_retention_are_deleted(engine: A
         session = await store.open_current(conn, "webhook:chat-0", "webhook")
         await store.append(conn, session.id, [ChatMessage(role="user", content="kept forever")])
     old_done = await _event(engine, 1, "done", 20)
-    old_failed = await _event(engine, 2, "failed", 20)
+    old_failed = await _event(engine, 2, "failed", 20)  # a dead letter nobody acted on: kept
     old_pending = await _event(engine, 3, "pending", 20)  # unfinished: never pruned
     recent_done = await _event(engine, 4, "done", 1)
+    old_discarded = await _event(engine, 5, "discarded", 20)  # resolved by an operator
 
     counts = await retention.prune(engine, inbox_days=14, outbox_days=14, batch=1)  # batches of one
     assert counts == {"inbox": 2, "outbox": 2}
     async with engine.connect() as conn:
         left = set((await conn.execute(select(inbox.c.event_id))).scalars())
         replies = set((await conn.execute(select(outbox.c.event_id, outbox.c.status))).all())
-    assert left == {old_pending, recent_done}
-    assert old_done not in left and old_failed not in left
-    assert {status for _, status in replies} == {"pending", "sent"}
-    assert len(replies) == 2
+    assert left == {old_failed, old_pending, recent_done}
+    assert old_done not in left and old_discarded not in left
+    assert {status for _, status in replies} == {"failed", "pending", "sent"}
+    assert len(replies) == 3
     assert await _count(engine, messages) == 1  # history is never pruned
 
     # A redelivery of a kept event is still a duplicate; 0 days keeps everything.
@@ -87,7 +88,7 @@ async def test_only_finished_rows_older_than_the_retention_are_deleted(engine: A
         "inbox": 0,
         "outbox": 0,
     }
-    assert await _count(engine, inbox) == 2
+    assert await _count(engine, inbox) == 3
 
 
 async def test_the_running_service_prunes_in_its_periodic_sweep(serve: ServeApp) -> None:

@@ -40,6 +40,7 @@ const views = {
   runs: renderRuns,
   run: renderRun,
   approvals: renderApprovals,
+  "dead-letters": renderDeadLetters,
   cron: renderCron,
   channels: renderChannels,
 };
@@ -527,6 +528,89 @@ async function renderApprovals(_arg, params) {
         window.location.hash = link("approvals", null, { status: ev.target.value });
       } }, h("option", { value: "" }, "Any status"), statuses.map((st) => h("option", { value: st, selected: st === params.status }, st)))),
     data.approvals.length ? approvalsTable(data.approvals.map(approvalRow)) : h("div", { class: "empty" }, "No approval requests."),
+  ];
+}
+
+// --- dead letters ----------------------------------------------------------------------
+// Failed events and deliveries: retry once more or discard, one by one or all shown.
+
+function deadLetterSelection(params) {
+  const sel = {};
+  if (params.kind) sel.kind = params.kind;
+  if (params.channel) sel.channel = params.channel;
+  if (params.session_key) sel.session_key = params.session_key;
+  if (params.error_contains) sel.error_contains = params.error_contains;
+  return sel;
+}
+
+async function resolveDeadLetters(action, selection) {
+  try {
+    const result = action === "retry" ? await api.retryDeadLetters(selection) : await api.discardDeadLetters(selection);
+    const done = result.retried || result.discarded || [];
+    toast(`${action === "retry" ? "Retried" : "Discarded"} ${done.length} dead letter${done.length === 1 ? "" : "s"}.`);
+  } catch (err) {
+    if (err instanceof Unauthorized) return showLogin();
+    toast(`${action} failed: ${err.message}`);
+  }
+  await route();
+}
+
+function deadLetterRow(d) {
+  return h(
+    "tr",
+    { dataset: { id: d.id } },
+    h("td", { class: "mono" }, d.id),
+    h("td", null, d.channel),
+    h("td", null, sessionLink(d.session_key)),
+    h("td", { class: "small" }, d.text || "—"),
+    h("td", { class: "small error-text" }, d.error || "—"),
+    h("td", { class: "num" }, d.attempts),
+    h("td", null, ago(d.failed_at)),
+    h(
+      "td",
+      null,
+      h("button", { type: "button", class: "retry", onClick: () => resolveDeadLetters("retry", { ids: [d.id] }) }, "Retry"),
+      " ",
+      h("button", { type: "button", class: "discard", onClick: () => resolveDeadLetters("discard", { ids: [d.id] }) }, "Discard"),
+    ),
+  );
+}
+
+async function renderDeadLetters(_arg, params) {
+  const data = await api.deadLetters({ ...deadLetterSelection(params), limit: 500 });
+  const selection = deadLetterSelection(params);
+  const filtered = Object.keys(selection).length > 0;
+  const all = filtered ? selection : { ...selection, all: true };
+  const rows = data.dead_letters.map(deadLetterRow);
+  return [
+    h("h1", null, "Dead letters"),
+    h("p", { class: "small" }, `Unresolved: ${data.counts.inbox} event(s), ${data.counts.outbox} delivery(ies). A retry gives exactly one more attempt.`),
+    h(
+      "form",
+      { class: "filters", onSubmit: (ev) => {
+        ev.preventDefault();
+        const form = new FormData(ev.target);
+        window.location.hash = link("dead-letters", null, Object.fromEntries(form.entries()));
+      } },
+      h("select", { name: "kind", "aria-label": "Kind" },
+        h("option", { value: "" }, "Events and deliveries"),
+        ["inbox", "outbox"].map((k) => h("option", { value: k, selected: k === params.kind }, k))),
+      h("input", { name: "channel", placeholder: "channel", value: params.channel || "" }),
+      h("input", { name: "session_key", placeholder: "session key", value: params.session_key || "" }),
+      h("input", { name: "error_contains", placeholder: "error contains", value: params.error_contains || "" }),
+      h("button", { type: "submit" }, "Filter"),
+    ),
+    rows.length
+      ? [
+          h("div", { class: "actions" },
+            h("button", { type: "button", id: "dead-retry-all", onClick: () => resolveDeadLetters("retry", all) }, filtered ? "Retry all matching" : "Retry all"),
+            " ",
+            h("button", { type: "button", id: "dead-discard-all", onClick: () => resolveDeadLetters("discard", all) }, filtered ? "Discard all matching" : "Discard all")),
+          h("table", { class: "grid", id: "dead-letters-table" },
+            h("thead", null, h("tr", null, ["Id", "Channel", "Session", "Text", "Error", "Attempts", "Failed", ""].map((t) => h("th", null, t)))),
+            h("tbody", null, rows)),
+        ]
+      : h("div", { class: "empty" }, "No dead letters."),
   ];
 }
 

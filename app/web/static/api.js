@@ -58,4 +58,7 @@ export const api = {
   approvals: (params) => request("GET", "/admin/api/approvals", { params }),
   channels: () => request("GET", "/admin/api/channels"),
   cronJobs: () => request("GET", "/admin/api/cron-jobs"),
+  deadLetters: (params) => request("GET", "/admin/api/dead-letters", { params }),
+  retryDeadLetters: (selection) => request("POST", "/admin/api/dead-letters/retry", { body: selection }),
+  discardDeadLetters: (selection) => request("POST", "/admin/api/dead-letters/discard", { body: selection }),
 };

@@ -1,0 +1,101 @@
+"""A channel's read-only view of its stored events: status, replies, pending approvals.
+
+Channels whose callers ask about progress later (A2A's `tasks/get`) derive what they
+report from the inbox, outbox and approvals rows, so nothing of it is kept in memory and
+it survives a restart. Every read is scoped to one channel: an adapter never sees
+another channel's events.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.channel import EventStatus, Reply
+from app.db.models import approvals, inbox, outbox
+
+
+def _text_of(payload: dict[str, Any]) -> str:
+    parts = payload.get("parts", [])
+    return "\n".join(p.get("text", "") for p in parts if p.get("type") == "text")
+
+
+class ChannelEvents:
+    def __init__(self, engine: AsyncEngine, channel: str) -> None:
+        self.engine = engine
+        self.channel = channel
+
+    async def status(self, event_id: str) -> EventStatus | None:
+        async with self.engine.connect() as conn:
+            row = (
+                (
+                    await conn.execute(
+                        select(inbox).where(inbox.c.event_id == event_id, inbox.c.channel == self.channel)
+                    )
+                )
+                .mappings()
+                .first()
+            )
+            if row is None:
+                return None
+            replies = (
+                await conn.execute(
+                    select(outbox.c.message_id, outbox.c.payload, outbox.c.status)
+                    .where(outbox.c.event_id == event_id)
+                    .order_by(outbox.c.id)
+                )
+            ).all()
+            waiting = (
+                await conn.execute(
+                    select(func.count())
+                    .select_from(approvals)
+                    .where(
+                        approvals.c.session_key == row["session_key"],
+                        approvals.c.status == "pending",
+                        # the event's own turn asked (its run), not a later one
+                        approvals.c.run_id == row["run_id"],
+                    )
+                )
+            ).scalar_one()
+        payload = row["payload"] or {}
+        return EventStatus(
+            event_id=row["event_id"],
+            channel=row["channel"],
+            session_key=row["session_key"],
+            status=row["status"],
+            attempts=row["attempts"],
+            error=row["error"],
+            metadata=dict(payload.get("metadata") or {}),
+            text=_text_of(payload),
+            created_at=row["created_at"],
+            updated_at=row["updated_at"],
+            awaiting_approval=bool(waiting) and row["status"] == "done",
+            replies=[
+                Reply(message_id=mid, text=_text_of(p or {}), parts=(p or {}).get("parts", []), status=st)
+                for mid, p, st in replies
+            ],
+        )
+
+    async def find(self, external_id: str) -> str | None:
+        async with self.engine.connect() as conn:
+            found = (
+                await conn.execute(
+                    select(inbox.c.event_id).where(
+                        inbox.c.channel == self.channel, inbox.c.external_id == external_id
+                    )
+                )
+            ).scalar_one_or_none()
+        return found
+
+    async def count(self, session_key: str) -> int:
+        async with self.engine.connect() as conn:
+            n = (
+                await conn.execute(
+                    select(func.count())
+                    .select_from(inbox)
+                    .where(inbox.c.session_key == session_key, inbox.c.channel == self.channel)
+                )
+            ).scalar_one()
+        return int(n)

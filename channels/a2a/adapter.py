@@ -1,0 +1,139 @@
+"""The A2A channel: the SDK's Agent Card and JSON-RPC routes, behind our bearer check.
+
+`GET /.well-known/agent-card.json` is public; `POST /a2a` needs `Authorization: Bearer
+<token>` with a token of `A2A_TOKENS`, which names the caller. The caller and the
+`contextId` make the session key (`a2a:<caller>:<contextId>`, components escaped), so a
+context belongs to its caller. Replies are read from the inbox and outbox rows
+(`delivers = False`): nothing is pushed to the caller.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+
+from a2a.auth.user import User
+from a2a.server.context import ServerCallContext
+from a2a.server.routes.common import DefaultServerCallContextBuilder
+from a2a.server.routes.jsonrpc_routes import create_jsonrpc_routes
+from a2a.types.a2a_pb2 import AgentCard
+from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route, Router
+from starlette.types import Receive, Scope, Send
+
+from app.channel import ChannelContext, SendResult
+from app.events import OutboundMessage
+from channels.a2a.card import RPC_PATH, agent_card
+from channels.a2a.handler import CALLER, ChatgateRequestHandler
+from channels.a2a.settings import A2ASettings
+
+PATHS = (RPC_PATH, AGENT_CARD_WELL_KNOWN_PATH)
+
+
+class _Caller(User):
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    @property
+    def is_authenticated(self) -> bool:
+        return True
+
+    @property
+    def user_name(self) -> str:
+        return self._name
+
+
+class _CallerContextBuilder(DefaultServerCallContextBuilder):
+    def build(self, request: Request) -> ServerCallContext:
+        context = super().build(request)
+        caller = request.scope[CALLER]
+        context.state[CALLER] = caller
+        headers = context.state.get("headers")
+        if isinstance(headers, dict):  # the version header is read from here; the token is not
+            headers.pop("authorization", None)
+        context.user = _Caller(caller)
+        return context
+
+
+def _unauthorized(detail: str) -> JSONResponse:
+    return JSONResponse(
+        {"error": "unauthorized", "detail": detail},
+        status_code=401,
+        headers={"WWW-Authenticate": 'Bearer realm="a2a"'},
+    )
+
+
+class A2AChannel:
+    name = "a2a"
+    delivers = False  # callers read replies (message/send, tasks/get, the stream)
+
+    def __init__(self, settings: A2ASettings, context: ChannelContext) -> None:
+        self.settings = settings
+        self.context = context
+        self.handler = ChatgateRequestHandler(settings, context, self.name)
+        self._rpc = Router(
+            routes=create_jsonrpc_routes(
+                self.handler, RPC_PATH, context_builder=_CallerContextBuilder(), enable_v0_3_compat=True
+            )
+        )
+        self._card_route = Route(AGENT_CARD_WELL_KNOWN_PATH, self._card, methods=["GET"])
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    async def send(self, message: OutboundMessage) -> SendResult:
+        return SendResult()  # read by the caller, never pushed
+
+    def card(self, base_url: str) -> AgentCard:
+        return agent_card(self.settings, self.settings.public_base_url or base_url)
+
+    async def _card(self, request: Request) -> JSONResponse:
+        from a2a.server.request_handlers.response_helpers import agent_card_to_dict
+
+        base = str(request.base_url)
+        return JSONResponse(agent_card_to_dict(self.card(base)))
+
+    def caller(self, authorization: str | None) -> str | None:
+        """The caller named by a bearer token, compared in constant time with every token."""
+        scheme, _, token = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return None
+        found = None
+        for known, name in self.settings.tokens.items():
+            if hmac.compare_digest(known.encode(), token.strip().encode()):
+                found = name
+        return found
+
+    async def asgi(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Serve `/a2a` and the Agent Card (mounted by `app.api.routes.a2a`)."""
+        if scope["path"] == AGENT_CARD_WELL_KNOWN_PATH:
+            await self._card_route.handle(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        response: Any = None
+        if not self.settings.tokens:
+            response = _unauthorized("no A2A callers are configured (A2A_TOKENS)")
+        else:
+            caller = self.caller(headers.get("authorization"))
+            if caller is None:
+                response = _unauthorized("missing or unknown bearer token")
+            else:
+                declared = headers.get("content-length", "")
+                if declared.isdigit() and int(declared) > self.settings.max_body_bytes:
+                    response = JSONResponse(
+                        {
+                            "error": "payload_too_large",
+                            "detail": f"over {self.settings.max_body_bytes} bytes",
+                        },
+                        status_code=413,
+                    )
+                scope = {**scope, CALLER: caller}
+        if response is not None:
+            await response(scope, receive, send)
+            return
+        await self._rpc(scope, receive, send)

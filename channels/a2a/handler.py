@@ -1,0 +1,269 @@
+"""The A2A request handler: the SDK's JSON-RPC dispatcher calls it, it talks to the inbox.
+
+A message is accepted through `ChannelContext.accept` like any platform event (durable
+before the answer, deduplicated on the caller's `messageId`, one turn at a time per
+context); everything reported about a task is read back from the stored rows
+(`channels.a2a.tasks`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncGenerator
+
+from a2a.server.context import ServerCallContext
+from a2a.server.events.event_queue import Event
+from a2a.server.request_handlers.request_handler import RequestHandler, validate_request_params
+from a2a.types.a2a_pb2 import (
+    AgentCard,
+    CancelTaskRequest,
+    DeleteTaskPushNotificationConfigRequest,
+    GetExtendedAgentCardRequest,
+    GetTaskPushNotificationConfigRequest,
+    GetTaskRequest,
+    ListTaskPushNotificationConfigsRequest,
+    ListTaskPushNotificationConfigsResponse,
+    ListTasksRequest,
+    ListTasksResponse,
+    Message,
+    SendMessageRequest,
+    SubscribeToTaskRequest,
+    Task,
+    TaskArtifactUpdateEvent,
+    TaskPushNotificationConfig,
+    TaskState,
+    TaskStatusUpdateEvent,
+)
+from a2a.utils.errors import (
+    ContentTypeNotSupportedError,
+    ExtendedAgentCardNotConfiguredError,
+    InvalidParamsError,
+    InvalidRequestError,
+    PushNotificationNotSupportedError,
+    TaskNotCancelableError,
+    TaskNotFoundError,
+    UnsupportedOperationError,
+)
+
+from app.channel import ChannelContext
+from app.events import ChatType, InboundEvent, SessionScope, TextPart, escape_key_component
+from channels.a2a.settings import A2ASettings
+from channels.a2a.tasks import (
+    KIND_CANCEL,
+    KIND_MESSAGE,
+    SETTLED,
+    TERMINAL,
+    build_task,
+    cancel_external_id,
+)
+
+CALLER = "chatgate.a2a.caller"  # ServerCallContext.state key: the authenticated caller's name
+_MAX_ID = 200
+_POLL = 0.2
+
+
+def caller_of(context: ServerCallContext) -> str:
+    caller = context.state.get(CALLER)
+    if not caller:  # the route refuses unauthenticated requests before this
+        raise InvalidRequestError(message="no authenticated caller")
+    return str(caller)
+
+
+class ChatgateRequestHandler(RequestHandler):
+    def __init__(self, settings: A2ASettings, context: ChannelContext, channel: str = "a2a") -> None:
+        self.settings = settings
+        self.context = context
+        self.channel = channel
+
+    # --- reading tasks ----------------------------------------------------------------
+
+    async def load(self, task_id: str, caller: str, history_length: int | None = None) -> Task | None:
+        """The caller's task, or None: another caller's task is as unknown as a missing one."""
+        if not task_id or len(task_id) > _MAX_ID:
+            return None
+        event = await self.context.events.status(task_id)
+        if event is None:
+            return None
+        meta = event.metadata.get("a2a", {})
+        if meta.get("caller") != caller or meta.get("kind") != KIND_MESSAGE:
+            return None
+        canceled = await self.context.events.find(cancel_external_id(task_id)) is not None
+        return build_task(event, canceled=canceled, history_length=history_length)
+
+    # --- sending ----------------------------------------------------------------------
+
+    def _event(
+        self, caller: str, context_id: str, external_id: str, text: str, meta: dict[str, str]
+    ) -> InboundEvent:
+        return InboundEvent(
+            channel=self.channel,
+            chat_id=caller,
+            sender_id=caller,
+            thread_id=context_id,
+            chat_type=ChatType.DIRECT,
+            parts=(TextPart(text=text),),
+            external_id=external_id,
+            session_scope=SessionScope.THREAD,
+            metadata={"a2a": {"caller": caller, "context_id": context_id, **meta}},
+        )
+
+    async def submit(self, message: Message, caller: str) -> str:
+        """Accept the message into the inbox; returns its task id (the event id)."""
+        texts = [p.text for p in message.parts if p.WhichOneof("content") == "text"]
+        if not texts:
+            raise ContentTypeNotSupportedError(message="only text parts are understood here")
+        text = "\n".join(texts)
+        if not text.strip():
+            raise InvalidParamsError(message="the message text is empty")
+        if len(text) > self.settings.max_text_chars:
+            raise InvalidParamsError(message=f"text is longer than {self.settings.max_text_chars} characters")
+        if len(message.message_id) > _MAX_ID or len(message.context_id) > _MAX_ID:
+            raise InvalidParamsError(message=f"messageId and contextId are at most {_MAX_ID} characters")
+        external_id = f"msg:{escape_key_component(caller)}:{message.message_id}"
+        seen = await self.context.events.find(external_id)
+        if seen is not None:  # a retry of a message already accepted: the same task
+            return seen
+        context_id = message.context_id
+        if message.task_id:
+            earlier = await self.load(message.task_id, caller)
+            if earlier is None:
+                raise TaskNotFoundError(message=f"task {message.task_id} not found")
+            if earlier.status.state in TERMINAL:
+                raise UnsupportedOperationError(message=f"task {message.task_id} is in a terminal state")
+            if context_id and context_id != earlier.context_id:
+                raise InvalidParamsError(message="contextId differs from the task's context")
+            context_id = earlier.context_id
+        context_id = context_id or uuid.uuid4().hex
+        event = self._event(
+            caller,
+            context_id,
+            external_id,
+            text,
+            {"kind": KIND_MESSAGE, "message_id": message.message_id, "continues": message.task_id},
+        )
+        if await self.context.events.count(event.session_key) >= self.settings.max_turns_per_context:
+            raise InvalidRequestError(
+                message=f"this context reached its cap of {self.settings.max_turns_per_context} messages; "
+                "start a new contextId"
+            )
+        [result] = await self.context.accept([event])
+        if result.skipped:
+            raise InvalidRequestError(message="this caller is not allowed here")
+        return result.event_id
+
+    async def _task(self, task_id: str, caller: str, history_length: int | None = None) -> Task:
+        task = await self.load(task_id, caller, history_length)
+        if task is None:  # stored a moment ago; gone only if retention pruned it
+            raise TaskNotFoundError(message=f"task {task_id} not found")
+        return task
+
+    @validate_request_params
+    async def on_message_send(self, params: SendMessageRequest, context: ServerCallContext) -> Task | Message:
+        caller = caller_of(context)
+        task_id = await self.submit(params.message, caller)
+        history = (
+            params.configuration.history_length if params.configuration.HasField("history_length") else None
+        )
+        if not params.configuration.return_immediately:
+            await self.context.wait_for_replies(task_id, self.settings.wait_max_seconds)
+        return await self._task(task_id, caller, history)
+
+    @validate_request_params
+    async def on_message_send_stream(
+        self, params: SendMessageRequest, context: ServerCallContext
+    ) -> AsyncGenerator[Event]:
+        caller = caller_of(context)
+        task_id = await self.submit(params.message, caller)
+        async for event in self._follow(task_id, caller):
+            yield event
+
+    async def _follow(self, task_id: str, caller: str) -> AsyncGenerator[Event]:
+        """The task, then each change of its state, its replies, and its last state."""
+        task = await self._task(task_id, caller)
+        yield task
+        state = task.status.state
+        sent = {a.artifact_id for a in task.artifacts}
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.stream_max_seconds
+        while state not in SETTLED and loop.time() < deadline:
+            await self.context.wait_for_replies(task_id, min(_POLL, max(0.0, deadline - loop.time())))
+            task = await self._task(task_id, caller)
+            for artifact in task.artifacts:
+                if artifact.artifact_id not in sent:
+                    sent.add(artifact.artifact_id)
+                    yield TaskArtifactUpdateEvent(
+                        task_id=task.id, context_id=task.context_id, artifact=artifact, last_chunk=True
+                    )
+            if task.status.state != state:
+                state = task.status.state
+                yield TaskStatusUpdateEvent(task_id=task.id, context_id=task.context_id, status=task.status)
+
+    @validate_request_params
+    async def on_subscribe_to_task(
+        self, params: SubscribeToTaskRequest, context: ServerCallContext
+    ) -> AsyncGenerator[Event]:
+        caller = caller_of(context)
+        if await self.load(params.id, caller) is None:
+            raise TaskNotFoundError(message=f"task {params.id} not found")
+        async for event in self._follow(params.id, caller):
+            yield event
+
+    # --- tasks ------------------------------------------------------------------------
+
+    @validate_request_params
+    async def on_get_task(self, params: GetTaskRequest, context: ServerCallContext) -> Task | None:
+        history = params.history_length if params.HasField("history_length") else None
+        return await self.load(params.id, caller_of(context), history)
+
+    @validate_request_params
+    async def on_cancel_task(self, params: CancelTaskRequest, context: ServerCallContext) -> Task | None:
+        """Store a `/stop` for the task's session (it stops a running turn); the task is
+        canceled from then on. Finished tasks cannot be canceled."""
+        caller = caller_of(context)
+        task = await self.load(params.id, caller)
+        if task is None:
+            return None
+        if task.status.state == TaskState.TASK_STATE_CANCELED:
+            return task
+        if task.status.state in TERMINAL:
+            raise TaskNotCancelableError(message=f"task {params.id} is already finished")
+        stop = self._event(
+            caller,
+            task.context_id,
+            cancel_external_id(task.id),
+            "/stop",
+            {"kind": KIND_CANCEL, "task_id": task.id},
+        )
+        await self.context.accept([stop])
+        return await self._task(task.id, caller)
+
+    async def on_list_tasks(self, params: ListTasksRequest, context: ServerCallContext) -> ListTasksResponse:
+        raise UnsupportedOperationError(message="tasks/list is not supported; use tasks/get")
+
+    # --- not offered --------------------------------------------------------------------
+
+    async def on_create_task_push_notification_config(
+        self, params: TaskPushNotificationConfig, context: ServerCallContext
+    ) -> TaskPushNotificationConfig:
+        raise PushNotificationNotSupportedError
+
+    async def on_get_task_push_notification_config(
+        self, params: GetTaskPushNotificationConfigRequest, context: ServerCallContext
+    ) -> TaskPushNotificationConfig:
+        raise PushNotificationNotSupportedError
+
+    async def on_list_task_push_notification_configs(
+        self, params: ListTaskPushNotificationConfigsRequest, context: ServerCallContext
+    ) -> ListTaskPushNotificationConfigsResponse:
+        raise PushNotificationNotSupportedError
+
+    async def on_delete_task_push_notification_config(
+        self, params: DeleteTaskPushNotificationConfigRequest, context: ServerCallContext
+    ) -> None:
+        raise PushNotificationNotSupportedError
+
+    async def on_get_extended_agent_card(
+        self, params: GetExtendedAgentCardRequest, context: ServerCallContext
+    ) -> AgentCard:
+        raise ExtendedAgentCardNotConfiguredError
