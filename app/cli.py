@@ -42,7 +42,7 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     host = args.host or settings.host
     port = args.port or settings.port
     try:
-        plan = prepare(host, settings.channels)
+        plan = prepare(host, settings.channels, generate=args.first_run)
     except FirstRunError as exc:
         print(f"chatgate: {exc}", file=sys.stderr)
         return 2
@@ -258,6 +258,10 @@ def cmd_cron(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_doctor(settings: Settings, args: argparse.Namespace) -> int:
     from app.doctor import doctor
+    from app.firstrun import load_existing
+
+    if load_existing() is not None:
+        settings = Settings()  # what `make run` serves with
 
     checks = asyncio.run(doctor(settings))
     if args.json:
@@ -313,6 +317,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the HTTP server")
     serve.add_argument("--host")
     serve.add_argument("--port", type=int)
+    serve.add_argument(
+        "--first-run",
+        action="store_true",
+        help="on loopback, use (and make once) local secrets in .chatgate/secrets.env (`make run`)",
+    )
     serve.set_defaults(func=cmd_serve)
 
     sub.add_parser("migrate", help="upgrade the database to the newest schema").set_defaults(func=cmd_migrate)
@@ -359,11 +368,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from app.db.migrate import DatabaseUnusable
     from app.doctor import format_validation_error
-    from app.firstrun import load_existing
 
     args = build_parser().parse_args(argv)
     try:
-        load_existing()
         try:
             settings = Settings()
         except ValidationError as exc:

@@ -1,13 +1,14 @@
 """A first run that shows everything: local secrets for loopback, a refusal beyond it.
 
-`chatgate serve` on a loopback address with no secrets configured generates them once
+`chatgate serve --first-run` (what `make run` runs) on a loopback address with no
+secrets configured generates them once
 (webhook secret, admin token, a browser-chat token) into a git-ignored file,
 `.chatgate/secrets.env` under the working directory, and uses them from then on. Values
 set in the environment or `.env` always win. Bound beyond loopback, nothing is generated:
 a missing secret stops start-up with one line naming it.
 
-Only `chatgate serve` calls this; the test suite builds its apps with explicit settings
-and never reads the file.
+Only `chatgate serve --first-run` and `chatgate doctor` read the file; plain `chatgate
+serve` (as the suite's server processes run it) and the suite's apps never do.
 """
 
 from __future__ import annotations
@@ -101,8 +102,9 @@ def _configured(name: str, dotenv: dict[str, str]) -> bool:
     return bool(os.environ.get(name) or dotenv.get(name))
 
 
-def prepare(host: str, channels: list[str], *, root: Path | None = None) -> Plan:
-    """Put local secrets into `os.environ` where none are configured (loopback only).
+def prepare(host: str, channels: list[str], *, generate: bool, root: Path | None = None) -> Plan:
+    """With `generate` (`chatgate serve --first-run`, as `make run` does), put local secrets
+    into `os.environ` where none are configured (loopback only).
 
     Call before `Settings()` is built. Raises `FirstRunError` beyond loopback when a
     secret the enabled features need is missing.
@@ -123,6 +125,8 @@ def prepare(host: str, channels: list[str], *, root: Path | None = None) -> Plan
                 f"refusing to serve on {host} without explicit secrets: set {', '.join(missing)} "
                 f"(environment or .env), or bind to 127.0.0.1 for a local first run"
             )
+        return plan
+    if not generate:
         return plan
     if not missing and not chat_missing:
         if existing.is_file():

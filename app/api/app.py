@@ -11,6 +11,7 @@ from starlette.types import Receive, Scope, Send
 
 from app.agent.provider import ChatProvider
 from app.agent.tools import Tool
+from app.api import docs as api_docs
 from app.api.deps import FailedAdminAuth
 from app.api.routes import admin, admin_dashboard, admin_memory, channels, health
 from app.api.routes import cron as cron_routes
@@ -64,7 +65,7 @@ def create_app(
             await gateway.stop()
             await runtime.stop()
 
-    app = ChatgateApp(title="chatgate", version="0.1.0", lifespan=lifespan)
+    app = ChatgateApp(title="chatgate", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.runtime = runtime
     app.state.settings = settings
     app.state.gateway = gateway
@@ -82,4 +83,5 @@ def create_app(
     app.include_router(admin_dashboard.router)
     app.include_router(gateway_routes.router)
     web_pages.install(app)
+    api_docs.install(app)
     return app
