@@ -130,6 +130,7 @@ class _Chat:
         self.runtime = Runtime(settings, channel_settings={"cli": CliSettings()})
 
     async def send(self, line: str) -> None:
+        """Send one line and print the replies to it once they are delivered."""
         from app.events import InboundEvent
         from channels.cli import CliChannel
 
@@ -138,9 +139,11 @@ class _Chat:
         event = InboundEvent.from_text("cli", self.chat_id, self.chat_id, line)
         [accepted] = await self.runtime.ingest.accept("cli", [event])
         done = await self.runtime.waiters.wait_for_replies(accepted.event_id, 300)
-        for _ in done.replies:
+        wanted = {reply.message_id for reply in done.replies}
+        while wanted:
             message = await asyncio.wait_for(cli.delivered.get(), 30)
-            print(f"bot> {message.text}", flush=True)
+            wanted.discard(message.message_id)
+            print(f"bot> {message.text}", flush=True)  # a late answer to an earlier line too
         if not done.done:
             print("(still working — the answer will appear when ready)")
 
@@ -167,16 +170,10 @@ class _Chat:
                     except KeyboardInterrupt:
                         print("\n(stopped)")
                         with contextlib.suppress(Exception, KeyboardInterrupt):
-                            runner.run(self._stop())
+                            runner.run(self.send("/stop"))
             finally:
                 with contextlib.suppress(KeyboardInterrupt):
                     runner.run(self.runtime.__aexit__(None, None, None))
-
-    async def _stop(self) -> None:
-        from app.events import InboundEvent
-
-        event = InboundEvent.from_text("cli", self.chat_id, self.chat_id, "/stop")
-        await self.runtime.ingest.accept("cli", [event])
 
 
 def cmd_chat(settings: Settings, args: argparse.Namespace) -> int:
