@@ -94,7 +94,8 @@ def test_serve_freezes_what_start_up_built(tmp_path: Path) -> None:
 CLEAN = ("WEBHOOK_SECRET", "ADMIN_TOKEN", "GATEWAY_TOKENS", "GATEWAY_TOKEN_SECRET", "LLM_PROVIDER")
 
 
-def _cli(args: list[str], cwd: Path, timeout: float = 60, **env: str) -> subprocess.CompletedProcess[str]:
+def _cli(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    timeout = float(env.pop("timeout", "60"))
     base = {k: v for k, v in os.environ.items() if k not in CLEAN}
     return subprocess.run(
         [sys.executable, "-m", "app", *args],
