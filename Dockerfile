@@ -6,6 +6,11 @@ FROM ${BASE_IMAGE} AS build
 # Imported bases have no PATH of their own.
 ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 WORKDIR /src
+# Extra CA certificates (a TLS-intercepting proxy on the way to PyPI), build stage only:
+# docker/build-ca/*.crt, put there by scripts/docker-e2e.sh; none in the final image.
+COPY docker/build-ca/ /usr/local/share/ca-certificates/build-ca/
+RUN if ls /usr/local/share/ca-certificates/build-ca/*.crt >/dev/null 2>&1; then update-ca-certificates; fi
+ENV PIP_CERT=/etc/ssl/certs/ca-certificates.crt SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt
 COPY pyproject.toml README.md ./
 COPY app ./app
 COPY channels ./channels
