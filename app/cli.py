@@ -110,6 +110,7 @@ def _webhook_secret() -> str | None:
 def cmd_migrate(settings: Settings, _args: argparse.Namespace) -> int:
     from app.db.migrate import upgrade_to_head
 
+    asyncio.run(_reach_database(settings))
     upgrade_to_head(settings.database_url)
     print("database is at the newest migration")
     return 0

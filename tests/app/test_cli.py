@@ -132,6 +132,8 @@ def test_a_database_that_does_not_exist_fails_fast_with_the_reason(tmp_path: Pat
         "chatgate: database unusable: the database does not exist: "
         'database "chatgate_no_such_database" does not exist\n'
     )
+    migrate = _cli(["migrate"], tmp_path, DATABASE_URL=url)
+    assert migrate.returncode == 2 and migrate.stderr == done.stderr
 
 
 def test_wrong_credentials_fail_fast_with_the_reason(tmp_path: Path) -> None:
