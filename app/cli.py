@@ -37,6 +37,7 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     import uvicorn
 
     from app.api.app import create_app
+    from app.doctor import model_settings_problem
     from app.firstrun import FirstRunError, banner, prepare
 
     host = args.host or settings.host
@@ -48,6 +49,10 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
         return 2
     if plan.generated_file is not None:
         settings = Settings()  # now with the local secrets in the environment
+    problem = model_settings_problem(settings)
+    if problem is not None:
+        print(f"chatgate: configuration error: {problem}", file=sys.stderr)
+        return 2
     asyncio.run(_reach_database(settings))
     app = create_app(settings)
     webhook = "webhook" in settings.channels and bool(os.environ.get("WEBHOOK_SECRET") or _webhook_secret())
@@ -59,6 +64,11 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
         admin=bool(settings.admin_token),
         chat_token=chat_token,
         secrets_file=plan.generated_file,
+        model=(
+            "offline (built in, deterministic)"
+            if settings.llm_provider == "offline"
+            else f"{settings.llm_model} at {settings.llm_base_url or 'api.openai.com'}"
+        ),
     )
     # Everything imported and built so far lives as long as the process: frozen, the
     # cyclic GC stops rescanning it. Under load a full collection otherwise walked

@@ -16,6 +16,14 @@ from app.config import Settings
 # Settings fields a channel cannot work without when unset (by name).
 _CREDENTIAL_SUFFIXES = ("secret", "token")
 CLOCK_SKEW_LIMIT_SECONDS = 60.0
+OPENAI_DEFAULT_BASE_URL = "https://api.openai.com/v1"  # the SDK's, when LLM_BASE_URL is unset
+
+
+def model_settings_problem(settings: Settings) -> str | None:
+    """Why the configured model cannot answer, as far as settings alone tell."""
+    if settings.llm_provider == "openai" and not settings.llm_api_key and not settings.llm_base_url:
+        return "LLM_PROVIDER=openai needs LLM_API_KEY (for api.openai.com) or LLM_BASE_URL (a local endpoint)"
+    return None
 
 
 @dataclass
@@ -81,9 +89,10 @@ def _channels(settings: Settings) -> list[Check]:
 async def _model(settings: Settings) -> tuple[Check, datetime | None]:
     if settings.llm_provider == "offline":
         return Check("model", True, "offline provider (built in, no endpoint)"), None
-    if not settings.llm_base_url:
-        return Check("model", False, "LLM_PROVIDER=openai needs LLM_BASE_URL"), None
-    url = settings.llm_base_url.rstrip("/") + "/models"
+    problem = model_settings_problem(settings)
+    if problem is not None:
+        return Check("model", False, problem), None
+    url = (settings.llm_base_url or OPENAI_DEFAULT_BASE_URL).rstrip("/") + "/models"
     headers = {"Authorization": f"Bearer {settings.llm_api_key}"} if settings.llm_api_key else {}
     try:
         async with httpx.AsyncClient(timeout=10) as client:

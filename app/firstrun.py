@@ -145,7 +145,13 @@ def prepare(host: str, channels: list[str], *, generate: bool, root: Path | None
 
 
 def banner(
-    base_url: str, *, webhook: bool, admin: bool, chat_token: str | None, secrets_file: Path | None
+    base_url: str,
+    *,
+    webhook: bool,
+    admin: bool,
+    chat_token: str | None,
+    secrets_file: Path | None,
+    model: str,
 ) -> list[str]:
     """What is on and off, and the URLs to open."""
 
@@ -157,6 +163,7 @@ def banner(
         f"  webhook:      {state(webhook)}   POST {base_url}/channels/webhook",
         f"  admin API:    {state(admin)}   {base_url}/admin/api",
         f"  browser chat: {state(chat_token is not None)}",
+        f"  model:        {model}",
     ]
     if chat_token is not None:
         lines.append(f"  chat page:    {base_url}/#token={quote(chat_token, safe='')}")

@@ -166,7 +166,13 @@ def test_doctor_names_each_check_and_fails_until_all_pass(tmp_path: Path) -> Non
 
     unreachable = _cli(["doctor"], tmp_path, DATABASE_URL=db, LLM_PROVIDER="openai", **secrets)
     assert unreachable.returncode == 1
-    assert "FAIL  model: LLM_PROVIDER=openai needs LLM_BASE_URL" in unreachable.stdout.splitlines()
+    assert (
+        "FAIL  model: LLM_PROVIDER=openai needs LLM_API_KEY (for api.openai.com) or LLM_BASE_URL "
+        "(a local endpoint)" in unreachable.stdout.splitlines()
+    )
+    refused = _cli(["serve", "--port", "9"], tmp_path, DATABASE_URL=db, LLM_PROVIDER="openai", **secrets)
+    assert refused.returncode == 2
+    assert refused.stderr.startswith("chatgate: configuration error: LLM_PROVIDER=openai needs LLM_API_KEY")
 
 
 def test_status_shows_backlog_and_sessions_as_a_table_or_json(tmp_path: Path) -> None:
