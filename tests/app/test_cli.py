@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -267,3 +268,23 @@ def test_chat_ctrl_c_stops_the_answer_then_quits_cleanly_and_help_is_a_command(t
     assert chat.proc.stderr is not None
     assert "Traceback" not in chat.proc.stderr.read()
     assert chat.out.count("you> ") == before
+
+
+async def test_doctor_asks_the_model_endpoint_and_compares_clocks(tmp_path: Path) -> None:
+    from tests.fakes.openai_server import FakeOpenAI
+
+    db = f"sqlite:///{tmp_path / 'model.db'}"
+    assert (await asyncio.to_thread(_cli, ["migrate"], tmp_path, DATABASE_URL=db)).returncode == 0
+    env = {"DATABASE_URL": db, "LLM_PROVIDER": "openai", "LLM_API_KEY": "sk-test"}
+    async with FakeOpenAI() as fake:
+        done = await asyncio.to_thread(_cli, ["doctor"], tmp_path, LLM_BASE_URL=fake.url, **env)
+    lines = done.stdout.splitlines()
+    assert f"ok    model: {fake.url}/models answered 200" in lines
+    assert any(
+        re.fullmatch(r"ok    clock: [+-]\d+ s from the model endpoint's clock", line) for line in lines
+    )
+    gone = await asyncio.to_thread(_cli, ["doctor"], tmp_path, LLM_BASE_URL=fake.url, **env)
+    assert gone.returncode == 1
+    assert any(
+        line.startswith(f"FAIL  model: {fake.url}/models not answering") for line in gone.stdout.splitlines()
+    )
