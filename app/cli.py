@@ -56,12 +56,16 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     asyncio.run(_reach_database(settings))
     app = create_app(settings)
     webhook = "webhook" in settings.channels and bool(os.environ.get("WEBHOOK_SECRET") or _webhook_secret())
-    chat_token = settings.gateway_tokens[0].token if settings.gateway_tokens else None
+    chat_on = "browser" in settings.channels and bool(
+        settings.gateway_tokens or settings.gateway_token_secret
+    )
+    chat_token = settings.gateway_tokens[0].token if chat_on and settings.gateway_tokens else None
     shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
     lines = banner(
         f"http://{shown}:{port}",
         webhook=webhook,
         admin=bool(settings.admin_token),
+        chat=chat_on,
         chat_token=chat_token,
         secrets_file=plan.generated_file,
         model=(

@@ -140,6 +140,9 @@ def prepare(host: str, channels: list[str], *, generate: bool, root: Path | None
         _write(path, stored)
     for name in [*missing, *(["GATEWAY_TOKENS"] if chat_missing else [])]:
         os.environ[name] = stored[name]
+    if not _configured("CHANNELS", dotenv):
+        # The browser chat is a channel too: on, next to the webhook, unless CHANNELS is set.
+        os.environ["CHANNELS"] = ",".join(dict.fromkeys([*channels, "webhook", "browser"]))
     plan.generated_file = path
     return plan
 
@@ -149,6 +152,7 @@ def banner(
     *,
     webhook: bool,
     admin: bool,
+    chat: bool,
     chat_token: str | None,
     secrets_file: Path | None,
     model: str,
@@ -162,7 +166,7 @@ def banner(
         f"chatgate is serving on {base_url}",
         f"  webhook:      {state(webhook)}   POST {base_url}/channels/webhook",
         f"  admin API:    {state(admin)}   {base_url}/admin/api",
-        f"  browser chat: {state(chat_token is not None)}",
+        f"  browser chat: {state(chat)}",
         f"  model:        {model}",
     ]
     if chat_token is not None:

@@ -6,15 +6,19 @@ README's "Talk to it" shell blocks then run as written, only the port replaced.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import re
 import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import unquote
 
 import httpx
 import pytest
+import websockets
 
 from tests.support.servers import free_port
 
@@ -80,6 +84,22 @@ def test_first_run_turns_everything_on_and_the_readme_commands_work(checkout: Pa
         token = re.search(r"chat page:    \S+/#token=(\S+)", text)
         assert token is not None
         assert f"dashboard:    {base}/admin" in text
+
+        # The chat page's token works on the browser gateway: auth, attach, an answer.
+        async def browser_chat() -> str:
+            async with websockets.connect(f"ws://127.0.0.1:{port}/ws") as ws:
+                await ws.send(json.dumps({"type": "auth", "token": unquote(token.group(1))}))
+                authed = json.loads(await ws.recv())
+                assert authed["type"] == "authenticated", authed
+                await ws.send(json.dumps({"type": "attach", "session_key": authed["session_keys"][0]}))
+                assert json.loads(await ws.recv())["type"] == "ready"
+                await ws.send(json.dumps({"type": "send", "text": "hi there", "client_message_id": "m-1"}))
+                while True:
+                    frame = json.loads(await asyncio.wait_for(ws.recv(), 30))
+                    if frame.get("type") == "message" and frame.get("role") == "assistant":
+                        return str(frame["content"])
+
+        assert asyncio.run(browser_chat()) == "You said: hi there"
 
         secrets = checkout / ".chatgate" / "secrets.env"
         assert secrets.stat().st_mode & 0o777 == 0o600
