@@ -13,7 +13,7 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 run: $(VENV)/.installed
-	$(VENV)/bin/chatgate serve
+	$(VENV)/bin/chatgate serve --first-run
 
 test: $(VENV)/.installed
 	bash scripts/test.sh

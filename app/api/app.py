@@ -12,6 +12,7 @@ from starlette.types import Receive, Scope, Send
 
 from app.agent.provider import ChatProvider
 from app.agent.tools import Tool
+from app.api import docs as api_docs
 from app.api import responses
 from app.api.deps import AdminLockout
 from app.api.limits import AdminAuthFirst, BodyLimit, UrlGuard
@@ -77,7 +78,12 @@ def create_app(
             await runtime.stop()
 
     app = ChatgateApp(
-        title="chatgate", version="0.1.0", lifespan=lifespan, default_response_class=SafeJSONResponse
+        title="chatgate",
+        version="0.1.0",
+        lifespan=lifespan,
+        default_response_class=SafeJSONResponse,
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.runtime = runtime
     app.state.settings = settings
@@ -104,6 +110,7 @@ def create_app(
     app.include_router(gateway_routes.router)
     web_pages.install(app)
     a2a_routes.install(app)
+    api_docs.install(app)
     return app
 
 

@@ -19,6 +19,31 @@ import migrations
 log = structlog.get_logger(__name__)
 
 
+class DatabaseUnusable(Exception):
+    """Connecting failed in a way waiting does not cure; the message says why."""
+
+
+# SQLSTATEs a retry does not fix: the database does not exist, the login was refused.
+_PERMANENT_SQLSTATES = {
+    "3D000": "the database does not exist",
+    "28P01": "the password was refused",
+    "28000": "the login was refused",
+}
+
+
+def permanent_failure(exc: BaseException) -> str | None:
+    """A one-line reason if `exc` (from connecting) will not go away by retrying."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        code = getattr(seen, "sqlstate", None)
+        if isinstance(code, str) and code in _PERMANENT_SQLSTATES:
+            return f"{_PERMANENT_SQLSTATES[code]}: {str(seen).strip().splitlines()[0]}"
+        if "unable to open database file" in str(seen):
+            return "the SQLite file cannot be opened (does its directory exist?)"
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 async def wait_for_database(engine: AsyncEngine, timeout: float) -> None:
     """Retry connecting for up to `timeout` seconds (a database container starting up)."""
     loop = asyncio.get_running_loop()
@@ -30,6 +55,9 @@ async def wait_for_database(engine: AsyncEngine, timeout: float) -> None:
                 await conn.execute(text("SELECT 1"))
             return
         except (OSError, SQLAlchemyError) as exc:
+            reason = permanent_failure(exc)
+            if reason is not None:
+                raise DatabaseUnusable(reason) from exc
             if loop.time() + delay > deadline:
                 raise
             log.warning("database_not_reachable_yet", error=str(exc)[:200], retry_in=delay)

@@ -33,23 +33,23 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
     store = MemoryStore(engine)
     links = IdentityLinks(engine)
     try:
-        if args.command == "link":
+        if args.memory_command == "link":
             previous = await links.link(parse_identity(args.identity), args.person, created_by="cli")
             moved = f" (was {previous})" if previous and previous != args.person else ""
             print(f"linked {args.identity} to person {args.person}{moved}")
-        elif args.command == "unlink":
+        elif args.memory_command == "unlink":
             print("unlinked" if await links.unlink(parse_identity(args.identity)) else "was not linked")
-        elif args.command == "links":
+        elif args.memory_command == "links":
             print(json.dumps(await links.identities(args.person), indent=2))
-        elif args.command == "global" and args.action == "add":
+        elif args.memory_command == "global" and args.action == "add":
             await store.put(Scope.GLOBAL, GLOBAL_OWNER, args.text, kind="operator")
             print("stored")
-        elif args.command == "global" and args.action == "list":
+        elif args.memory_command == "global" and args.action == "list":
             for m in await store.entries([OwnerFilter(Scope.GLOBAL, GLOBAL_OWNER)], limit=1000):
                 print(f"{m.id}\t{m.kind}\t{m.content}")
-        elif args.command == "global" and args.action == "remove":
+        elif args.memory_command == "global" and args.action == "remove":
             print("removed" if await store.delete(args.id, scope=Scope.GLOBAL) else "no such global memory")
-        elif args.command == "show":
+        elif args.memory_command == "show":
             async with engine.connect() as conn:
                 owner = await resolve_owner(conn, parse_identity(args.identity))
             for m in await store.entries([OwnerFilter(Scope.USER, owner)], limit=1000):
@@ -64,7 +64,13 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m app.memory", description="chatgate memory admin")
-    sub = parser.add_subparsers(dest="command", required=True)
+    add_subcommands(parser)
+    return parser
+
+
+def add_subcommands(parser: argparse.ArgumentParser) -> None:
+    """The memory commands, here and as `chatgate memory …`."""
+    sub = parser.add_subparsers(dest="memory_command", required=True)
     link = sub.add_parser("link", help="link a channel identity to a person id")
     link.add_argument("identity")
     link.add_argument("person")
@@ -76,7 +82,6 @@ def build_parser() -> argparse.ArgumentParser:
     gsub.add_parser("list")
     gsub.add_parser("remove").add_argument("id", type=int)
     sub.add_parser("show", help="user memory of an identity").add_argument("identity")
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -110,6 +110,11 @@ class FakeOpenAI:
 
     # --- serving --------------------------------------------------------------------
 
+    async def _models(self, _request: web.Request) -> web.Response:
+        """`GET /v1/models` as the API answers it (what `chatgate doctor` asks)."""
+        model = {"id": "gpt-4o-mini", "object": "model", "created": 1715367049, "owned_by": "system"}
+        return web.json_response({"object": "list", "data": [model]})
+
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         try:
             body = await request.json()
@@ -247,6 +252,7 @@ class FakeOpenAI:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._handle)
         app.router.add_post("/chat/completions", self._handle)
+        app.router.add_get("/v1/models", self._models)
         self._runner = web.AppRunner(app)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
