@@ -126,6 +126,14 @@ class Settings(BaseSettings):
         30.0, description="A delivery claimed by a replica that died is retried after this."
     )
     outbox_backoff_base_seconds: float = 1.0
+    # --- streaming previews on chat platforms (`app.streaming`; <CHANNEL>_STREAMING)
+    stream_first_preview_seconds: float = Field(
+        1.0, description="A turn answered sooner shows no preview, only a typing state."
+    )
+    stream_still_working_seconds: float = Field(
+        15.0, description="A turn running longer with nothing to show says it is still working."
+    )
+    # --- end streaming previews
     outbox_backoff_max_seconds: float = 300.0
     inbox_retention_days: float = Field(
         14.0,

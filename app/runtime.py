@@ -57,6 +57,7 @@ from app.pipeline.turn_state import WindowLimits
 from app.pipeline.waiters import Waiters
 from app.scheduling import JobStore, UsesJobStore
 from app.sessions.store import Lifecycle, SessionStore
+from app.streaming import PreviewHub, StreamingChannel
 
 log = structlog.get_logger(__name__)
 
@@ -148,12 +149,21 @@ class Runtime:
         )
         self.bus: SessionBus = build_session_bus(settings)
         self.adapters: dict[str, ChannelAdapter] = {}
+        # Streaming previews (`app.streaming`): the hub watches the feed; replies of a
+        # streaming channel reach its adapter through the hub (the preview's last edit).
+        self.previews = PreviewHub(
+            self.engine,
+            locales={name: cs.locale for name, cs in self.channel_settings.items()},
+            first_preview_after=settings.stream_first_preview_seconds,
+            still_working_after=settings.stream_still_working_seconds,
+        )
+        self._delivery: dict[str, ChannelAdapter] = {}
         self.http = httpx.AsyncClient(timeout=httpx.Timeout(15.0))
         # Long-lived platform connections (polling, sockets): one holder (`app.connections`).
         self.connections: ConnectionHolder = LocalConnections()
         self.sender = OutboxSender(
             self.engine,
-            self.adapters,
+            self._delivery,
             poll_interval=settings.outbox_poll_seconds,
             max_attempts=settings.outbox_max_attempts,
             backoff_base=settings.outbox_backoff_base_seconds,
@@ -178,7 +188,7 @@ class Runtime:
             self.midrun,
             limits=WindowLimits(settings.history_max_messages, settings.history_max_tokens),
             models={name: cs.llm_model for name, cs in self.channel_settings.items()},
-            feed=SessionFeed(self.bus),
+            feed=SessionFeed(self.previews.observing(self.bus)),
             after_turn=self.memory.after_turn(),
             channel_settings=self.channel_settings,
             tools_allow=settings.tools_allow,
@@ -226,6 +236,10 @@ class Runtime:
         for name, cs in self.channel_settings.items():
             spec = load_spec(name)
             self.adapters[name] = spec.factory(cs, self.context_for(name))
+        for name, adapter in self.adapters.items():
+            if isinstance(adapter, StreamingChannel):
+                self.previews.use(name, adapter.streamer())
+            self._delivery[name] = self.previews.wrap(name, adapter)
         for adapter in self.adapters.values():  # the cron channel fires jobs of the shared store
             if isinstance(adapter, UsesJobStore):
                 adapter.use_job_store(self.jobs)
@@ -249,6 +263,7 @@ class Runtime:
                     await task
         await self.scheduler.stop()
         await self.sender.stop()
+        await self.previews.stop()
         for adapter in self.adapters.values():
             with contextlib.suppress(Exception):
                 await adapter.stop()

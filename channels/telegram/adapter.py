@@ -14,11 +14,13 @@ import contextlib
 import hmac
 import time
 import warnings
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
 import structlog
 from telegram import Bot, ReplyParameters
+from telegram.constants import ChatAction
 from telegram.error import (
     BadRequest,
     ChatMigrated,
@@ -41,7 +43,8 @@ from app.errors import (
     ChannelSendAuthError,
     ChannelUnavailable,
 )
-from app.events import OutboundMessage
+from app.events import OutboundMessage, TextPart
+from app.streaming import StreamingMode
 from channels.common.chunks import ChunkProgress, send_chunks
 from channels.telegram.parse import BotIdentity, Parsed, parse_update
 from channels.telegram.settings import TelegramSettings
@@ -237,7 +240,7 @@ class TelegramChannel:
         self, chat_id: int | str, text: str, thread_id: int | None, reply: ReplyParameters | None
     ) -> int:
         assert self.bot is not None
-        try:
+        with telegram_errors():
             try:
                 sent = await self.bot.send_message(
                     chat_id=chat_id, text=text, message_thread_id=thread_id, reply_parameters=reply
@@ -246,21 +249,104 @@ class TelegramChannel:
                 sent = await self.bot.send_message(
                     chat_id=exc.new_chat_id, text=text, message_thread_id=thread_id, reply_parameters=reply
                 )
-        except RetryAfter as exc:
-            raise ChannelRateLimited(
-                retry_after_seconds(exc), f"Telegram flood control: {exc.message}"
-            ) from exc
-        except InvalidToken as exc:
-            raise ChannelSendAuthError(f"Telegram refused the bot token: {exc.message}") from exc
-        except Forbidden as exc:
-            raise ChannelRejected(f"Telegram refused: {exc.message}") from exc
-        except BadRequest as exc:
-            raise ChannelRejected(f"Telegram rejected the message: {exc.message}") from exc
-        except NetworkError as exc:  # TimedOut, 5xx, connection errors
-            raise ChannelUnavailable(f"Telegram unreachable: {exc.message}") from exc
-        except TelegramError as exc:
-            raise ChannelUnavailable(f"Telegram error: {exc.message}") from exc
         return sent.message_id
+
+    # --- streaming (`app.streaming`) --------------------------------------------------
+
+    def streamer(self) -> TelegramStreamer | None:
+        if self.bot is None or self.settings.streaming is StreamingMode.OFF:
+            return None
+        return TelegramStreamer(self)
+
+
+@contextlib.contextmanager
+def telegram_errors() -> Iterator[None]:
+    """PTB's errors as the outbox's delivery errors."""
+    try:
+        yield
+    except RetryAfter as exc:
+        raise ChannelRateLimited(retry_after_seconds(exc), f"Telegram flood control: {exc.message}") from exc
+    except InvalidToken as exc:
+        raise ChannelSendAuthError(f"Telegram refused the bot token: {exc.message}") from exc
+    except Forbidden as exc:
+        raise ChannelRejected(f"Telegram refused: {exc.message}") from exc
+    except BadRequest as exc:
+        raise ChannelRejected(f"Telegram rejected the message: {exc.message}") from exc
+    except NetworkError as exc:  # TimedOut, 5xx, connection errors
+        raise ChannelUnavailable(f"Telegram unreachable: {exc.message}") from exc
+    except TelegramError as exc:
+        raise ChannelUnavailable(f"Telegram error: {exc.message}") from exc
+
+
+class TelegramStreamer:
+    """Previews as `sendMessage` + `editMessageText`, typing as `sendChatAction`.
+
+    Telegram allows about one message per second per chat (`TELEGRAM_STREAM_EDIT_SECONDS`).
+    """
+
+    def __init__(self, channel: TelegramChannel) -> None:
+        assert channel.bot is not None
+        self.channel = channel
+        self.bot = channel.bot
+        self.edit_interval = channel.settings.stream_edit_seconds
+        self.max_preview_chars = channel.settings.max_message_chars
+
+    async def typing(self, message: OutboundMessage) -> None:
+        with telegram_errors():
+            await self.bot.send_chat_action(
+                chat_id=_chat_id(message.chat_id),
+                action=ChatAction.TYPING,
+                message_thread_id=_thread(message),
+            )
+
+    async def open(self, message: OutboundMessage) -> str:
+        reply = _quote(message)
+        sent = await self.channel._send_chunk(
+            _chat_id(message.chat_id), message.text, _thread(message), reply
+        )
+        return str(sent)
+
+    async def edit(self, message: OutboundMessage, preview_id: str) -> None:
+        with telegram_errors():
+            try:
+                await self.bot.edit_message_text(
+                    message.text, chat_id=_chat_id(message.chat_id), message_id=int(preview_id)
+                )
+            except BadRequest as exc:
+                if "not modified" not in exc.message.lower():
+                    raise
+
+    async def finish(self, message: OutboundMessage, preview_id: str) -> SendResult:
+        chunks = split_text(message.text, self.channel.settings.max_message_chars)
+        chat_id, thread_id = _chat_id(message.chat_id), _thread(message)
+
+        async def deliver(index: int, chunk: str) -> int:
+            if index > 0:
+                return await self.channel._send_chunk(chat_id, chunk, thread_id, None)
+            try:
+                await self.edit(message.model_copy(update={"parts": (TextPart(text=chunk),)}), preview_id)
+            except ChannelRejected as exc:
+                if "not found" not in exc.detail.lower():
+                    raise
+                # The preview was deleted: the answer replaces it as a new message.
+                return await self.channel._send_chunk(chat_id, chunk, thread_id, _quote(message))
+            return int(preview_id)
+
+        sent = await send_chunks(self.channel._progress, message.message_id, chunks, deliver)
+        return SendResult(platform_message_id=str(sent[0]) if sent else preview_id)
+
+
+def _thread(message: OutboundMessage) -> int | None:
+    return int(message.thread_id) if message.thread_id and message.thread_id.isdigit() else None
+
+
+def _quote(message: OutboundMessage) -> ReplyParameters | None:
+    quote = message.metadata.get("reply_msg_id")
+    return (
+        ReplyParameters(message_id=int(quote), allow_sending_without_reply=True)
+        if quote is not None
+        else None
+    )
 
 
 def _from_group(data: Any) -> bool:

@@ -47,6 +47,7 @@ class Reply:
     prompt_tokens: int = 11
     completion_tokens: int = 7
     fail_mid_stream: bool = False  # send some text, then cut the connection
+    chunk_delay: float = 0.0  # seconds between streamed pieces (a model writing slowly)
     model: str | None = None
 
 
@@ -192,6 +193,8 @@ class FakeOpenAI:
         content = reply.content or ""
         pieces = [content[i : i + self.chunk_size] for i in range(0, len(content), self.chunk_size)]
         for n, piece in enumerate(pieces):
+            if reply.chunk_delay and n:
+                await asyncio.sleep(reply.chunk_delay)
             await send(chunk({"content": piece}))
             if reply.fail_mid_stream and n == 0:
                 assert request.transport is not None

@@ -64,6 +64,8 @@ class FakeTelegram(LocalServer):
     updates: list[dict[str, Any]] = field(default_factory=list)
     url: str = ""
     file_url: str = ""
+    # message id -> its current text, as the chat shows it (sent, then edited)
+    texts: dict[int, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._changed = asyncio.Condition()
@@ -105,7 +107,8 @@ class FakeTelegram(LocalServer):
         async with self._changed:
             scripted = self.script.get(method)
             failure = scripted.pop(0) if scripted else self.always.get(method)
-            self.calls.append(Call(method, params, ok=failure is None))
+            call = Call(method, params, ok=failure is None)
+            self.calls.append(call)
             self._changed.notify_all()
         if failure is not None:
             return web.json_response(failure.body(), status=failure.status)
@@ -115,6 +118,9 @@ class FakeTelegram(LocalServer):
                 {"ok": False, "error_code": 404, "description": "Not Found: method not found"}, status=404
             )
         result = await handler(params)
+        if isinstance(result, web.Response):
+            call.ok = False
+            return result
         return web.json_response({"ok": True, "result": result})
 
     async def _m_getMe(self, _params: dict[str, Any]) -> dict[str, Any]:
@@ -137,9 +143,35 @@ class FakeTelegram(LocalServer):
             "from": {"id": self.bot_id, "is_bot": True, "first_name": "Gate", "username": self.username},
             "text": params["text"],
         }
+        self.texts[message["message_id"]] = params["text"]
         if "message_thread_id" in params:
             message["message_thread_id"] = int(params["message_thread_id"])
         return message
+
+    async def _m_editMessageText(self, params: dict[str, Any]) -> dict[str, Any] | web.Response:
+        message_id = int(params["message_id"])
+        if message_id not in self.texts:
+            return _bad_request("Bad Request: message to edit not found")
+        if self.texts[message_id] == params["text"]:
+            return _bad_request(
+                "Bad Request: message is not modified: specified new message content and reply markup "
+                "are exactly the same as a current content and reply markup of the message"
+            )
+        self.texts[message_id] = params["text"]
+        chat_id = int(params["chat_id"])
+        return {
+            "message_id": message_id,
+            "date": int(time.time()),
+            "edit_date": int(time.time()),
+            "chat": {"id": chat_id, "type": "private" if chat_id > 0 else "supergroup"},
+            "from": {"id": self.bot_id, "is_bot": True, "first_name": "Gate", "username": self.username},
+            "text": params["text"],
+        }
+
+    async def _m_sendChatAction(self, params: dict[str, Any]) -> bool | web.Response:
+        if params.get("action") not in {"typing", "upload_photo", "upload_document", "record_voice"}:
+            return _bad_request("Bad Request: wrong parameter action in request")
+        return True
 
     async def _m_setWebhook(self, _params: dict[str, Any]) -> bool:
         return True
@@ -167,6 +199,10 @@ class FakeTelegram(LocalServer):
         port = await self._serve(app, "/bot", shutdown_timeout=0.5)
         self.file_url = f"http://127.0.0.1:{port}/file/bot"
         return self
+
+
+def _bad_request(description: str) -> web.Response:
+    return web.json_response({"ok": False, "error_code": 400, "description": description}, status=400)
 
 
 # Parameters whose values are JSON-serialized objects in the Bot API's form encoding.
