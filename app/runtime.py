@@ -236,15 +236,15 @@ class Runtime:
         for name, cs in self.channel_settings.items():
             spec = load_spec(name)
             self.adapters[name] = spec.factory(cs, self.context_for(name))
-        for name, adapter in self.adapters.items():
-            if isinstance(adapter, StreamingChannel):
-                self.previews.use(name, adapter.streamer())
-            self._delivery[name] = self.previews.wrap(name, adapter)
         for adapter in self.adapters.values():  # the cron channel fires jobs of the shared store
             if isinstance(adapter, UsesJobStore):
                 adapter.use_job_store(self.jobs)
         for adapter in self.adapters.values():
             await adapter.start()
+        for name, adapter in self.adapters.items():  # a started adapter knows its clients
+            if isinstance(adapter, StreamingChannel):
+                self.previews.use(name, adapter.streamer())
+            self._delivery[name] = self.previews.wrap(name, adapter)
         await self.bus.start()
         await self.memory.start()  # global facts file
         await self.mcp.start()  # a dead MCP server is logged, never fatal

@@ -27,7 +27,8 @@ from app.errors import (
     DeliveryError,
     InvalidPayload,
 )
-from app.events import OutboundMessage
+from app.events import OutboundMessage, TextPart
+from app.streaming import StreamingMode
 from channels.common.chunks import ChunkProgress, send_chunks
 from channels.slack import signing
 from channels.slack.parse import Parsed, parse_event_callback
@@ -180,6 +181,62 @@ class SlackChannel:
             raise ChannelUnavailable(f"Slack unreachable: {exc!r}") from exc
         ts = resp.get("ts")
         return str(ts) if ts else None
+
+    # --- streaming (`app.streaming`) --------------------------------------------------
+
+    def streamer(self) -> SlackStreamer | None:
+        if self.client is None or self.settings.streaming is StreamingMode.OFF:
+            return None
+        return SlackStreamer(self)
+
+
+class SlackStreamer:
+    """Previews as `chat.postMessage` + `chat.update` (Web API tier 3: about 50 a minute).
+
+    Slack's Web API has no typing indicator for bots: `typing` does nothing.
+    """
+
+    def __init__(self, channel: SlackChannel) -> None:
+        self.channel = channel
+        self.edit_interval = channel.settings.stream_edit_seconds
+        self.max_preview_chars = channel.settings.max_message_chars
+
+    async def typing(self, message: OutboundMessage) -> None:
+        return None
+
+    async def open(self, message: OutboundMessage) -> str:
+        ts = await self.channel._post(message.chat_id, message.text, message.thread_id)
+        if ts is None:
+            raise ChannelUnavailable("Slack answered chat.postMessage without a ts")
+        return ts
+
+    async def edit(self, message: OutboundMessage, preview_id: str) -> None:
+        client = self.channel.client
+        assert client is not None
+        try:
+            await client.chat_update(channel=message.chat_id, ts=preview_id, text=message.text)
+        except SlackApiError as exc:
+            raise _delivery_error(exc) from exc
+        except (SlackClientError, aiohttp.ClientError, TimeoutError) as exc:
+            raise ChannelUnavailable(f"Slack unreachable: {exc!r}") from exc
+
+    async def finish(self, message: OutboundMessage, preview_id: str) -> SendResult:
+        chunks = split_text(message.text, self.channel.settings.max_message_chars)
+
+        async def deliver(index: int, chunk: str) -> str | None:
+            if index > 0:
+                return await self.channel._post(message.chat_id, chunk, message.thread_id)
+            try:
+                await self.edit(message.model_copy(update={"parts": (TextPart(text=chunk),)}), preview_id)
+            except ChannelRejected as exc:
+                if "message_not_found" not in exc.detail:
+                    raise
+                # The preview was deleted: the answer replaces it as a new message.
+                return await self.channel._post(message.chat_id, chunk, message.thread_id)
+            return preview_id
+
+        posted = await send_chunks(self.channel._progress, message.message_id, chunks, deliver)
+        return SendResult(platform_message_id=next((ts for ts in posted if ts), preview_id))
 
 
 def _delivery_error(exc: SlackApiError) -> DeliveryError:

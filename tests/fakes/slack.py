@@ -61,6 +61,8 @@ class FakeSlack(LocalServer):
     # conversation id -> failures of chat.postMessage to it, answered in order
     by_channel: dict[str, list[Failure | None]] = field(default_factory=dict)
     url: str = ""
+    # ts -> the message's current text, as the conversation shows it (posted, then updated)
+    texts: dict[str, str] = field(default_factory=dict)
     # Socket Mode: envelope ids the app acknowledged, in order
     acks: list[str] = field(default_factory=list)
 
@@ -176,8 +178,23 @@ class FakeSlack(LocalServer):
             message = {"type": "message", "text": params.get("text"), "user": self.bot_user_id, "ts": ts}
             if params.get("thread_ts"):
                 message["thread_ts"] = params["thread_ts"]
+            self.texts[ts] = str(params.get("text"))
             return web.json_response(
                 {"ok": True, "channel": params.get("channel"), "ts": ts, "message": message}
+            )
+        if method == "chat.update":
+            ts = str(params.get("ts"))
+            if ts not in self.texts:
+                return web.json_response({"ok": False, "error": "message_not_found"})
+            self.texts[ts] = str(params.get("text"))
+            return web.json_response(
+                {
+                    "ok": True,
+                    "channel": params.get("channel"),
+                    "ts": ts,
+                    "text": params.get("text"),
+                    "message": {"type": "message", "text": params.get("text"), "user": self.bot_user_id},
+                }
             )
         return web.json_response({"ok": False, "error": "unknown_method"}, status=404)
 
