@@ -16,7 +16,7 @@ from tests.channels.support import wait_outbox_final
 from tests.channels.telegram.support import post_update, tg_settings
 from tests.conftest import ServeApp
 from tests.fakes import telegram as tg
-from tests.fakes.openai_server import FakeOpenAI, Reply
+from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall, calls
 from tests.fakes.telegram import FakeTelegram
 
 ANSWER = " ".join(f"word{i}" for i in range(60))  # ~400 characters, 100 pieces of 4
@@ -90,3 +90,28 @@ async def test_quick_answer_is_a_plain_message_and_streaming_off_sends_no_previe
     assert fake.sent_texts() == ["You said: hi"]
     assert not fake.calls_of("editMessageText")
     assert not fake.calls_of("sendChatAction")
+
+
+async def test_tool_progress_and_still_working_show_in_the_preview(serve: ServeApp) -> None:
+    async with FakeOpenAI(default=Reply(content="It is noon.")) as llm, FakeTelegram() as fake:
+        # The model thinks for a while, calls a tool, thinks again, then answers.
+        llm.enqueue(calls(ToolCall("current_time"), delay=1.2), Reply(content="It is noon.", delay=1.2))
+        settings = tg_settings(fake, stream_edit_seconds=0.2)
+        async with (
+            serve(
+                channel_settings={"telegram": settings},
+                stream_first_preview_seconds=0.2,
+                stream_still_working_seconds=0.5,
+                **_llm(llm),
+            ) as srv,
+            httpx.AsyncClient(timeout=30) as client,
+        ):
+            await post_update(client, srv.url, tg.update(503, tg.message("what time is it?")))
+            [row] = await wait_outbox_final(srv.runtime)
+    shown = [c.params["text"] for c in fake.calls if c.method in ("sendMessage", "editMessageText") and c.ok]
+    assert row["status"] == "sent"
+    assert shown[0] == "⏳ Still working…"
+    assert any("🔧 current_time" in text for text in shown[1:-1])
+    assert shown[-1] == "It is noon."
+    assert len([c for c in fake.calls_of("sendMessage") if c.ok]) == 1
+    assert list(fake.texts.values()) == ["It is noon."]
