@@ -10,6 +10,7 @@ Outbound: `sendMessage` through python-telegram-bot's `Bot`, pointed at
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import hmac
 import time
@@ -42,11 +43,12 @@ from app.errors import (
     ChannelRequestError,
     ChannelSendAuthError,
     ChannelUnavailable,
+    DeliveryError,
 )
-from app.events import OutboundMessage, TextPart
+from app.events import ImagePart, InboundEvent, OutboundMessage, Part, TextPart
 from app.streaming import StreamingMode
 from channels.common.chunks import ChunkProgress, send_chunks
-from channels.telegram.parse import BotIdentity, Parsed, parse_update
+from channels.telegram.parse import FILE_URL_PREFIX, BotIdentity, Parsed, parse_update
 from channels.telegram.settings import TelegramSettings
 from channels.telegram.text import split_text
 
@@ -155,7 +157,11 @@ class TelegramChannel:
         if parsed.event is None:
             body["ignored"] = parsed.ignored
             return ChannelResponse.json(body)
-        [result] = await self.context.accept([parsed.event])
+        event = await self._with_media(parsed.event)
+        if event is None:
+            body["ignored"] = "media too large"
+            return ChannelResponse.json(body)
+        [result] = await self.context.accept([event])
         body.update(event_id=result.event_id, session_key=result.session_key)
         if result.duplicate:
             body["duplicate"] = True
@@ -167,6 +173,55 @@ class TelegramChannel:
         if (self.identity.id is None or not self.identity.username) and _from_group(data):
             await self._ensure_identity()  # getMe failed at start; mention gating needs it
         return parse_update(data, self.bot, self.settings, self.identity)
+
+    # --- inbound: media ------------------------------------------------------------
+
+    async def _with_media(self, event: InboundEvent) -> InboundEvent | None:
+        """The event with its images downloaded (getFile) as data the model can see.
+
+        A file over `TELEGRAM_MEDIA_MAX_BYTES` gets a polite reply and the event is not
+        stored (None). A download that fails leaves the file reference in place (the model
+        is told an image was sent) rather than losing the message.
+        """
+        if self.bot is None or not any(
+            isinstance(p, ImagePart) and (p.url or "").startswith(FILE_URL_PREFIX) for p in event.parts
+        ):
+            return event
+        limit = self.settings.media_max_bytes
+        parts: list[Part] = []
+        for part in event.parts:
+            if not (isinstance(part, ImagePart) and (part.url or "").startswith(FILE_URL_PREFIX)):
+                parts.append(part)
+                continue
+            try:
+                tg_file = await self.bot.get_file(part.url[len(FILE_URL_PREFIX) :])  # type: ignore[index]
+                if tg_file.file_size is not None and tg_file.file_size > limit:
+                    raise _TooLarge
+                data = bytes(await tg_file.download_as_bytearray())
+                if len(data) > limit:
+                    raise _TooLarge
+            except _TooLarge:
+                await self._too_large(event, limit)
+                return None
+            except TelegramError as exc:
+                log.warning("telegram_media_download_failed", error=exc.message)
+                parts.append(part)
+                continue
+            parts.append(ImagePart(data_base64=base64.b64encode(data).decode(), mime_type=part.mime_type))
+        return event.model_copy(update={"parts": tuple(parts)})
+
+    async def _too_large(self, event: InboundEvent, limit: int) -> None:
+        assert self.bot is not None
+        megabytes = f"{limit / 1_000_000:g} MB"
+        text = (
+            f"抱歉，这个文件太大了，我无法处理（上限 {megabytes}）。"
+            if self.settings.locale == "zh"
+            else f"Sorry, that file is too large for me to read (the limit is {megabytes})."
+        )
+        try:
+            await self._send_chunk(_chat_id(event.chat_id), text, _thread_of(event.thread_id), None)
+        except DeliveryError as exc:  # best-effort: the platform already has our 200
+            log.warning("telegram_too_large_reply_failed", error=exc.detail)
 
     # --- inbound: long polling (development) ----------------------------------------
 
@@ -199,8 +254,9 @@ class TelegramChannel:
             for update in updates:
                 try:
                     parsed = await self._parse(update.to_dict())
-                    if parsed.event is not None:
-                        await self.context.accept([parsed.event])
+                    event = await self._with_media(parsed.event) if parsed.event is not None else None
+                    if event is not None:
+                        await self.context.accept([event])
                 except asyncio.CancelledError:
                     raise
                 except ChannelRequestError as exc:  # an update we cannot use: skip, do not loop on it
@@ -336,8 +392,16 @@ class TelegramStreamer:
         return SendResult(platform_message_id=str(sent[0]) if sent else preview_id)
 
 
+class _TooLarge(Exception):
+    pass
+
+
+def _thread_of(thread_id: str | None) -> int | None:
+    return int(thread_id) if thread_id and thread_id.isdigit() else None
+
+
 def _thread(message: OutboundMessage) -> int | None:
-    return int(message.thread_id) if message.thread_id and message.thread_id.isdigit() else None
+    return _thread_of(message.thread_id)
 
 
 def _quote(message: OutboundMessage) -> ReplyParameters | None:

@@ -43,6 +43,11 @@ class TelegramSettings(ChannelSettings):
     polling_timeout_seconds: int = Field(30, ge=0, description="Long-poll timeout of getUpdates.")
     polling_retry_seconds: float = Field(5.0, description="Wait after a failed getUpdates.")
     request_timeout_seconds: float = Field(15.0, description="Timeout of Bot API calls.")
+    media_max_bytes: int = Field(
+        10_000_000,
+        ge=1,
+        description="Larger photos/images are refused with a polite reply (getFile allows 20 MB).",
+    )
     streaming: StreamingMode = Field(
         StreamingMode.EDIT,
         description="off (one message at the end), edit (a preview edited in place; typing while "

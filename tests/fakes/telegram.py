@@ -66,6 +66,8 @@ class FakeTelegram(LocalServer):
     file_url: str = ""
     # message id -> its current text, as the chat shows it (sent, then edited)
     texts: dict[int, str] = field(default_factory=dict)
+    # file_id -> the file's bytes, served by getFile and the file download URL
+    files: dict[str, bytes] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._changed = asyncio.Condition()
@@ -173,6 +175,28 @@ class FakeTelegram(LocalServer):
             return _bad_request("Bad Request: wrong parameter action in request")
         return True
 
+    async def _m_getFile(self, params: dict[str, Any]) -> dict[str, Any] | web.Response:
+        file_id = str(params.get("file_id"))
+        if file_id not in self.files:
+            return _bad_request("Bad Request: invalid file_id")
+        return {
+            "file_id": file_id,
+            "file_unique_id": "u" + file_id,
+            "file_size": len(self.files[file_id]),
+            "file_path": f"photos/{file_id}.jpg",
+        }
+
+    async def _download(self, request: web.Request) -> web.Response:
+        if request.match_info["token"] != self.token:
+            return web.Response(status=401)
+        file_id = request.match_info["path"].rsplit("/", 1)[-1].rsplit(".", 1)[0]
+        if file_id not in self.files:
+            return web.Response(status=404)
+        async with self._changed:
+            self.calls.append(Call("download", {"path": request.match_info["path"]}))
+            self._changed.notify_all()
+        return web.Response(body=self.files[file_id], content_type="application/octet-stream")
+
     async def _m_setWebhook(self, _params: dict[str, Any]) -> bool:
         return True
 
@@ -196,6 +220,7 @@ class FakeTelegram(LocalServer):
     async def __aenter__(self) -> FakeTelegram:
         app = web.Application()
         app.router.add_route("*", "/bot{token}/{method}", self._handle)
+        app.router.add_get("/file/bot{token}/{path:.+}", self._download)
         port = await self._serve(app, "/bot", shutdown_timeout=0.5)
         self.file_url = f"http://127.0.0.1:{port}/file/bot"
         return self
