@@ -20,7 +20,7 @@ from datetime import timedelta
 from typing import Any
 
 import structlog
-from telegram import Bot, ReplyParameters
+from telegram import Bot, InputFile, ReplyParameters
 from telegram.constants import ChatAction
 from telegram.error import (
     BadRequest,
@@ -45,7 +45,7 @@ from app.errors import (
     ChannelUnavailable,
     DeliveryError,
 )
-from app.events import ImagePart, InboundEvent, OutboundMessage, Part, TextPart
+from app.events import FilePart, ImagePart, InboundEvent, OutboundMessage, Part, TextPart
 from app.streaming import StreamingMode
 from channels.common.chunks import ChunkProgress, send_chunks
 from channels.telegram.parse import FILE_URL_PREFIX, BotIdentity, Parsed, parse_update
@@ -275,7 +275,8 @@ class TelegramChannel:
         if self.bot is None:
             raise ChannelSendAuthError("TELEGRAM_BOT_TOKEN is not set", retryable=False)
         chunks = split_text(message.text, self.settings.max_message_chars)
-        if not chunks:
+        media = [p for p in message.parts if isinstance(p, (ImagePart, FilePart)) and _uploadable(p)]
+        if not chunks and not media:
             return SendResult()
         chat_id: int | str = _chat_id(message.chat_id)
         thread_id = int(message.thread_id) if message.thread_id and message.thread_id.isdigit() else None
@@ -287,9 +288,12 @@ class TelegramChannel:
                 if quote is not None and index == 0
                 else None
             )
+            if index >= len(chunks):  # the text first, then each image or file
+                return await self._send_media(chat_id, media[index - len(chunks)], thread_id, reply)
             return await self._send_chunk(chat_id, chunk, thread_id, reply)
 
-        sent = await send_chunks(self._progress, message.message_id, chunks, deliver)
+        items = [*chunks, *(f"media:{i}" for i in range(len(media)))]
+        sent = await send_chunks(self._progress, message.message_id, items, deliver)
         return SendResult(platform_message_id=str(sent[0]) if sent else None)
 
     async def _send_chunk(
@@ -304,6 +308,32 @@ class TelegramChannel:
             except ChatMigrated as exc:  # the group became a supergroup: same chat, new id
                 sent = await self.bot.send_message(
                     chat_id=exc.new_chat_id, text=text, message_thread_id=thread_id, reply_parameters=reply
+                )
+        return sent.message_id
+
+    async def _send_media(
+        self,
+        chat_id: int | str,
+        part: ImagePart | FilePart,
+        thread_id: int | None,
+        reply: ReplyParameters | None,
+    ) -> int:
+        """`sendPhoto` for an image, `sendDocument` for a file: the bytes uploaded, or the URL."""
+        assert self.bot is not None
+        content: Any
+        if part.data_base64:
+            name = getattr(part, "name", None) or ("image" if isinstance(part, ImagePart) else "file")
+            content = InputFile(base64.b64decode(part.data_base64), filename=name)
+        else:
+            content = part.url
+        with telegram_errors():
+            if isinstance(part, ImagePart):
+                sent = await self.bot.send_photo(
+                    chat_id=chat_id, photo=content, message_thread_id=thread_id, reply_parameters=reply
+                )
+            else:
+                sent = await self.bot.send_document(
+                    chat_id=chat_id, document=content, message_thread_id=thread_id, reply_parameters=reply
                 )
         return sent.message_id
 
@@ -374,9 +404,12 @@ class TelegramStreamer:
 
     async def finish(self, message: OutboundMessage, preview_id: str) -> SendResult:
         chunks = split_text(message.text, self.channel.settings.max_message_chars)
+        media = [p for p in message.parts if isinstance(p, (ImagePart, FilePart)) and _uploadable(p)]
         chat_id, thread_id = _chat_id(message.chat_id), _thread(message)
 
         async def deliver(index: int, chunk: str) -> int:
+            if index >= len(chunks):
+                return await self.channel._send_media(chat_id, media[index - len(chunks)], thread_id, None)
             if index > 0:
                 return await self.channel._send_chunk(chat_id, chunk, thread_id, None)
             try:
@@ -388,8 +421,14 @@ class TelegramStreamer:
                 return await self.channel._send_chunk(chat_id, chunk, thread_id, _quote(message))
             return int(preview_id)
 
-        sent = await send_chunks(self.channel._progress, message.message_id, chunks, deliver)
+        items = [*chunks, *(f"media:{i}" for i in range(len(media)))]
+        sent = await send_chunks(self.channel._progress, message.message_id, items, deliver)
         return SendResult(platform_message_id=str(sent[0]) if sent else preview_id)
+
+
+def _uploadable(part: ImagePart | FilePart) -> bool:
+    """Bytes we hold, or a URL Telegram can fetch (never a platform reference)."""
+    return bool(part.data_base64) or (part.url or "").startswith(("http://", "https://"))
 
 
 class _TooLarge(Exception):

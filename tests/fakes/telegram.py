@@ -175,6 +175,33 @@ class FakeTelegram(LocalServer):
             return _bad_request("Bad Request: wrong parameter action in request")
         return True
 
+    async def _m_sendPhoto(self, params: dict[str, Any]) -> dict[str, Any]:
+        return self._media_message(params, "photo")
+
+    async def _m_sendDocument(self, params: dict[str, Any]) -> dict[str, Any]:
+        return self._media_message(params, "document")
+
+    def _media_message(self, params: dict[str, Any], field_name: str) -> dict[str, Any]:
+        chat_id = int(params["chat_id"])
+        message_id = next(self._ids)
+        file_id = f"sent-{message_id}"
+        value = params.get(field_name)
+        if isinstance(value, dict):  # uploaded: keep the bytes, as the chat would show them
+            self.files[file_id] = value["bytes"]
+        message: dict[str, Any] = {
+            "message_id": message_id,
+            "date": int(time.time()),
+            "chat": {"id": chat_id, "type": "private" if chat_id > 0 else "supergroup"},
+            "from": {"id": self.bot_id, "is_bot": True, "first_name": "Gate", "username": self.username},
+        }
+        if field_name == "photo":
+            message["photo"] = [
+                {"file_id": file_id, "file_unique_id": "u" + file_id, "width": 1, "height": 1}
+            ]
+        else:
+            message["document"] = {"file_id": file_id, "file_unique_id": "u" + file_id}
+        return message
+
     async def _m_getFile(self, params: dict[str, Any]) -> dict[str, Any] | web.Response:
         file_id = str(params.get("file_id"))
         if file_id not in self.files:
@@ -241,7 +268,10 @@ async def _params(request: web.Request) -> dict[str, Any]:
     form = await request.post() if request.can_read_body else {}
     out: dict[str, Any] = {**dict(request.query)}
     for key, value in form.items():
-        out[key] = json.loads(value) if key in _JSON_PARAMS and isinstance(value, str) else value
+        if isinstance(value, web.FileField):  # an upload (multipart/form-data)
+            out[key] = {"filename": value.filename, "bytes": value.file.read()}
+        else:
+            out[key] = json.loads(value) if key in _JSON_PARAMS and isinstance(value, str) else value
     return out
 
 
