@@ -8,6 +8,7 @@ pointed at `SLACK_API_BASE_URL`, in the message's thread, split when long.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import time
 from typing import Any
@@ -27,7 +28,7 @@ from app.errors import (
     DeliveryError,
     InvalidPayload,
 )
-from app.events import OutboundMessage, TextPart
+from app.events import FilePart, ImagePart, OutboundMessage, TextPart
 from app.streaming import StreamingMode
 from channels.common.chunks import ChunkProgress, send_chunks
 from channels.slack import signing
@@ -162,13 +163,18 @@ class SlackChannel:
         if self.client is None:
             raise ChannelSendAuthError("SLACK_BOT_TOKEN is not set", retryable=False)
         chunks = split_text(message.text, self.settings.max_message_chars)
-        if not chunks:
+        media = _uploads(message)
+        if not chunks and not media:
             return SendResult()
 
-        async def post(_index: int, chunk: str) -> str | None:
+        async def post(index: int, chunk: str) -> str | None:
+            if index >= len(chunks):  # the text first, then each file
+                await self._upload(message.chat_id, media[index - len(chunks)], message.thread_id)
+                return None
             return await self._post(message.chat_id, chunk, message.thread_id)
 
-        posted = await send_chunks(self._progress, message.message_id, chunks, post)
+        items = [*chunks, *(f"file:{i}" for i in range(len(media)))]
+        posted = await send_chunks(self._progress, message.message_id, items, post)
         return SendResult(platform_message_id=next((ts for ts in posted if ts), None))
 
     async def _post(self, channel: str, text: str, thread_ts: str | None) -> str | None:
@@ -181,6 +187,22 @@ class SlackChannel:
             raise ChannelUnavailable(f"Slack unreachable: {exc!r}") from exc
         ts = resp.get("ts")
         return str(ts) if ts else None
+
+    async def _upload(self, channel: str, part: ImagePart | FilePart, thread_ts: str | None) -> None:
+        """Slack's external upload: files.getUploadURLExternal, the bytes, files.completeUploadExternal."""
+        assert self.client is not None and part.data_base64
+        name = getattr(part, "name", None) or ("image" if isinstance(part, ImagePart) else "file")
+        try:
+            await self.client.files_upload_v2(
+                channel=channel,
+                thread_ts=thread_ts,
+                content=base64.b64decode(part.data_base64),
+                filename=name,
+            )
+        except SlackApiError as exc:
+            raise _delivery_error(exc) from exc
+        except (SlackClientError, aiohttp.ClientError, TimeoutError) as exc:
+            raise ChannelUnavailable(f"Slack upload failed: {exc!r}") from exc
 
     # --- streaming (`app.streaming`) --------------------------------------------------
 
@@ -223,7 +245,12 @@ class SlackStreamer:
     async def finish(self, message: OutboundMessage, preview_id: str) -> SendResult:
         chunks = split_text(message.text, self.channel.settings.max_message_chars)
 
+        media = _uploads(message)
+
         async def deliver(index: int, chunk: str) -> str | None:
+            if index >= len(chunks):
+                await self.channel._upload(message.chat_id, media[index - len(chunks)], message.thread_id)
+                return None
             if index > 0:
                 return await self.channel._post(message.chat_id, chunk, message.thread_id)
             try:
@@ -235,8 +262,14 @@ class SlackStreamer:
                 return await self.channel._post(message.chat_id, chunk, message.thread_id)
             return preview_id
 
-        posted = await send_chunks(self.channel._progress, message.message_id, chunks, deliver)
+        items = [*chunks, *(f"file:{i}" for i in range(len(media)))]
+        posted = await send_chunks(self.channel._progress, message.message_id, items, deliver)
         return SendResult(platform_message_id=next((ts for ts in posted if ts), preview_id))
+
+
+def _uploads(message: OutboundMessage) -> list[ImagePart | FilePart]:
+    """Parts whose bytes we hold; a part with only a URL is left to the text."""
+    return [p for p in message.parts if isinstance(p, (ImagePart, FilePart)) and p.data_base64]
 
 
 def _delivery_error(exc: SlackApiError) -> DeliveryError:

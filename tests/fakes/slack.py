@@ -63,6 +63,11 @@ class FakeSlack(LocalServer):
     url: str = ""
     # ts -> the message's current text, as the conversation shows it (posted, then updated)
     texts: dict[str, str] = field(default_factory=dict)
+    # external uploads: file id -> bytes received at its upload URL; completed: shared files
+    uploads: dict[str, bytes] = field(default_factory=dict)
+    completed: list[dict[str, Any]] = field(default_factory=list)
+    # answers of the next POSTs to upload URLs: an HTTP status, or None for 200
+    upload_failures: list[int | None] = field(default_factory=list)
     # Socket Mode: envelope ids the app acknowledged, in order
     acks: list[str] = field(default_factory=list)
 
@@ -141,6 +146,7 @@ class FakeSlack(LocalServer):
             params = await request.json()
         else:
             params = dict(await request.post())
+        params = {**dict(request.query), **params}  # Slack takes arguments in the query string too
         headers = {k.lower(): v for k, v in request.headers.items()}
         if method == "apps.connections.open":
             expected = f"Bearer {APP_TOKEN}"
@@ -182,6 +188,34 @@ class FakeSlack(LocalServer):
             return web.json_response(
                 {"ok": True, "channel": params.get("channel"), "ts": ts, "message": message}
             )
+        if method == "files.getUploadURLExternal":
+            file_id = f"F{next(self._ts):08d}"
+            return web.json_response(
+                {
+                    "ok": True,
+                    "upload_url": f"http://127.0.0.1:{self._port}/upload/{file_id}",
+                    "file_id": file_id,
+                }
+            )
+        if method == "files.completeUploadExternal":
+            raw = params.get("files")
+            files: list[dict[str, Any]] = json.loads(raw) if isinstance(raw, str) else list(raw or [])
+            missing = [f["id"] for f in files if f["id"] not in self.uploads]
+            if missing:
+                return web.json_response({"ok": False, "error": "file_not_found"})
+            for f in files:
+                self.completed.append(
+                    {
+                        "id": f["id"],
+                        "title": f.get("title"),
+                        "channel": params.get("channel_id"),
+                        "thread_ts": params.get("thread_ts"),
+                        "bytes": self.uploads[f["id"]],
+                    }
+                )
+            return web.json_response(
+                {"ok": True, "files": [{"id": f["id"], "title": f.get("title")} for f in files]}
+            )
         if method == "chat.update":
             ts = str(params.get("ts"))
             if ts not in self.texts:
@@ -198,8 +232,22 @@ class FakeSlack(LocalServer):
             )
         return web.json_response({"ok": False, "error": "unknown_method"}, status=404)
 
+    async def _upload(self, request: web.Request) -> web.Response:
+        data = await request.read()
+        async with self._changed:
+            status = self.upload_failures.pop(0) if self.upload_failures else None
+            self.calls.append(
+                Call("upload", {"file_id": request.match_info["file_id"]}, {}, ok=status is None)
+            )
+            self._changed.notify_all()
+        if status is not None:
+            return web.Response(status=status, text="upload failed")
+        self.uploads[request.match_info["file_id"]] = data
+        return web.Response(text=f"OK - {len(data)}")
+
     async def __aenter__(self) -> FakeSlack:
         app = web.Application()
+        app.router.add_post("/upload/{file_id}", self._upload)
         app.router.add_post("/api/{method}", self._handle)
         app.router.add_get("/link/", self._socket)
         self._port = await self._serve(app, "/api/", shutdown_timeout=0.5)
