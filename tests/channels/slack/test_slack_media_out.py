@@ -1,4 +1,4 @@
-"""Files in a reply go to Slack by external upload (files.getUploadURLExternal, files.completeUploadExternal)."""
+"""Files in a reply go to Slack by external upload (getUploadURLExternal, then completeUploadExternal)."""
 
 from __future__ import annotations
 
