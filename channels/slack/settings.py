@@ -38,6 +38,12 @@ class SlackSettings(ChannelSettings):
     )
     timestamp_tolerance_seconds: int = Field(300, description="Requests signed longer ago are refused.")
     request_timeout_seconds: int = Field(15, description="Timeout of Web API calls.")
+    files_base_url: str = Field(
+        "https://files.slack.com/", description="Only url_private links under this URL get the bot token."
+    )
+    media_max_bytes: int = Field(
+        10_000_000, ge=1, description="Larger shared images are refused with a polite reply."
+    )
     streaming: StreamingMode = Field(
         StreamingMode.EDIT,
         description="off (one message at the end), edit (chat.postMessage, then chat.update in place). "

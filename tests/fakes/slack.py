@@ -68,6 +68,8 @@ class FakeSlack(LocalServer):
     completed: list[dict[str, Any]] = field(default_factory=list)
     # answers of the next POSTs to upload URLs: an HTTP status, or None for 200
     upload_failures: list[int | None] = field(default_factory=list)
+    # url_private files: path under /files-pri/ -> bytes (served to the bot token only)
+    files: dict[str, bytes] = field(default_factory=dict)
     # Socket Mode: envelope ids the app acknowledged, in order
     acks: list[str] = field(default_factory=list)
 
@@ -232,6 +234,23 @@ class FakeSlack(LocalServer):
             )
         return web.json_response({"ok": False, "error": "unknown_method"}, status=404)
 
+    @property
+    def files_url(self) -> str:
+        return f"http://127.0.0.1:{self._port}/files-pri/"
+
+    async def _file(self, request: web.Request) -> web.Response:
+        path = request.match_info["path"]
+        async with self._changed:
+            self.calls.append(
+                Call("download", {"path": path}, {k.lower(): v for k, v in request.headers.items()})
+            )
+            self._changed.notify_all()
+        if request.headers.get("Authorization") != f"Bearer {self.token}":
+            return web.Response(status=302, headers={"Location": "https://slack.com/signin"})
+        if path not in self.files:
+            return web.Response(status=404)
+        return web.Response(body=self.files[path], content_type="application/octet-stream")
+
     async def _upload(self, request: web.Request) -> web.Response:
         data = await request.read()
         async with self._changed:
@@ -248,6 +267,7 @@ class FakeSlack(LocalServer):
     async def __aenter__(self) -> FakeSlack:
         app = web.Application()
         app.router.add_post("/upload/{file_id}", self._upload)
+        app.router.add_get("/files-pri/{path:.+}", self._file)
         app.router.add_post("/api/{method}", self._handle)
         app.router.add_get("/link/", self._socket)
         self._port = await self._serve(app, "/api/", shutdown_timeout=0.5)
