@@ -293,6 +293,7 @@ class Runtime:
                     inbox_days=self.settings.inbox_retention_days,
                     outbox_days=self.settings.outbox_retention_days,
                 )
+                pruned["stream_previews"] = await self.previews.prune(self.settings.outbox_retention_days)
                 if any(pruned.values()):
                     log.info("pipeline_rows_pruned", **pruned)
                 await self.refresh_backlog_gauges()

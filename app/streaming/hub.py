@@ -24,10 +24,11 @@ import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import structlog
-from sqlalchemy import select, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -138,6 +139,15 @@ class PreviewHub:
         for task in list(self._tasks):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+
+    async def prune(self, older_than_days: float) -> int:
+        """Forget previews older than the outbox's retention (0 days: keep); how many."""
+        if older_than_days <= 0:
+            return 0
+        cutoff = utcnow() - timedelta(days=older_than_days)
+        async with self.single.connect() as conn:
+            result = await conn.execute(delete(stream_previews).where(stream_previews.c.created_at < cutoff))
+        return int(result.rowcount or 0)
 
     # --- the feed side ----------------------------------------------------------------
 
