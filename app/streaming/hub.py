@@ -67,6 +67,7 @@ class _Stream:
     started: float = field(default_factory=time.monotonic)
     event: InboundEvent | None = None  # the event the answer replies to
     run_id: int | None = None
+    latest: str | None = None  # the newest event id among those that started the turn
     text: str = ""
     tools: list[list[Any]] = field(default_factory=list)  # [name, done]
     shown: str = ""
@@ -163,9 +164,17 @@ class PreviewHub:
         if kind == "message":
             role, run_id = event.get("role"), event.get("run_id")
             if role == "user" and run_id is None:
-                if event.get("event_id") and (stream is None or stream.closing.is_set()):
+                if not event.get("event_id"):
+                    return
+                if stream is None or stream.closing.is_set():
                     stream = self._new(key, channel)
-                    self._spawn(self._begin(key, channel, event_id=str(event["event_id"]), stream=stream))
+                    stream.latest = str(event["event_id"])
+                    self._spawn(self._begin(key, channel, stream=stream))
+                elif stream.run_id is None:
+                    # A later event starting the same turn (collect): the answer replies to it.
+                    stream.latest = str(event["event_id"])
+                    if stream.event is not None:
+                        self._spawn(self._rebind(stream, stream.latest))
                 return
             if run_id is None:
                 return
@@ -199,6 +208,9 @@ class PreviewHub:
         if stream is not None and not stream.closing.is_set():
             if stream.run_id is None:
                 stream.run_id = run_id
+                # Several events may start one turn (collect): the answer replies to the
+                # run's last one, which the run row names.
+                self._spawn(self._confirm(stream, run_id))
             if stream.run_id == run_id:
                 return stream
         if stream is not None and stream.run_id == run_id:
@@ -228,6 +240,7 @@ class PreviewHub:
         run_id: int | None = None,
     ) -> None:
         """Find the event the turn answers, then run the stream's preview and typing."""
+        event_id = event_id or stream.latest
         try:
             async with self.single.connect() as conn:
                 if event_id is None and run_id is not None:
@@ -244,15 +257,52 @@ class PreviewHub:
         if payload is None or self._streams.get(key) is not stream:
             self._drop(stream)
             return
+        if stream.latest is not None and stream.latest != event_id:  # a later event came meanwhile
+            await self._begin(key, channel, stream=stream)
+            return
         event = InboundEvent.model_validate(payload)
         target = event.metadata.get("reply_target") or {}
-        if target.get("channel", event.channel) != channel or event.event_id in self._finished:
+        unanswered = bool(event.metadata.get("no_reply"))  # stored in the history, no turn runs
+        if target.get("channel", event.channel) != channel or event.event_id in self._finished or unanswered:
             self._drop(stream)
             return
-        stream.event = event
-        self._answering[event.event_id] = stream
+        self._bind(stream, event)
         stream.task = asyncio.create_task(self._preview(stream), name=f"preview:{key}")
         stream.typing = asyncio.create_task(self._typing(stream), name=f"typing:{key}")
+
+    async def _rebind(self, stream: _Stream, event_id: str) -> None:
+        try:
+            async with self.single.connect() as conn:
+                payload = (
+                    await conn.execute(select(inbox.c.payload).where(inbox.c.event_id == event_id))
+                ).scalar()
+        except Exception:
+            log.exception("stream_lookup_failed", session_key=stream.key)
+            return
+        if payload is not None and stream.latest == event_id:
+            self._bind(stream, InboundEvent.model_validate(payload))
+
+    def _bind(self, stream: _Stream, event: InboundEvent) -> None:
+        if stream.event is not None and self._answering.get(stream.event.event_id) is stream:
+            del self._answering[stream.event.event_id]
+        stream.event = event
+        self._answering[event.event_id] = stream
+
+    async def _confirm(self, stream: _Stream, run_id: int) -> None:
+        try:
+            async with self.single.connect() as conn:
+                ids = (await conn.execute(select(runs.c.event_ids).where(runs.c.id == run_id))).scalar()
+                last = str(ids[-1]) if ids else None
+                payload = None
+                if last is not None and (stream.event is None or stream.event.event_id != last):
+                    payload = (
+                        await conn.execute(select(inbox.c.payload).where(inbox.c.event_id == last))
+                    ).scalar()
+        except Exception:
+            log.exception("stream_lookup_failed", session_key=stream.key)
+            return
+        if payload is not None:
+            self._bind(stream, InboundEvent.model_validate(payload))
 
     def _drop(self, stream: _Stream) -> None:
         stream.closing.set()
