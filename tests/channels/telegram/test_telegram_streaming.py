@@ -115,3 +115,25 @@ async def test_tool_progress_and_still_working_show_in_the_preview(serve: ServeA
     assert shown[-1] == "It is noon."
     assert len([c for c in fake.calls_of("sendMessage") if c.ok]) == 1
     assert list(fake.texts.values()) == ["It is noon."]
+
+
+async def test_a_turn_started_by_several_messages_is_one_preview_completed_once(serve: ServeApp) -> None:
+    async with FakeOpenAI(default=Reply(content=ANSWER, chunk_delay=0.02)) as llm, FakeTelegram() as fake:
+        settings = tg_settings(fake, stream_edit_seconds=0.3, busy_policy="collect")
+        async with (
+            serve(
+                channel_settings={"telegram": settings},
+                stream_first_preview_seconds=0.2,
+                collect_debounce_seconds=0.5,
+                **_llm(llm),
+            ) as srv,
+            httpx.AsyncClient(timeout=30) as client,
+        ):
+            await post_update(client, srv.url, tg.update(510, tg.message("first part")))
+            await post_update(client, srv.url, tg.update(511, tg.message("second part")))
+            [row] = await wait_outbox_final(srv.runtime)
+            stored = await _stored_answer(srv.runtime)
+    [request] = llm.requests  # one turn for both messages
+    assert row["status"] == "sent"
+    assert len([c for c in fake.calls_of("sendMessage") if c.ok]) == 1
+    assert list(fake.texts.values()) == [stored]
