@@ -182,6 +182,8 @@ class ChannelContext:
     hold_connection: Callable[[str, ConnectionRun], Awaitable[None]] = field(
         default_factory=lambda: LocalConnections().hold_connection
     )
+    # Speech to text (audio bytes, file name, MIME type) → transcript; None when STT is off.
+    transcribe: Callable[[bytes, str, str], Awaitable[str]] | None = None
 
 
 @dataclass(frozen=True)

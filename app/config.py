@@ -77,6 +77,12 @@ class Settings(BaseSettings):
     )
     llm_stream: bool = Field(True, description="Stream answers (deltas reach browser clients).")
     llm_vision: bool = Field(False, description="The model reads images: send image parts as image_url.")
+    stt_model: str | None = Field(
+        None, description="Speech-to-text model for voice messages (audio/transcriptions); unset: off."
+    )
+    stt_base_url: str | None = Field(
+        None, description="OpenAI-compatible endpoint for STT; default LLM_BASE_URL."
+    )
     llm_fallback_base_url: str | None = Field(None, description="Endpoint tried when the primary gave up.")
     llm_fallback_api_key: str | None = None
     llm_fallback_model: str | None = Field(None, description="Model of the fallback endpoint.")

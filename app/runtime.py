@@ -57,6 +57,7 @@ from app.pipeline.turn_state import WindowLimits
 from app.pipeline.waiters import Waiters
 from app.scheduling import JobStore, UsesJobStore
 from app.sessions.store import Lifecycle, SessionStore
+from app.speech import SpeechToText
 from app.streaming import PreviewHub, StreamingChannel
 
 log = structlog.get_logger(__name__)
@@ -159,6 +160,7 @@ class Runtime:
         )
         self._delivery: dict[str, ChannelAdapter] = {}
         self.http = httpx.AsyncClient(timeout=httpx.Timeout(15.0))
+        self.speech = SpeechToText.from_settings(settings)  # voice messages, when STT_MODEL is set
         # Long-lived platform connections (polling, sockets): one holder (`app.connections`).
         self.connections: ConnectionHolder = LocalConnections()
         self.sender = OutboxSender(
@@ -270,6 +272,8 @@ class Runtime:
         await self.bus.stop()
         await self.mcp.stop()
         await self.provider.aclose()
+        if self.speech is not None:
+            await self.speech.aclose()
         await self.http.aclose()
         await self.engine.dispose()
         self._started = False
@@ -380,4 +384,5 @@ class Runtime:
             wait_for_replies=self.waiters.wait_for_replies,
             http=self.http,
             hold_connection=self.connections.hold_connection,
+            transcribe=self.speech.transcribe if self.speech is not None else None,
         )

@@ -177,38 +177,57 @@ class TelegramChannel:
     # --- inbound: media ------------------------------------------------------------
 
     async def _with_media(self, event: InboundEvent) -> InboundEvent | None:
-        """The event with its images downloaded (getFile) as data the model can see.
+        """The event with its images downloaded (getFile) as data the model can see, and
+        its voice notes transcribed when speech to text is on (`STT_MODEL`).
 
         A file over `TELEGRAM_MEDIA_MAX_BYTES` gets a polite reply and the event is not
-        stored (None). A download that fails leaves the file reference in place (the model
-        is told an image was sent) rather than losing the message.
+        stored (None). A download or transcription that fails leaves the file reference in
+        place (the model is told a file was sent) rather than losing the message.
         """
-        if self.bot is None or not any(
-            isinstance(p, ImagePart) and (p.url or "").startswith(FILE_URL_PREFIX) for p in event.parts
-        ):
+        wanted = [p for p in event.parts if self._fetchable(p)]
+        if self.bot is None or not wanted:
             return event
         limit = self.settings.media_max_bytes
         parts: list[Part] = []
+        transcripts: list[str] = []
         for part in event.parts:
-            if not (isinstance(part, ImagePart) and (part.url or "").startswith(FILE_URL_PREFIX)):
+            if part not in wanted:
                 parts.append(part)
                 continue
+            assert isinstance(part, (ImagePart, FilePart)) and part.url
             try:
-                tg_file = await self.bot.get_file(part.url[len(FILE_URL_PREFIX) :])  # type: ignore[index]
+                tg_file = await self.bot.get_file(part.url[len(FILE_URL_PREFIX) :])
                 if tg_file.file_size is not None and tg_file.file_size > limit:
                     raise _TooLarge
                 data = bytes(await tg_file.download_as_bytearray())
                 if len(data) > limit:
                     raise _TooLarge
+                if isinstance(part, FilePart):  # a voice note (`_fetchable`)
+                    assert self.context.transcribe is not None
+                    mime = part.mime_type or "audio/ogg"
+                    transcripts.append(await self.context.transcribe(data, part.name or "voice.ogg", mime))
             except _TooLarge:
                 await self._too_large(event, limit)
                 return None
-            except TelegramError as exc:
-                log.warning("telegram_media_download_failed", error=exc.message)
+            except Exception as exc:  # TelegramError, or the STT endpoint failed
+                log.warning("telegram_media_failed", error=str(exc))
                 parts.append(part)
                 continue
-            parts.append(ImagePart(data_base64=base64.b64encode(data).decode(), mime_type=part.mime_type))
+            data64 = base64.b64encode(data).decode()
+            if isinstance(part, ImagePart):
+                parts.append(ImagePart(data_base64=data64, mime_type=part.mime_type))
+            else:
+                parts.append(part.model_copy(update={"url": None, "data_base64": data64}))
+        if transcripts:  # the transcript is the user's text; the audio stays as a part
+            parts.insert(0, TextPart(text="\n".join(t for t in transcripts if t)))
         return event.model_copy(update={"parts": tuple(parts)})
+
+    def _fetchable(self, part: Part) -> bool:
+        if not isinstance(part, (ImagePart, FilePart)) or not (part.url or "").startswith(FILE_URL_PREFIX):
+            return False
+        if isinstance(part, ImagePart):
+            return True
+        return self.context.transcribe is not None and (part.mime_type or "").startswith("audio/")
 
     async def _too_large(self, event: InboundEvent, limit: int) -> None:
         assert self.bot is not None

@@ -98,6 +98,8 @@ class FakeOpenAI:
         self._changed = asyncio.Condition()
         self._runner: web.AppRunner | None = None
         self.url = ""  # …/v1, what LLM_BASE_URL takes
+        self.transcript = "this is a voice note"  # what audio/transcriptions answers
+        self.transcriptions: list[dict[str, Any]] = []
 
     # --- scripting ------------------------------------------------------------------
 
@@ -246,10 +248,19 @@ class FakeOpenAI:
         await resp.write_eof()
         return resp
 
+    async def _transcribe(self, request: web.Request) -> web.Response:
+        """`audio/transcriptions`: multipart `model` and `file`; answers `transcript`."""
+        form = await request.post()
+        upload = form.get("file")
+        audio = upload.file.read() if isinstance(upload, web.FileField) else b""
+        self.transcriptions.append({"model": form.get("model"), "audio": audio})
+        return web.json_response({"text": self.transcript})
+
     async def __aenter__(self) -> FakeOpenAI:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._handle)
         app.router.add_post("/chat/completions", self._handle)
+        app.router.add_post("/v1/audio/transcriptions", self._transcribe)
         self._runner = web.AppRunner(app)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import base64
 
 import httpx
+from sqlalchemy import select
 
-from app.db.models import inbox
+from app.db.models import inbox, messages
 from tests.channels.support import count, wait_outbox_final
 from tests.channels.telegram.support import post_update, tg_settings
 from tests.conftest import ServeApp
@@ -69,3 +70,38 @@ async def test_too_large_photo_gets_a_polite_reply_and_nothing_is_stored(serve: 
     [text] = fake.sent_texts()
     assert "too large" in text
     assert not fake.calls_of("download")
+
+
+async def test_voice_note_is_transcribed_and_the_transcript_is_the_users_text(serve: ServeApp) -> None:
+    audio = b"OggS\x00fake-opus-voice-note"
+    async with FakeOpenAI(default=Reply(content="Noted.")) as llm, FakeTelegram() as fake:
+        fake.files["VOICE1"] = audio
+        llm.transcript = "remind me to buy milk"
+        async with (
+            serve(
+                channel_settings={"telegram": tg_settings(fake, streaming="off")},
+                llm_provider="openai",
+                llm_base_url=llm.url,
+                llm_api_key="sk-test",
+                llm_model="fake-model",
+                stt_model="whisper-1",
+            ) as srv,
+            httpx.AsyncClient(timeout=30) as client,
+        ):
+            voice = {"file_id": "VOICE1", "file_unique_id": "uv", "duration": 2, "mime_type": "audio/ogg"}
+            resp = await post_update(client, srv.url, tg.update(610, tg.message(None, voice=voice)))
+            assert resp.status_code == 200
+            await wait_outbox_final(srv.runtime)
+            async with srv.runtime.engine.connect() as conn:
+                [(content, parts)] = (
+                    await conn.execute(
+                        select(messages.c.content, messages.c.parts).where(messages.c.role == "user")
+                    )
+                ).all()
+    assert llm.transcriptions == [{"model": "whisper-1", "audio": audio}]
+    [request] = llm.requests
+    assert "remind me to buy milk" in str([m for m in request.messages if m["role"] == "user"][-1]["content"])
+    assert content == "remind me to buy milk"
+    assert parts[0]["type"] == "file" and parts[0]["mime_type"] == "audio/ogg"
+    assert base64.b64decode(parts[0]["data_base64"]) == audio
+    assert fake.sent_texts() == ["Noted."]
