@@ -43,6 +43,8 @@ from app.streaming.protocol import Streamer
 
 log = structlog.get_logger(__name__)
 
+_MAX_ANSWERING = 1000  # streams remembered until their answer is delivered
+
 
 @dataclass(frozen=True)
 class StreamTexts:
@@ -287,6 +289,10 @@ class PreviewHub:
             del self._answering[stream.event.event_id]
         stream.event = event
         self._answering[event.event_id] = stream
+        while len(self._answering) > _MAX_ANSWERING:  # answers delivered elsewhere, or never
+            oldest = self._answering.pop(next(iter(self._answering)))
+            oldest.closing.set()
+            oldest.changed.set()
 
     async def _confirm(self, stream: _Stream, run_id: int) -> None:
         try:
