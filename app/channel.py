@@ -229,6 +229,8 @@ class ChannelContext:
     )
     # Read-only view of this channel's stored events (`app.event_reader`).
     events: EventReader = field(default_factory=_NoEvents)
+    # Speech to text (audio bytes, file name, MIME type) → transcript; None when STT is off.
+    transcribe: Callable[[bytes, str, str], Awaitable[str]] | None = None
 
 
 @dataclass(frozen=True)

@@ -84,6 +84,12 @@ class Settings(BaseSettings):
     )
     llm_stream: bool = Field(True, description="Stream answers (deltas reach browser clients).")
     llm_vision: bool = Field(False, description="The model reads images: send image parts as image_url.")
+    stt_model: str | None = Field(
+        None, description="Speech-to-text model for voice messages (audio/transcriptions); unset: off."
+    )
+    stt_base_url: str | None = Field(
+        None, description="OpenAI-compatible endpoint for STT; default LLM_BASE_URL."
+    )
     llm_fallback_base_url: str | None = Field(None, description="Endpoint tried when the primary gave up.")
     llm_fallback_api_key: str | None = None
     llm_fallback_model: str | None = Field(None, description="Model of the fallback endpoint.")
@@ -138,6 +144,14 @@ class Settings(BaseSettings):
         30.0, description="A delivery claimed by a replica that died is retried after this."
     )
     outbox_backoff_base_seconds: float = 1.0
+    # --- streaming previews on chat platforms (`app.streaming`; <CHANNEL>_STREAMING)
+    stream_first_preview_seconds: float = Field(
+        1.0, description="A turn answered sooner shows no preview, only a typing state."
+    )
+    stream_still_working_seconds: float = Field(
+        15.0, description="A turn running longer with nothing to show says it is still working."
+    )
+    # --- end streaming previews
     outbox_backoff_max_seconds: float = 300.0
     inbox_retention_days: float = Field(
         14.0,

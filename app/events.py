@@ -52,6 +52,7 @@ class ImagePart(_Part):
 class FilePart(_Part):
     type: Literal["file"] = "file"
     url: str | None = None
+    data_base64: str | None = None
     name: str | None = None
     mime_type: str | None = None
     size: int | None = None

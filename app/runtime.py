@@ -60,6 +60,8 @@ from app.pipeline.turn_state import WindowLimits
 from app.pipeline.waiters import Waiters
 from app.scheduling import JobStore, UsesJobStore
 from app.sessions.store import Lifecycle, SessionStore
+from app.speech import SpeechToText
+from app.streaming import PreviewHub, StreamingChannel
 
 log = structlog.get_logger(__name__)
 
@@ -155,7 +157,17 @@ class Runtime:
         )
         self.bus: SessionBus = build_session_bus(settings)
         self.adapters: dict[str, ChannelAdapter] = {}
+        # Streaming previews (`app.streaming`): the hub watches the feed; replies of a
+        # streaming channel reach its adapter through the hub (the preview's last edit).
+        self.previews = PreviewHub(
+            self.engine,
+            locales={name: cs.locale for name, cs in self.channel_settings.items()},
+            first_preview_after=settings.stream_first_preview_seconds,
+            still_working_after=settings.stream_still_working_seconds,
+        )
+        self._delivery: dict[str, ChannelAdapter] = {}
         self.http = httpx.AsyncClient(timeout=httpx.Timeout(15.0))
+        self.speech = SpeechToText.from_settings(settings)  # voice messages, when STT_MODEL is set
         # Long-lived platform connections (polling, sockets): one holder (`app.connections`).
         # Fenced leases in the database: one holder across every replica on it.
         self.connections: ConnectionHolder = DatabaseConnections(
@@ -167,7 +179,7 @@ class Runtime:
         )
         self.sender = OutboxSender(
             self.engine,
-            self.adapters,
+            self._delivery,
             poll_interval=settings.outbox_poll_seconds,
             max_attempts=settings.outbox_max_attempts,
             backoff_base=settings.outbox_backoff_base_seconds,
@@ -192,7 +204,7 @@ class Runtime:
             self.midrun,
             limits=WindowLimits(settings.history_max_messages, settings.history_max_tokens),
             models={name: cs.llm_model for name, cs in self.channel_settings.items()},
-            feed=SessionFeed(self.bus),
+            feed=SessionFeed(self.previews.observing(self.bus)),
             after_turn=self.memory.after_turn(),
             channel_settings=self.channel_settings,
             tools_allow=settings.tools_allow,
@@ -250,6 +262,10 @@ class Runtime:
                 adapter.use_job_store(self.jobs)
         for adapter in self.adapters.values():
             await adapter.start()
+        for name, adapter in self.adapters.items():  # a started adapter knows its clients
+            if isinstance(adapter, StreamingChannel):
+                self.previews.use(name, adapter.streamer())
+            self._delivery[name] = self.previews.wrap(name, adapter)
         await self.bus.start()
         await self.memory.start()  # global facts file
         await self.mcp.start()  # a dead MCP server is logged, never fatal
@@ -268,12 +284,15 @@ class Runtime:
                     await task
         await self.scheduler.stop()
         await self.sender.stop()
+        await self.previews.stop()
         for adapter in self.adapters.values():
             with contextlib.suppress(Exception):
                 await adapter.stop()
         await self.bus.stop()
         await self.mcp.stop()
         await self.provider.aclose()
+        if self.speech is not None:
+            await self.speech.aclose()
         await self.http.aclose()
         await self.engine.dispose()
         self._started = False
@@ -297,6 +316,7 @@ class Runtime:
                     inbox_days=self.settings.inbox_retention_days,
                     outbox_days=self.settings.outbox_retention_days,
                 )
+                pruned["stream_previews"] = await self.previews.prune(self.settings.outbox_retention_days)
                 if any(pruned.values()):
                     log.info("pipeline_rows_pruned", **pruned)
                 await self.refresh_backlog_gauges()
@@ -396,4 +416,5 @@ class Runtime:
             http=self.http,
             hold_connection=self.connections.hold_connection,
             events=ChannelEvents(self.engine, name),
+            transcribe=self.speech.transcribe if self.speech is not None else None,
         )

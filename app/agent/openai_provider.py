@@ -73,8 +73,14 @@ def describe_parts(parts: Sequence[dict[str, Any]]) -> str:
 
 
 def _image_url(part: dict[str, Any]) -> str | None:
-    if part.get("url"):
-        return str(part["url"])
+    """What the model can fetch or read: an http(s) URL or the data itself.
+
+    A platform-internal reference (`telegram-file:<id>`) is not a URL the model can use;
+    such a part is described in text instead.
+    """
+    url = str(part.get("url") or "")
+    if url.startswith(("http://", "https://", "data:")):
+        return url
     if part.get("data_base64"):
         return f"data:{part.get('mime_type') or 'image/png'};base64,{part['data_base64']}"
     return None

@@ -304,3 +304,20 @@ admin_auth_failures = Table(
     Column("failures", Integer, nullable=False),
     Column("window_start", Float, nullable=False),  # unix seconds
 )
+
+# A streamed reply's preview message on its platform (`app.streaming`): kept so that the
+# final answer becomes the preview's last edit, in this process or after a restart.
+stream_previews = Table(
+    "stream_previews",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("event_id", String(64), nullable=False, unique=True),  # the event being answered
+    Column("channel", String(64), nullable=False),
+    Column("chat_id", String(256), nullable=False),
+    Column("platform_message_id", String(256), nullable=False),
+    # The outbox message that completed the preview; NULL while it is a preview.
+    Column("final_message_id", String(64), nullable=True),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("updated_at", UTCDateTime, nullable=False),
+    Index("ix_stream_previews_created_at", "created_at"),  # retention
+)

@@ -8,11 +8,13 @@ pointed at `SLACK_API_BASE_URL`, in the message's thread, split when long.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import time
 from typing import Any
 
 import aiohttp
+import httpx
 import structlog
 from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.web.async_client import AsyncWebClient
@@ -27,7 +29,8 @@ from app.errors import (
     DeliveryError,
     InvalidPayload,
 )
-from app.events import OutboundMessage
+from app.events import FilePart, ImagePart, InboundEvent, OutboundMessage, Part, TextPart
+from app.streaming import StreamingMode
 from channels.common.chunks import ChunkProgress, send_chunks
 from channels.slack import signing
 from channels.slack.parse import Parsed, parse_event_callback
@@ -142,13 +145,57 @@ class SlackChannel:
         parsed = await self._parse(payload)
         if parsed.event is None:
             return {"ok": True, "ignored": parsed.ignored}
-        [result] = await self.context.accept([parsed.event])
+        event = await self._with_media(parsed.event)
+        if event is None:
+            return {"ok": True, "ignored": "media too large"}
+        [result] = await self.context.accept([event])
         body: dict[str, Any] = {"ok": True, "event_id": result.event_id, "session_key": result.session_key}
         if result.duplicate:
             body["duplicate"] = True
         if result.skipped:
             body["skipped"] = True
         return body
+
+    async def _with_media(self, event: InboundEvent) -> InboundEvent | None:
+        """The event with its shared images downloaded (url_private, bot token) as data.
+
+        Over `SLACK_MEDIA_MAX_BYTES`: a polite reply, and the event is not stored (None).
+        A failed download keeps the link, which the model is told about in text.
+        """
+        token, base = self.settings.bot_token, self.settings.files_base_url
+        images = [p for p in event.parts if isinstance(p, ImagePart) and (p.url or "").startswith(base)]
+        if not token or not images:
+            return event
+        limit = self.settings.media_max_bytes
+        parts: list[Part] = []
+        for part in event.parts:
+            if part not in images:
+                parts.append(part)
+                continue
+            assert isinstance(part, ImagePart) and part.url
+            try:
+                data = await _download(self.context.http, part.url, token, limit)
+            except _TooLarge:
+                await self._too_large(event, limit)
+                return None
+            except httpx.HTTPError as exc:
+                log.warning("slack_media_download_failed", error=repr(exc))
+                parts.append(part)
+                continue
+            parts.append(ImagePart(data_base64=base64.b64encode(data).decode(), mime_type=part.mime_type))
+        return event.model_copy(update={"parts": tuple(parts)})
+
+    async def _too_large(self, event: InboundEvent, limit: int) -> None:
+        megabytes = f"{limit / 1_000_000:g} MB"
+        text = (
+            f"抱歉，这个文件太大了，我无法处理（上限 {megabytes}）。"
+            if self.settings.locale == "zh"
+            else f"Sorry, that file is too large for me to read (the limit is {megabytes})."
+        )
+        try:
+            await self._post(event.chat_id, text, event.thread_id)
+        except DeliveryError as exc:  # best-effort: Slack already has our acknowledgement
+            log.warning("slack_too_large_reply_failed", error=exc.detail)
 
     async def _parse(self, payload: dict[str, Any]) -> Parsed:
         if self.bot_user_id is None:
@@ -161,13 +208,18 @@ class SlackChannel:
         if self.client is None:
             raise ChannelSendAuthError("SLACK_BOT_TOKEN is not set", retryable=False)
         chunks = split_text(message.text, self.settings.max_message_chars)
-        if not chunks:
+        media = _uploads(message)
+        if not chunks and not media:
             return SendResult()
 
-        async def post(_index: int, chunk: str) -> str | None:
+        async def post(index: int, chunk: str) -> str | None:
+            if index >= len(chunks):  # the text first, then each file
+                await self._upload(message.chat_id, media[index - len(chunks)], message.thread_id)
+                return None
             return await self._post(message.chat_id, chunk, message.thread_id)
 
-        posted = await send_chunks(self._progress, message.message_id, chunks, post)
+        items = [*chunks, *(f"file:{i}" for i in range(len(media)))]
+        posted = await send_chunks(self._progress, message.message_id, items, post)
         return SendResult(platform_message_id=next((ts for ts in posted if ts), None))
 
     async def _post(self, channel: str, text: str, thread_ts: str | None) -> str | None:
@@ -180,6 +232,108 @@ class SlackChannel:
             raise ChannelUnavailable(f"Slack unreachable: {exc!r}") from exc
         ts = resp.get("ts")
         return str(ts) if ts else None
+
+    async def _upload(self, channel: str, part: ImagePart | FilePart, thread_ts: str | None) -> None:
+        """Slack's external upload: files.getUploadURLExternal, the bytes, files.completeUploadExternal."""
+        assert self.client is not None and part.data_base64
+        name = getattr(part, "name", None) or ("image" if isinstance(part, ImagePart) else "file")
+        try:
+            await self.client.files_upload_v2(
+                channel=channel,
+                thread_ts=thread_ts,
+                content=base64.b64decode(part.data_base64),
+                filename=name,
+            )
+        except SlackApiError as exc:
+            raise _delivery_error(exc) from exc
+        except (SlackClientError, aiohttp.ClientError, TimeoutError) as exc:
+            raise ChannelUnavailable(f"Slack upload failed: {exc!r}") from exc
+
+    # --- streaming (`app.streaming`) --------------------------------------------------
+
+    def streamer(self) -> SlackStreamer | None:
+        if self.client is None or self.settings.streaming is StreamingMode.OFF:
+            return None
+        return SlackStreamer(self)
+
+
+class SlackStreamer:
+    """Previews as `chat.postMessage` + `chat.update` (Web API tier 3: about 50 a minute).
+
+    Slack's Web API has no typing indicator for bots: `typing` does nothing.
+    """
+
+    def __init__(self, channel: SlackChannel) -> None:
+        self.channel = channel
+        self.edit_interval = channel.settings.stream_edit_seconds
+        self.max_preview_chars = channel.settings.max_message_chars
+
+    async def typing(self, message: OutboundMessage) -> None:
+        return None
+
+    async def open(self, message: OutboundMessage) -> str:
+        ts = await self.channel._post(message.chat_id, message.text, message.thread_id)
+        if ts is None:
+            raise ChannelUnavailable("Slack answered chat.postMessage without a ts")
+        return ts
+
+    async def edit(self, message: OutboundMessage, preview_id: str) -> None:
+        client = self.channel.client
+        assert client is not None
+        try:
+            await client.chat_update(channel=message.chat_id, ts=preview_id, text=message.text)
+        except SlackApiError as exc:
+            raise _delivery_error(exc) from exc
+        except (SlackClientError, aiohttp.ClientError, TimeoutError) as exc:
+            raise ChannelUnavailable(f"Slack unreachable: {exc!r}") from exc
+
+    async def finish(self, message: OutboundMessage, preview_id: str) -> SendResult:
+        chunks = split_text(message.text, self.channel.settings.max_message_chars)
+
+        media = _uploads(message)
+
+        async def deliver(index: int, chunk: str) -> str | None:
+            if index >= len(chunks):
+                await self.channel._upload(message.chat_id, media[index - len(chunks)], message.thread_id)
+                return None
+            if index > 0:
+                return await self.channel._post(message.chat_id, chunk, message.thread_id)
+            try:
+                await self.edit(message.model_copy(update={"parts": (TextPart(text=chunk),)}), preview_id)
+            except ChannelRejected as exc:
+                if "message_not_found" not in exc.detail:
+                    raise
+                # The preview was deleted: the answer replaces it as a new message.
+                return await self.channel._post(message.chat_id, chunk, message.thread_id)
+            return preview_id
+
+        items = [*chunks, *(f"file:{i}" for i in range(len(media)))]
+        posted = await send_chunks(self.channel._progress, message.message_id, items, deliver)
+        return SendResult(platform_message_id=next((ts for ts in posted if ts), preview_id))
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _download(http: httpx.AsyncClient, url: str, token: str, limit: int) -> bytes:
+    """GET a private file with the bot token, refusing more than `limit` bytes as they come."""
+    async with http.stream("GET", url, headers={"Authorization": f"Bearer {token}"}) as resp:
+        resp.raise_for_status()
+        declared = resp.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise _TooLarge
+        data = bytearray()
+        async for piece in resp.aiter_bytes():
+            data += piece
+            if len(data) > limit:
+                raise _TooLarge
+    return bytes(data)
+
+
+def _uploads(message: OutboundMessage) -> list[ImagePart | FilePart]:
+    """Parts whose bytes we hold; a part with only a URL is left to the text."""
+    return [p for p in message.parts if isinstance(p, (ImagePart, FilePart)) and p.data_base64]
 
 
 def _delivery_error(exc: SlackApiError) -> DeliveryError:

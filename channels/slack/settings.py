@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from app.channel import ChannelSettings
 from app.events import SessionScope
+from app.streaming.protocol import StreamingMode
 
 
 class SlackSettings(ChannelSettings):
@@ -37,3 +38,24 @@ class SlackSettings(ChannelSettings):
     )
     timestamp_tolerance_seconds: int = Field(300, description="Requests signed longer ago are refused.")
     request_timeout_seconds: int = Field(15, description="Timeout of Web API calls.")
+    files_base_url: str = Field(
+        "https://files.slack.com/", description="Only url_private links under this URL get the bot token."
+    )
+    media_max_bytes: int = Field(
+        10_000_000, ge=1, description="Larger shared images are refused with a polite reply."
+    )
+    streaming: StreamingMode = Field(
+        StreamingMode.EDIT,
+        description="off (one message at the end), edit (chat.postMessage, then chat.update in place). "
+        "native (chat.startStream) is not implemented yet.",
+    )
+    stream_edit_seconds: float = Field(
+        1.5, ge=0.05, description="Least time between two chat.update calls of a preview (tier 3)."
+    )
+
+    @field_validator("streaming")
+    @classmethod
+    def _streaming_implemented(cls, value: StreamingMode) -> StreamingMode:
+        if value is StreamingMode.NATIVE:
+            raise ValueError("native streaming (chat.startStream) is not implemented for Slack; use edit")
+        return value

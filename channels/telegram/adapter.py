@@ -10,15 +10,18 @@ Outbound: `sendMessage` through python-telegram-bot's `Bot`, pointed at
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import hmac
 import time
 import warnings
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
 import structlog
-from telegram import Bot, ReplyParameters
+from telegram import Bot, InputFile, ReplyParameters
+from telegram.constants import ChatAction
 from telegram.error import (
     BadRequest,
     ChatMigrated,
@@ -41,10 +44,12 @@ from app.errors import (
     ChannelRequestError,
     ChannelSendAuthError,
     ChannelUnavailable,
+    DeliveryError,
 )
-from app.events import OutboundMessage
+from app.events import FilePart, ImagePart, InboundEvent, OutboundMessage, Part, TextPart
+from app.streaming import StreamingMode
 from channels.common.chunks import ChunkProgress, send_chunks
-from channels.telegram.parse import BotIdentity, Parsed, parse_update
+from channels.telegram.parse import FILE_URL_PREFIX, BotIdentity, Parsed, parse_update
 from channels.telegram.settings import TelegramSettings
 from channels.telegram.text import split_text
 
@@ -155,7 +160,11 @@ class TelegramChannel:
         if parsed.event is None:
             body["ignored"] = parsed.ignored
             return ChannelResponse.json(body)
-        [result] = await self.context.accept([parsed.event])
+        event = await self._with_media(parsed.event)
+        if event is None:
+            body["ignored"] = "media too large"
+            return ChannelResponse.json(body)
+        [result] = await self.context.accept([event])
         body.update(event_id=result.event_id, session_key=result.session_key)
         if result.duplicate:
             body["duplicate"] = True
@@ -167,6 +176,74 @@ class TelegramChannel:
         if (self.identity.id is None or not self.identity.username) and _from_group(data):
             await self._ensure_identity()  # getMe failed at start; mention gating needs it
         return parse_update(data, self.bot, self.settings, self.identity)
+
+    # --- inbound: media ------------------------------------------------------------
+
+    async def _with_media(self, event: InboundEvent) -> InboundEvent | None:
+        """The event with its images downloaded (getFile) as data the model can see, and
+        its voice notes transcribed when speech to text is on (`STT_MODEL`).
+
+        A file over `TELEGRAM_MEDIA_MAX_BYTES` gets a polite reply and the event is not
+        stored (None). A download or transcription that fails leaves the file reference in
+        place (the model is told a file was sent) rather than losing the message.
+        """
+        wanted = [p for p in event.parts if self._fetchable(p)]
+        if self.bot is None or not wanted:
+            return event
+        limit = self.settings.media_max_bytes
+        parts: list[Part] = []
+        transcripts: list[str] = []
+        for part in event.parts:
+            if part not in wanted:
+                parts.append(part)
+                continue
+            assert isinstance(part, (ImagePart, FilePart)) and part.url
+            try:
+                tg_file = await self.bot.get_file(part.url[len(FILE_URL_PREFIX) :])
+                if tg_file.file_size is not None and tg_file.file_size > limit:
+                    raise _TooLarge
+                data = bytes(await tg_file.download_as_bytearray())
+                if len(data) > limit:
+                    raise _TooLarge
+                if isinstance(part, FilePart):  # a voice note (`_fetchable`)
+                    assert self.context.transcribe is not None
+                    mime = part.mime_type or "audio/ogg"
+                    transcripts.append(await self.context.transcribe(data, part.name or "voice.ogg", mime))
+            except _TooLarge:
+                await self._too_large(event, limit)
+                return None
+            except Exception as exc:  # TelegramError, or the STT endpoint failed
+                log.warning("telegram_media_failed", error=str(exc))
+                parts.append(part)
+                continue
+            data64 = base64.b64encode(data).decode()
+            if isinstance(part, ImagePart):
+                parts.append(ImagePart(data_base64=data64, mime_type=part.mime_type))
+            else:
+                parts.append(part.model_copy(update={"url": None, "data_base64": data64}))
+        if transcripts:  # the transcript is the user's text; the audio stays as a part
+            parts.insert(0, TextPart(text="\n".join(t for t in transcripts if t)))
+        return event.model_copy(update={"parts": tuple(parts)})
+
+    def _fetchable(self, part: Part) -> bool:
+        if not isinstance(part, (ImagePart, FilePart)) or not (part.url or "").startswith(FILE_URL_PREFIX):
+            return False
+        if isinstance(part, ImagePart):
+            return True
+        return self.context.transcribe is not None and (part.mime_type or "").startswith("audio/")
+
+    async def _too_large(self, event: InboundEvent, limit: int) -> None:
+        assert self.bot is not None
+        megabytes = f"{limit / 1_000_000:g} MB"
+        text = (
+            f"抱歉，这个文件太大了，我无法处理（上限 {megabytes}）。"
+            if self.settings.locale == "zh"
+            else f"Sorry, that file is too large for me to read (the limit is {megabytes})."
+        )
+        try:
+            await self._send_chunk(_chat_id(event.chat_id), text, _thread_of(event.thread_id), None)
+        except DeliveryError as exc:  # best-effort: the platform already has our 200
+            log.warning("telegram_too_large_reply_failed", error=exc.detail)
 
     # --- inbound: long polling (development) ----------------------------------------
 
@@ -199,8 +276,9 @@ class TelegramChannel:
             for update in updates:
                 try:
                     parsed = await self._parse(update.to_dict())
-                    if parsed.event is not None:
-                        await self.context.accept([parsed.event])
+                    event = await self._with_media(parsed.event) if parsed.event is not None else None
+                    if event is not None:
+                        await self.context.accept([event])
                 except asyncio.CancelledError:
                     raise
                 except ChannelRequestError as exc:  # an update we cannot use: skip, do not loop on it
@@ -219,7 +297,8 @@ class TelegramChannel:
         if self.bot is None:
             raise ChannelSendAuthError("TELEGRAM_BOT_TOKEN is not set", retryable=False)
         chunks = split_text(message.text, self.settings.max_message_chars)
-        if not chunks:
+        media = [p for p in message.parts if isinstance(p, (ImagePart, FilePart)) and _uploadable(p)]
+        if not chunks and not media:
             return SendResult()
         chat_id: int | str = _chat_id(message.chat_id)
         thread_id = int(message.thread_id) if message.thread_id and message.thread_id.isdigit() else None
@@ -231,16 +310,19 @@ class TelegramChannel:
                 if quote is not None and index == 0
                 else None
             )
+            if index >= len(chunks):  # the text first, then each image or file
+                return await self._send_media(chat_id, media[index - len(chunks)], thread_id, reply)
             return await self._send_chunk(chat_id, chunk, thread_id, reply)
 
-        sent = await send_chunks(self._progress, message.message_id, chunks, deliver)
+        items = [*chunks, *(f"media:{i}" for i in range(len(media)))]
+        sent = await send_chunks(self._progress, message.message_id, items, deliver)
         return SendResult(platform_message_id=str(sent[0]) if sent else None)
 
     async def _send_chunk(
         self, chat_id: int | str, text: str, thread_id: int | None, reply: ReplyParameters | None
     ) -> int:
         assert self.bot is not None
-        try:
+        with telegram_errors():
             try:
                 sent = await self.bot.send_message(
                     chat_id=chat_id, text=text, message_thread_id=thread_id, reply_parameters=reply
@@ -249,21 +331,147 @@ class TelegramChannel:
                 sent = await self.bot.send_message(
                     chat_id=exc.new_chat_id, text=text, message_thread_id=thread_id, reply_parameters=reply
                 )
-        except RetryAfter as exc:
-            raise ChannelRateLimited(
-                retry_after_seconds(exc), f"Telegram flood control: {exc.message}"
-            ) from exc
-        except InvalidToken as exc:
-            raise ChannelSendAuthError(f"Telegram refused the bot token: {exc.message}") from exc
-        except Forbidden as exc:
-            raise ChannelRejected(f"Telegram refused: {exc.message}") from exc
-        except BadRequest as exc:
-            raise ChannelRejected(f"Telegram rejected the message: {exc.message}") from exc
-        except NetworkError as exc:  # TimedOut, 5xx, connection errors
-            raise ChannelUnavailable(f"Telegram unreachable: {exc.message}") from exc
-        except TelegramError as exc:
-            raise ChannelUnavailable(f"Telegram error: {exc.message}") from exc
         return sent.message_id
+
+    async def _send_media(
+        self,
+        chat_id: int | str,
+        part: ImagePart | FilePart,
+        thread_id: int | None,
+        reply: ReplyParameters | None,
+    ) -> int:
+        """`sendPhoto` for an image, `sendDocument` for a file: the bytes uploaded, or the URL."""
+        assert self.bot is not None
+        content: Any
+        if part.data_base64:
+            name = getattr(part, "name", None) or ("image" if isinstance(part, ImagePart) else "file")
+            content = InputFile(base64.b64decode(part.data_base64), filename=name)
+        else:
+            content = part.url
+        with telegram_errors():
+            if isinstance(part, ImagePart):
+                sent = await self.bot.send_photo(
+                    chat_id=chat_id, photo=content, message_thread_id=thread_id, reply_parameters=reply
+                )
+            else:
+                sent = await self.bot.send_document(
+                    chat_id=chat_id, document=content, message_thread_id=thread_id, reply_parameters=reply
+                )
+        return sent.message_id
+
+    # --- streaming (`app.streaming`) --------------------------------------------------
+
+    def streamer(self) -> TelegramStreamer | None:
+        if self.bot is None or self.settings.streaming is StreamingMode.OFF:
+            return None
+        return TelegramStreamer(self)
+
+
+@contextlib.contextmanager
+def telegram_errors() -> Iterator[None]:
+    """PTB's errors as the outbox's delivery errors."""
+    try:
+        yield
+    except RetryAfter as exc:
+        raise ChannelRateLimited(retry_after_seconds(exc), f"Telegram flood control: {exc.message}") from exc
+    except InvalidToken as exc:
+        raise ChannelSendAuthError(f"Telegram refused the bot token: {exc.message}") from exc
+    except Forbidden as exc:
+        raise ChannelRejected(f"Telegram refused: {exc.message}") from exc
+    except BadRequest as exc:
+        raise ChannelRejected(f"Telegram rejected the message: {exc.message}") from exc
+    except NetworkError as exc:  # TimedOut, 5xx, connection errors
+        raise ChannelUnavailable(f"Telegram unreachable: {exc.message}") from exc
+    except TelegramError as exc:
+        raise ChannelUnavailable(f"Telegram error: {exc.message}") from exc
+
+
+class TelegramStreamer:
+    """Previews as `sendMessage` + `editMessageText`, typing as `sendChatAction`.
+
+    Telegram allows about one message per second per chat (`TELEGRAM_STREAM_EDIT_SECONDS`).
+    """
+
+    def __init__(self, channel: TelegramChannel) -> None:
+        assert channel.bot is not None
+        self.channel = channel
+        self.bot = channel.bot
+        self.edit_interval = channel.settings.stream_edit_seconds
+        self.max_preview_chars = channel.settings.max_message_chars
+
+    async def typing(self, message: OutboundMessage) -> None:
+        with telegram_errors():
+            await self.bot.send_chat_action(
+                chat_id=_chat_id(message.chat_id),
+                action=ChatAction.TYPING,
+                message_thread_id=_thread(message),
+            )
+
+    async def open(self, message: OutboundMessage) -> str:
+        reply = _quote(message)
+        sent = await self.channel._send_chunk(
+            _chat_id(message.chat_id), message.text, _thread(message), reply
+        )
+        return str(sent)
+
+    async def edit(self, message: OutboundMessage, preview_id: str) -> None:
+        with telegram_errors():
+            try:
+                await self.bot.edit_message_text(
+                    message.text, chat_id=_chat_id(message.chat_id), message_id=int(preview_id)
+                )
+            except BadRequest as exc:
+                if "not modified" not in exc.message.lower():
+                    raise
+
+    async def finish(self, message: OutboundMessage, preview_id: str) -> SendResult:
+        chunks = split_text(message.text, self.channel.settings.max_message_chars)
+        media = [p for p in message.parts if isinstance(p, (ImagePart, FilePart)) and _uploadable(p)]
+        chat_id, thread_id = _chat_id(message.chat_id), _thread(message)
+
+        async def deliver(index: int, chunk: str) -> int:
+            if index >= len(chunks):
+                return await self.channel._send_media(chat_id, media[index - len(chunks)], thread_id, None)
+            if index > 0:
+                return await self.channel._send_chunk(chat_id, chunk, thread_id, None)
+            try:
+                await self.edit(message.model_copy(update={"parts": (TextPart(text=chunk),)}), preview_id)
+            except ChannelRejected as exc:
+                if "not found" not in exc.detail.lower():
+                    raise
+                # The preview was deleted: the answer replaces it as a new message.
+                return await self.channel._send_chunk(chat_id, chunk, thread_id, _quote(message))
+            return int(preview_id)
+
+        items = [*chunks, *(f"media:{i}" for i in range(len(media)))]
+        sent = await send_chunks(self.channel._progress, message.message_id, items, deliver)
+        return SendResult(platform_message_id=str(sent[0]) if sent else preview_id)
+
+
+def _uploadable(part: ImagePart | FilePart) -> bool:
+    """Bytes we hold, or a URL Telegram can fetch (never a platform reference)."""
+    return bool(part.data_base64) or (part.url or "").startswith(("http://", "https://"))
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def _thread_of(thread_id: str | None) -> int | None:
+    return int(thread_id) if thread_id and thread_id.isdigit() else None
+
+
+def _thread(message: OutboundMessage) -> int | None:
+    return _thread_of(message.thread_id)
+
+
+def _quote(message: OutboundMessage) -> ReplyParameters | None:
+    quote = message.metadata.get("reply_msg_id")
+    return (
+        ReplyParameters(message_id=int(quote), allow_sending_without_reply=True)
+        if quote is not None
+        else None
+    )
 
 
 def _from_group(data: Any) -> bool:

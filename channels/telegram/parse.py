@@ -115,6 +115,16 @@ def _parse_message(update_id: int, message: Message, settings: TelegramSettings,
                     size=doc.file_size,
                 )
             )
+    if message.voice is not None:
+        voice = message.voice
+        parts.append(
+            FilePart(
+                url=FILE_URL_PREFIX + voice.file_id,
+                name="voice.ogg",
+                mime_type=voice.mime_type or "audio/ogg",
+                size=voice.file_size,
+            )
+        )
     if not parts:
         return Parsed(update_id, ignored="no text or media")
 

@@ -47,6 +47,7 @@ class Reply:
     prompt_tokens: int = 11
     completion_tokens: int = 7
     fail_mid_stream: bool = False  # send some text, then cut the connection
+    chunk_delay: float = 0.0  # seconds between streamed pieces (a model writing slowly)
     model: str | None = None
 
 
@@ -97,6 +98,8 @@ class FakeOpenAI:
         self._changed = asyncio.Condition()
         self._runner: web.AppRunner | None = None
         self.url = ""  # …/v1, what LLM_BASE_URL takes
+        self.transcript = "this is a voice note"  # what audio/transcriptions answers
+        self.transcriptions: list[dict[str, Any]] = []
 
     # --- scripting ------------------------------------------------------------------
 
@@ -197,6 +200,8 @@ class FakeOpenAI:
         content = reply.content or ""
         pieces = [content[i : i + self.chunk_size] for i in range(0, len(content), self.chunk_size)]
         for n, piece in enumerate(pieces):
+            if reply.chunk_delay and n:
+                await asyncio.sleep(reply.chunk_delay)
             await send(chunk({"content": piece}))
             if reply.fail_mid_stream and n == 0:
                 assert request.transport is not None
@@ -248,11 +253,20 @@ class FakeOpenAI:
         await resp.write_eof()
         return resp
 
+    async def _transcribe(self, request: web.Request) -> web.Response:
+        """`audio/transcriptions`: multipart `model` and `file`; answers `transcript`."""
+        form = await request.post()
+        upload = form.get("file")
+        audio = upload.file.read() if isinstance(upload, web.FileField) else b""
+        self.transcriptions.append({"model": form.get("model"), "audio": audio})
+        return web.json_response({"text": self.transcript})
+
     async def __aenter__(self) -> FakeOpenAI:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._handle)
         app.router.add_post("/chat/completions", self._handle)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/audio/transcriptions", self._transcribe)
         self._runner = web.AppRunner(app)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)

@@ -61,6 +61,15 @@ class FakeSlack(LocalServer):
     # conversation id -> failures of chat.postMessage to it, answered in order
     by_channel: dict[str, list[Failure | None]] = field(default_factory=dict)
     url: str = ""
+    # ts -> the message's current text, as the conversation shows it (posted, then updated)
+    texts: dict[str, str] = field(default_factory=dict)
+    # external uploads: file id -> bytes received at its upload URL; completed: shared files
+    uploads: dict[str, bytes] = field(default_factory=dict)
+    completed: list[dict[str, Any]] = field(default_factory=list)
+    # answers of the next POSTs to upload URLs: an HTTP status, or None for 200
+    upload_failures: list[int | None] = field(default_factory=list)
+    # url_private files: path under /files-pri/ -> bytes (served to the bot token only)
+    files: dict[str, bytes] = field(default_factory=dict)
     # Socket Mode: envelope ids the app acknowledged, in order
     acks: list[str] = field(default_factory=list)
 
@@ -139,6 +148,7 @@ class FakeSlack(LocalServer):
             params = await request.json()
         else:
             params = dict(await request.post())
+        params = {**dict(request.query), **params}  # Slack takes arguments in the query string too
         headers = {k.lower(): v for k, v in request.headers.items()}
         if method == "apps.connections.open":
             expected = f"Bearer {APP_TOKEN}"
@@ -176,13 +186,88 @@ class FakeSlack(LocalServer):
             message = {"type": "message", "text": params.get("text"), "user": self.bot_user_id, "ts": ts}
             if params.get("thread_ts"):
                 message["thread_ts"] = params["thread_ts"]
+            self.texts[ts] = str(params.get("text"))
             return web.json_response(
                 {"ok": True, "channel": params.get("channel"), "ts": ts, "message": message}
             )
+        if method == "files.getUploadURLExternal":
+            file_id = f"F{next(self._ts):08d}"
+            return web.json_response(
+                {
+                    "ok": True,
+                    "upload_url": f"http://127.0.0.1:{self._port}/upload/{file_id}",
+                    "file_id": file_id,
+                }
+            )
+        if method == "files.completeUploadExternal":
+            raw = params.get("files")
+            files: list[dict[str, Any]] = json.loads(raw) if isinstance(raw, str) else list(raw or [])
+            missing = [f["id"] for f in files if f["id"] not in self.uploads]
+            if missing:
+                return web.json_response({"ok": False, "error": "file_not_found"})
+            for f in files:
+                self.completed.append(
+                    {
+                        "id": f["id"],
+                        "title": f.get("title"),
+                        "channel": params.get("channel_id"),
+                        "thread_ts": params.get("thread_ts"),
+                        "bytes": self.uploads[f["id"]],
+                    }
+                )
+            return web.json_response(
+                {"ok": True, "files": [{"id": f["id"], "title": f.get("title")} for f in files]}
+            )
+        if method == "chat.update":
+            ts = str(params.get("ts"))
+            if ts not in self.texts:
+                return web.json_response({"ok": False, "error": "message_not_found"})
+            self.texts[ts] = str(params.get("text"))
+            return web.json_response(
+                {
+                    "ok": True,
+                    "channel": params.get("channel"),
+                    "ts": ts,
+                    "text": params.get("text"),
+                    "message": {"type": "message", "text": params.get("text"), "user": self.bot_user_id},
+                }
+            )
         return web.json_response({"ok": False, "error": "unknown_method"}, status=404)
+
+    @property
+    def files_url(self) -> str:
+        return f"http://127.0.0.1:{self._port}/files-pri/"
+
+    async def _file(self, request: web.Request) -> web.Response:
+        path = request.match_info["path"]
+        async with self._changed:
+            self.calls.append(
+                Call("download", {"path": path}, {k.lower(): v for k, v in request.headers.items()})
+            )
+            self._changed.notify_all()
+        if request.headers.get("Authorization") != f"Bearer {self.token}":
+            return web.Response(status=302, headers={"Location": "https://slack.com/signin"})
+        if path not in self.files:
+            return web.Response(status=404)
+        return web.Response(body=self.files[path], content_type="application/octet-stream")
+
+    async def _upload(self, request: web.Request) -> web.Response:
+        data = await request.read()
+        async with self._changed:
+            status = self.upload_failures.pop(0) if self.upload_failures else None
+            self.calls.append(
+                Call("upload", {"file_id": request.match_info["file_id"]}, {}, ok=status is None)
+            )
+            self._changed.notify_all()
+        if status is not None:
+            return web.Response(status=status, text="upload failed")
+        self.uploads[request.match_info["file_id"]] = data
+        return web.Response(text=f"OK - {len(data)}")
 
     async def __aenter__(self) -> FakeSlack:
         app = web.Application()
+        app.router.add_post("/upload/{file_id}", self._upload)
+        app.router.add_get("/files-pri/{path:.+}", self._file)
         app.router.add_post("/api/{method}", self._handle)
         app.router.add_get("/link/", self._socket)
         self._port = await self._serve(app, "/api/", shutdown_timeout=0.5)

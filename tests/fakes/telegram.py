@@ -66,6 +66,10 @@ class FakeTelegram(LocalServer):
     file_url: str = ""
     polls_in_flight: int = 0  # getUpdates calls being answered now
     most_polls_in_flight: int = 0  # the most at any one time (Telegram allows one poller per token)
+    # message id -> its current text, as the chat shows it (sent, then edited)
+    texts: dict[int, str] = field(default_factory=dict)
+    # file_id -> the file's bytes, served by getFile and the file download URL
+    files: dict[str, bytes] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._changed = asyncio.Condition()
@@ -107,7 +111,8 @@ class FakeTelegram(LocalServer):
         async with self._changed:
             scripted = self.script.get(method)
             failure = scripted.pop(0) if scripted else self.always.get(method)
-            self.calls.append(Call(method, params, ok=failure is None))
+            call = Call(method, params, ok=failure is None)
+            self.calls.append(call)
             self._changed.notify_all()
         if failure is not None:
             return web.json_response(failure.body(), status=failure.status)
@@ -117,6 +122,9 @@ class FakeTelegram(LocalServer):
                 {"ok": False, "error_code": 404, "description": "Not Found: method not found"}, status=404
             )
         result = await handler(params)
+        if isinstance(result, web.Response):
+            call.ok = False
+            return result
         return web.json_response({"ok": True, "result": result})
 
     async def _m_getMe(self, _params: dict[str, Any]) -> dict[str, Any]:
@@ -139,9 +147,84 @@ class FakeTelegram(LocalServer):
             "from": {"id": self.bot_id, "is_bot": True, "first_name": "Gate", "username": self.username},
             "text": params["text"],
         }
+        self.texts[message["message_id"]] = params["text"]
         if "message_thread_id" in params:
             message["message_thread_id"] = int(params["message_thread_id"])
         return message
+
+    async def _m_editMessageText(self, params: dict[str, Any]) -> dict[str, Any] | web.Response:
+        message_id = int(params["message_id"])
+        if message_id not in self.texts:
+            return _bad_request("Bad Request: message to edit not found")
+        if self.texts[message_id] == params["text"]:
+            return _bad_request(
+                "Bad Request: message is not modified: specified new message content and reply markup "
+                "are exactly the same as a current content and reply markup of the message"
+            )
+        self.texts[message_id] = params["text"]
+        chat_id = int(params["chat_id"])
+        return {
+            "message_id": message_id,
+            "date": int(time.time()),
+            "edit_date": int(time.time()),
+            "chat": {"id": chat_id, "type": "private" if chat_id > 0 else "supergroup"},
+            "from": {"id": self.bot_id, "is_bot": True, "first_name": "Gate", "username": self.username},
+            "text": params["text"],
+        }
+
+    async def _m_sendChatAction(self, params: dict[str, Any]) -> bool | web.Response:
+        if params.get("action") not in {"typing", "upload_photo", "upload_document", "record_voice"}:
+            return _bad_request("Bad Request: wrong parameter action in request")
+        return True
+
+    async def _m_sendPhoto(self, params: dict[str, Any]) -> dict[str, Any]:
+        return self._media_message(params, "photo")
+
+    async def _m_sendDocument(self, params: dict[str, Any]) -> dict[str, Any]:
+        return self._media_message(params, "document")
+
+    def _media_message(self, params: dict[str, Any], field_name: str) -> dict[str, Any]:
+        chat_id = int(params["chat_id"])
+        message_id = next(self._ids)
+        file_id = f"sent-{message_id}"
+        value = params.get(field_name)
+        if isinstance(value, dict):  # uploaded: keep the bytes, as the chat would show them
+            self.files[file_id] = value["bytes"]
+        message: dict[str, Any] = {
+            "message_id": message_id,
+            "date": int(time.time()),
+            "chat": {"id": chat_id, "type": "private" if chat_id > 0 else "supergroup"},
+            "from": {"id": self.bot_id, "is_bot": True, "first_name": "Gate", "username": self.username},
+        }
+        if field_name == "photo":
+            message["photo"] = [
+                {"file_id": file_id, "file_unique_id": "u" + file_id, "width": 1, "height": 1}
+            ]
+        else:
+            message["document"] = {"file_id": file_id, "file_unique_id": "u" + file_id}
+        return message
+
+    async def _m_getFile(self, params: dict[str, Any]) -> dict[str, Any] | web.Response:
+        file_id = str(params.get("file_id"))
+        if file_id not in self.files:
+            return _bad_request("Bad Request: invalid file_id")
+        return {
+            "file_id": file_id,
+            "file_unique_id": "u" + file_id,
+            "file_size": len(self.files[file_id]),
+            "file_path": f"photos/{file_id}.jpg",
+        }
+
+    async def _download(self, request: web.Request) -> web.Response:
+        if request.match_info["token"] != self.token:
+            return web.Response(status=401)
+        file_id = request.match_info["path"].rsplit("/", 1)[-1].rsplit(".", 1)[0]
+        if file_id not in self.files:
+            return web.Response(status=404)
+        async with self._changed:
+            self.calls.append(Call("download", {"path": request.match_info["path"]}))
+            self._changed.notify_all()
+        return web.Response(body=self.files[file_id], content_type="application/octet-stream")
 
     async def _m_setWebhook(self, _params: dict[str, Any]) -> bool:
         return True
@@ -170,9 +253,14 @@ class FakeTelegram(LocalServer):
     async def __aenter__(self) -> FakeTelegram:
         app = web.Application()
         app.router.add_route("*", "/bot{token}/{method}", self._handle)
+        app.router.add_get("/file/bot{token}/{path:.+}", self._download)
         port = await self._serve(app, "/bot", shutdown_timeout=0.5)
         self.file_url = f"http://127.0.0.1:{port}/file/bot"
         return self
+
+
+def _bad_request(description: str) -> web.Response:
+    return web.json_response({"ok": False, "error_code": 400, "description": description}, status=400)
 
 
 # Parameters whose values are JSON-serialized objects in the Bot API's form encoding.
@@ -186,7 +274,10 @@ async def _params(request: web.Request) -> dict[str, Any]:
     form = await request.post() if request.can_read_body else {}
     out: dict[str, Any] = {**dict(request.query)}
     for key, value in form.items():
-        out[key] = json.loads(value) if key in _JSON_PARAMS and isinstance(value, str) else value
+        if isinstance(value, web.FileField):  # an upload (multipart/form-data)
+            out[key] = {"filename": value.filename, "bytes": value.file.read()}
+        else:
+            out[key] = json.loads(value) if key in _JSON_PARAMS and isinstance(value, str) else value
     return out
 
 

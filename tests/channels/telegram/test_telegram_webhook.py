@@ -205,6 +205,7 @@ async def test_photo_and_document_become_parts(serve: ServeApp) -> None:
         {
             "type": "file",
             "url": "telegram-file:doc-id",
+            "data_base64": None,
             "name": "a.pdf",
             "mime_type": "application/pdf",
             "size": None,

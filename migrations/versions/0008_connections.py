@@ -13,7 +13,7 @@ from alembic import op
 import app.db.models
 
 revision: str = "0007_connections"
-down_revision: str | None = "0006_no_channel_ix"
+down_revision: str | None = "0007_hardening"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -1,0 +1,501 @@
+"""Previews of the answers being written, driven by the session feed; the final answer's delivery.
+
+`PreviewHub.observe` sees every event the turn publishes on the session feed (it tees the
+bus the feed writes to, `ObservedBus`), so the pipeline needs no hook of its own. Per
+session key at most one `_Stream` runs (a key's turns are serialized): it shows typing
+while the turn runs, and once the turn has been running for `first_preview_after`
+seconds with something to show (answer text, tool calls, the "still working" line) it
+sends a preview and edits it, coalescing deltas, never faster than the streamer's
+`edit_interval`, slowed down by the platform's `retry_after`.
+
+The preview's platform id is stored (`stream_previews`, keyed by the answered event)
+before its first edit. The final answer goes through the outbox as always; the sender
+reaches the channel through `PreviewDelivery`, which stops the stream (waiting for an
+edit in flight, so no preview text lands after the answer) and delivers the answer as the
+preview's last edit. After a crash the re-run turn finds the stored preview and goes on
+editing it, and so does the final answer: the chat sees one message, completed once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import structlog
+from sqlalchemy import delete, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.bus import SessionBus
+from app.channel import ChannelAdapter, SendResult, delivers
+from app.db.engine import autocommit
+from app.db.models import inbox, runs, stream_previews, utcnow
+from app.errors import ChannelRateLimited
+from app.events import InboundEvent, OutboundMessage
+from app.pipeline.replies import reply_for
+from app.streaming.protocol import Streamer
+
+log = structlog.get_logger(__name__)
+
+_MAX_ANSWERING = 1000  # streams remembered until their answer is delivered
+
+
+@dataclass(frozen=True)
+class StreamTexts:
+    """The preview's own words, per locale (`ChannelSettings.locale`)."""
+
+    still_working: Mapping[str, str] = field(
+        default_factory=lambda: {"en": "⏳ Still working…", "zh": "⏳ 仍在处理…"}
+    )
+    tool_running: str = "🔧 {name} …"
+    tool_done: str = "🔧 {name} ✓"
+
+    def working(self, locale: str) -> str:
+        return self.still_working.get(locale, self.still_working["en"])
+
+
+@dataclass
+class _Stream:
+    key: str
+    channel: str
+    streamer: Streamer
+    locale: str
+    started: float = field(default_factory=time.monotonic)
+    event: InboundEvent | None = None  # the event the answer replies to
+    run_id: int | None = None
+    latest: str | None = None  # the newest event id among those that started the turn
+    text: str = ""
+    tools: list[list[Any]] = field(default_factory=list)  # [name, done]
+    shown: str = ""
+    preview_id: str | None = None
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    closing: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+    typing: asyncio.Task[None] | None = None
+
+    def view(self, texts: StreamTexts, still_working_after: float) -> str:
+        lines = [
+            (texts.tool_done if done else texts.tool_running).format(name=name) for name, done in self.tools
+        ]
+        if self.text.strip():
+            lines.append(self.text.strip())
+        elif time.monotonic() - self.started >= still_working_after:
+            lines.append(texts.working(self.locale))
+        view = "\n".join(lines)
+        limit = self.streamer.max_preview_chars
+        return view if len(view) <= limit else view[: limit - 1] + "…"
+
+
+class PreviewHub:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        *,
+        locales: Mapping[str, str] | None = None,
+        first_preview_after: float = 1.0,
+        still_working_after: float = 15.0,
+        typing_interval: float = 4.0,
+        idle_timeout: float = 600.0,
+        texts: StreamTexts | None = None,
+    ) -> None:
+        self.single = autocommit(engine)
+        self.locales = dict(locales or {})
+        self.first_preview_after = first_preview_after
+        self.still_working_after = still_working_after
+        self.typing_interval = typing_interval
+        self.idle_timeout = idle_timeout
+        self.texts = texts or StreamTexts()
+        self.streamers: dict[str, Streamer] = {}
+        self._streams: dict[str, _Stream] = {}  # by session key: the key's current turn
+        self._answering: dict[str, _Stream] = {}  # by event id: streams whose answer is not delivered
+        self._finished: OrderedDict[str, None] = OrderedDict()  # event ids already answered
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # --- set-up -----------------------------------------------------------------------
+
+    def use(self, channel: str, streamer: Streamer | None) -> None:
+        """Stream on `channel` with `streamer` (chosen once, at start-up)."""
+        if streamer is not None:
+            self.streamers[channel] = streamer
+
+    def observing(self, bus: SessionBus) -> ObservedBus:
+        """`bus`, with every event published through it shown to this hub too."""
+        return ObservedBus(bus, self)
+
+    def wrap(self, channel: str, adapter: ChannelAdapter) -> ChannelAdapter:
+        """What the outbox sender should deliver `channel`'s replies through."""
+        if channel not in self.streamers:
+            return adapter
+        return PreviewDelivery(adapter, self, self.streamers[channel])
+
+    async def stop(self) -> None:
+        for stream in [*self._streams.values(), *self._answering.values()]:
+            await self._close(stream)
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    async def prune(self, older_than_days: float) -> int:
+        """Forget previews older than the outbox's retention (0 days: keep); how many."""
+        if older_than_days <= 0:
+            return 0
+        cutoff = utcnow() - timedelta(days=older_than_days)
+        async with self.single.connect() as conn:
+            result = await conn.execute(delete(stream_previews).where(stream_previews.c.created_at < cutoff))
+        return int(result.rowcount or 0)
+
+    # --- the feed side ----------------------------------------------------------------
+
+    def observe(self, key: str, event: Mapping[str, Any]) -> None:
+        """Called for each event the session feed publishes; never blocks the turn."""
+        if not self.streamers:
+            return
+        channel = key.split(":", 1)[0]
+        if channel not in self.streamers:
+            return
+        kind = event.get("type")
+        stream = self._streams.get(key)
+        if kind == "message":
+            role, run_id = event.get("role"), event.get("run_id")
+            if role == "user" and run_id is None:
+                if not event.get("event_id"):
+                    return
+                if stream is None or stream.closing.is_set():
+                    stream = self._new(key, channel)
+                    stream.latest = str(event["event_id"])
+                    self._spawn(self._begin(key, channel, stream=stream))
+                elif stream.run_id is None:
+                    # A later event starting the same turn (collect): the answer replies to it.
+                    stream.latest = str(event["event_id"])
+                    if stream.event is not None:
+                        self._spawn(self._rebind(stream, stream.latest))
+                return
+            if run_id is None:
+                return
+            stream = self._for_run(key, channel, int(run_id))
+            if stream is None:
+                return
+            if role == "assistant" and event.get("tool_calls"):
+                stream.text = ""  # words before a tool call are not the answer
+                for call in event["tool_calls"]:
+                    stream.tools.append([str((call.get("function") or {}).get("name") or "tool"), False])
+            elif role == "tool":
+                for entry in stream.tools:
+                    if not entry[1]:
+                        entry[1] = True
+                        break
+            elif role == "assistant":
+                # The final answer is committed: the outbox delivers it, the preview stops.
+                stream.closing.set()
+            stream.changed.set()
+        elif kind == "delta":
+            stream = self._for_run(key, channel, int(event["run_id"]))
+            if stream is not None:
+                stream.text += str(event.get("text") or "")
+                stream.changed.set()
+        elif kind == "approval_request" and stream is not None:
+            stream.closing.set()  # the question is the turn's answer
+            stream.changed.set()
+
+    def _for_run(self, key: str, channel: str, run_id: int) -> _Stream | None:
+        stream = self._streams.get(key)
+        if stream is not None and not stream.closing.is_set():
+            if stream.run_id is None:
+                stream.run_id = run_id
+                # Several events may start one turn (collect): the answer replies to the
+                # run's last one, which the run row names.
+                self._spawn(self._confirm(stream, run_id))
+            if stream.run_id == run_id:
+                return stream
+        if stream is not None and stream.run_id == run_id:
+            return None  # this run's answer is done
+        # A run this process saw no start of (a turn resumed after a restart).
+        stream = self._new(key, channel)
+        stream.run_id = run_id
+        self._spawn(self._begin(key, channel, run_id=run_id, stream=stream))
+        return stream
+
+    def _new(self, key: str, channel: str) -> _Stream:
+        old = self._streams.get(key)
+        if old is not None:
+            old.closing.set()
+            old.changed.set()
+        stream = _Stream(key, channel, self.streamers[channel], self.locales.get(channel, "en"))
+        self._streams[key] = stream
+        return stream
+
+    async def _begin(
+        self,
+        key: str,
+        channel: str,
+        *,
+        stream: _Stream,
+        event_id: str | None = None,
+        run_id: int | None = None,
+    ) -> None:
+        """Find the event the turn answers, then run the stream's preview and typing."""
+        event_id = event_id or stream.latest
+        try:
+            async with self.single.connect() as conn:
+                if event_id is None and run_id is not None:
+                    ids = (await conn.execute(select(runs.c.event_ids).where(runs.c.id == run_id))).scalar()
+                    event_id = str(ids[-1]) if ids else None
+                payload = (
+                    (await conn.execute(select(inbox.c.payload).where(inbox.c.event_id == event_id))).scalar()
+                    if event_id
+                    else None
+                )
+        except Exception:
+            log.exception("stream_lookup_failed", session_key=key)
+            payload = None
+        if payload is None or self._streams.get(key) is not stream:
+            self._drop(stream)
+            return
+        if stream.latest is not None and stream.latest != event_id:  # a later event came meanwhile
+            await self._begin(key, channel, stream=stream)
+            return
+        event = InboundEvent.model_validate(payload)
+        target = event.metadata.get("reply_target") or {}
+        unanswered = bool(event.metadata.get("no_reply"))  # stored in the history, no turn runs
+        if target.get("channel", event.channel) != channel or event.event_id in self._finished or unanswered:
+            self._drop(stream)
+            return
+        self._bind(stream, event)
+        stream.task = asyncio.create_task(self._preview(stream), name=f"preview:{key}")
+        stream.typing = asyncio.create_task(self._typing(stream), name=f"typing:{key}")
+
+    async def _rebind(self, stream: _Stream, event_id: str) -> None:
+        try:
+            async with self.single.connect() as conn:
+                payload = (
+                    await conn.execute(select(inbox.c.payload).where(inbox.c.event_id == event_id))
+                ).scalar()
+        except Exception:
+            log.exception("stream_lookup_failed", session_key=stream.key)
+            return
+        if payload is not None and stream.latest == event_id:
+            self._bind(stream, InboundEvent.model_validate(payload))
+
+    def _bind(self, stream: _Stream, event: InboundEvent) -> None:
+        if stream.event is not None and self._answering.get(stream.event.event_id) is stream:
+            del self._answering[stream.event.event_id]
+        stream.event = event
+        self._answering[event.event_id] = stream
+        while len(self._answering) > _MAX_ANSWERING:  # answers delivered elsewhere, or never
+            oldest = self._answering.pop(next(iter(self._answering)))
+            oldest.closing.set()
+            oldest.changed.set()
+
+    async def _confirm(self, stream: _Stream, run_id: int) -> None:
+        try:
+            async with self.single.connect() as conn:
+                ids = (await conn.execute(select(runs.c.event_ids).where(runs.c.id == run_id))).scalar()
+                last = str(ids[-1]) if ids else None
+                payload = None
+                if last is not None and (stream.event is None or stream.event.event_id != last):
+                    payload = (
+                        await conn.execute(select(inbox.c.payload).where(inbox.c.event_id == last))
+                    ).scalar()
+        except Exception:
+            log.exception("stream_lookup_failed", session_key=stream.key)
+            return
+        if payload is not None:
+            self._bind(stream, InboundEvent.model_validate(payload))
+
+    def _drop(self, stream: _Stream) -> None:
+        stream.closing.set()
+        if self._streams.get(stream.key) is stream:
+            del self._streams[stream.key]
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _message(self, stream: _Stream, text: str) -> OutboundMessage:
+        assert stream.event is not None
+        return reply_for(stream.event, text)  # the reply's target, as the answer will have it
+
+    # --- a stream's work --------------------------------------------------------------
+
+    async def _typing(self, stream: _Stream) -> None:
+        deadline = stream.started + self.idle_timeout
+        while not stream.closing.is_set() and time.monotonic() < deadline:
+            try:
+                await stream.streamer.typing(self._message(stream, ""))
+            except Exception as exc:  # best-effort
+                log.info("typing_failed", channel=stream.channel, error=str(exc))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stream.closing.wait(), self.typing_interval)
+
+    async def _preview(self, stream: _Stream) -> None:
+        assert stream.event is not None
+        # A quick answer needs no preview: wait, unless the turn ends first.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stream.closing.wait(), self.first_preview_after)
+        deadline = stream.started + self.idle_timeout
+        while not stream.closing.is_set() and time.monotonic() < deadline:
+            view = stream.view(self.texts, self.still_working_after)
+            pause = stream.streamer.edit_interval
+            if view and view != stream.shown:
+                try:
+                    await self._show(stream, view)
+                    stream.shown = view
+                except ChannelRateLimited as exc:
+                    pause = max(pause, exc.retry_after)
+                    log.info("preview_rate_limited", channel=stream.channel, retry_after=exc.retry_after)
+                except Exception as exc:  # previews are best-effort; the answer is not
+                    log.warning("preview_failed", channel=stream.channel, error=str(exc))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stream.closing.wait(), pause)
+            if stream.closing.is_set():
+                break
+            stream.changed.clear()
+            wait = max(0.0, self.still_working_after - (time.monotonic() - stream.started))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stream.changed.wait(), wait or self.idle_timeout)
+
+    async def _show(self, stream: _Stream, view: str) -> None:
+        assert stream.event is not None
+        message = self._message(stream, view)
+        if stream.preview_id is None:
+            row = await self._stored(stream.event.event_id)
+            if row is not None and row["final_message_id"] is not None:
+                stream.closing.set()  # already answered (before a restart)
+                return
+            if row is not None:
+                stream.preview_id = row["platform_message_id"]
+            else:
+                preview_id = await stream.streamer.open(message)
+                stream.preview_id = await self._store(stream, preview_id)
+                return
+        assert stream.preview_id is not None
+        await stream.streamer.edit(message, stream.preview_id)
+
+    async def _stored(self, event_id: str) -> Any:
+        async with self.single.connect() as conn:
+            return (
+                (await conn.execute(select(stream_previews).where(stream_previews.c.event_id == event_id)))
+                .mappings()
+                .first()
+            )
+
+    async def _store(self, stream: _Stream, preview_id: str) -> str:
+        assert stream.event is not None
+        now = utcnow()
+        values = dict(
+            event_id=stream.event.event_id,
+            channel=stream.channel,
+            chat_id=self._message(stream, "").chat_id,
+            platform_message_id=preview_id,
+            created_at=now,
+            updated_at=now,
+        )
+        try:
+            async with self.single.connect() as conn:
+                await conn.execute(stream_previews.insert().values(**values))
+        except IntegrityError:  # another replica's stream of the same event stored first
+            row = await self._stored(stream.event.event_id)
+            return str(row["platform_message_id"]) if row is not None else preview_id
+        return preview_id
+
+    async def _close(self, stream: _Stream) -> None:
+        """Stop the stream and wait for a preview call in flight: nothing lands after this."""
+        stream.closing.set()
+        stream.changed.set()
+        for task in (stream.task, stream.typing):
+            if task is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(task)
+        if self._streams.get(stream.key) is stream:
+            del self._streams[stream.key]
+        if stream.event is not None and self._answering.get(stream.event.event_id) is stream:
+            del self._answering[stream.event.event_id]
+
+    # --- the final answer -------------------------------------------------------------
+
+    async def deliver(
+        self, adapter: ChannelAdapter, streamer: Streamer, message: OutboundMessage
+    ) -> SendResult:
+        """Send `message` (an outbox row's), as its preview's last edit when there is one."""
+        event_id = message.in_reply_to_event
+        if event_id is None:
+            return await adapter.send(message)
+        stream = self._answering.get(event_id)
+        if stream is not None:
+            await self._close(stream)
+        self._finished[event_id] = None
+        while len(self._finished) > 10_000:
+            self._finished.popitem(last=False)
+        row = await self._stored(event_id)
+        if row is None or row["final_message_id"] not in (None, message.message_id):
+            return await adapter.send(message)  # no preview, or it already shows another reply
+        if not message.text.strip():  # nothing to edit to (a media-only answer): replace it
+            return await adapter.send(message)
+        result = await streamer.finish(message, str(row["platform_message_id"]))
+        async with self.single.connect() as conn:
+            await conn.execute(
+                update(stream_previews)
+                .where(stream_previews.c.id == row["id"])
+                .values(final_message_id=message.message_id, updated_at=utcnow())
+            )
+        return result
+
+
+class PreviewDelivery:
+    """A channel adapter as the outbox sender sees it when the channel streams."""
+
+    def __init__(self, adapter: ChannelAdapter, hub: PreviewHub, streamer: Streamer) -> None:
+        self.adapter = adapter
+        self.hub = hub
+        self.streamer = streamer
+        self.delivers = delivers(adapter)
+
+    @property
+    def name(self) -> str:
+        return self.adapter.name
+
+    @property
+    def settings(self) -> Any:
+        return self.adapter.settings
+
+    async def start(self) -> None:
+        return None  # the runtime starts the adapter itself
+
+    async def stop(self) -> None:
+        return None
+
+    async def send(self, message: OutboundMessage) -> SendResult:
+        return await self.hub.deliver(self.adapter, self.streamer, message)
+
+
+class ObservedBus:
+    """A session bus whose published events are also shown to a `PreviewHub`."""
+
+    def __init__(self, bus: SessionBus, hub: PreviewHub) -> None:
+        self.bus = bus
+        self.hub = hub
+
+    async def publish(self, key: str, event: dict[str, Any], *, remote: bool = True) -> None:
+        await self.bus.publish(key, event, remote=remote)
+        try:
+            self.hub.observe(key, event)
+        except Exception:  # a preview never breaks the turn
+            log.exception("preview_observe_failed", session_key=key)
+
+    def subscribe(self, key: str, maxsize: int = 1000) -> Any:
+        return self.bus.subscribe(key, maxsize)
+
+    async def start(self) -> None:
+        await self.bus.start()
+
+    async def stop(self) -> None:
+        await self.bus.stop()
