@@ -79,6 +79,11 @@ class Settings(BaseSettings):
     llm_vision: bool = Field(False, description="The model reads images: send image parts as image_url.")
     llm_fallback_base_url: str | None = Field(None, description="Endpoint tried when the primary gave up.")
     llm_fallback_api_key: str | None = None
+    llm_models: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Comma-separated further models a session may choose with /model "
+        "(the channel's model is always allowed).",
+    )
     llm_fallback_model: str | None = Field(None, description="Model of the fallback endpoint.")
     tool_result_max_chars: int = Field(16_000, description="Longer tool results are cut with a marker.")
     stop_poll_seconds: float = Field(1.0, description="How often a run looks for /stop from other replicas.")
@@ -193,7 +198,7 @@ class Settings(BaseSettings):
     log_level: str = "INFO"
     log_format: Literal["json", "console"] = "json"
 
-    @field_validator("channels", "tools_allow", "tools_deny", mode="before")
+    @field_validator("channels", "tools_allow", "tools_deny", "llm_models", mode="before")
     @classmethod
     def _comma_list(cls, value: object) -> object:
         if isinstance(value, str):

@@ -26,6 +26,7 @@ from app.agent.provider import ChatProvider
 from app.agent.reminder import reminder_tools
 from app.agent.tools import Tool, ToolRegistry, builtin_tools
 from app.agent.workspace import file_tools
+from app.agents.session_commands import SessionCommands
 from app.bus import SessionBus
 from app.channel import AcceptResult, ChannelAdapter, ChannelContext, ChannelSettings
 from app.config import Settings
@@ -188,6 +189,15 @@ class Runtime:
             recall=self.memory.recall if self.memory.enabled else None,
         )
         for command in BuiltinCommands(self.store, self.replies, self.turns).commands(self.commands):
+            self.commands.add(command)
+        for command in SessionCommands(
+            self.store,
+            self.replies,
+            channel_models=self.turns.models,
+            default_model=settings.llm_model,
+            allowed_models=settings.llm_models,
+            window_limit=settings.history_max_messages,
+        ).commands():
             self.commands.add(command)
         self.handler = Handler(
             self.store,

@@ -132,7 +132,9 @@ class TurnRunner:
             watched=started.watched,
             hand_on=hand_on,
         )
-        record = RunRecord(provider=self.runner.provider.name, model=self.models.get(last.channel))
+        # A model chosen with /model is stored on the session (app.agents.session_commands).
+        model = started.session.metadata.get("model") or self.models.get(last.channel)
+        record = RunRecord(provider=self.runner.provider.name, model=model)
         with self.midrun.running(lease.key):
             record = await self.runner.resume(
                 self._hooks(turn),

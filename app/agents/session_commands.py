@@ -1,0 +1,268 @@
+"""The commands people use to steer their own session: /status /whoami /title /model
+/sessions /resume. Each is one registry entry (`SessionCommands.commands`) and a handler.
+
+What a command changes is stored on the session row (`title`, `metadata["model"]`), under
+the key's lease like every write, so it survives a restart and a new generation starts
+clean (`/new` forgets the chosen model).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from sqlalchemy import func, select, update
+
+from app.db.models import approvals, sessions, utcnow
+from app.pipeline.commands import Command, CommandCall
+from app.pipeline.replies import Replies, conversation_channel
+from app.pipeline.storage.port import PipelineStore
+from app.pipeline.texts import say
+from app.sessions.store import SessionState
+
+TITLE_MAX = 200
+SESSIONS_LISTED = 10
+
+
+def estimate_tokens(texts: Sequence[str]) -> int:
+    """A rough token count (about four characters a token), for /status."""
+    return sum((len(t) + 3) // 4 for t in texts)
+
+
+class SessionCommands:
+    def __init__(
+        self,
+        store: PipelineStore,
+        replies: Replies,
+        *,
+        channel_models: Mapping[str, str | None],
+        default_model: str,
+        allowed_models: Sequence[str] = (),
+        window_limit: int = 100,
+    ) -> None:
+        self.store = store
+        self.replies = replies
+        self.channel_models = dict(channel_models)
+        self.default_model = default_model
+        self.allowed_models = list(allowed_models)
+        self.window_limit = window_limit
+
+    def commands(self) -> list[Command]:
+        return [
+            Command(
+                "/status",
+                {"en": "Show this conversation's state.", "zh": "查看当前对话的状态。"},
+                self.status,
+            ),
+            Command(
+                "/whoami",
+                {"en": "Show who you are to the bot.", "zh": "查看你在机器人这里的身份。"},
+                self.whoami,
+            ),
+            Command(
+                "/title",
+                {"en": "Show or set this conversation's title.", "zh": "查看或设置当前对话的标题。"},
+                self.title,
+                usage="[TEXT]",
+            ),
+            Command(
+                "/model",
+                {"en": "Show or choose this conversation's model.", "zh": "查看或选择当前对话的模型。"},
+                self.model,
+                usage="[NAME]",
+            ),
+            Command(
+                "/sessions",
+                {"en": "List the conversations in this chat.", "zh": "列出此聊天中的对话。"},
+                self.sessions,
+            ),
+            Command(
+                "/resume",
+                {"en": "Continue an earlier conversation.", "zh": "继续之前的某个对话。"},
+                self.resume,
+                usage="<N>",
+            ),
+        ]
+
+    # --- helpers ------------------------------------------------------------------------
+
+    def channel_model(self, channel: str) -> str:
+        return self.channel_models.get(channel) or self.default_model
+
+    def models_for(self, channel: str) -> list[str]:
+        """The models a session on `channel` may use: the channel's own first, then the list."""
+        default = self.channel_model(channel)
+        return [default, *(m for m in self.allowed_models if m != default)]
+
+    def session_model(self, session: SessionState) -> str:
+        chosen = session.metadata.get("model")
+        return chosen if isinstance(chosen, str) and chosen else self.channel_model(session.channel)
+
+    async def _reply(self, call: CommandCall, text: str, session_id: int | None) -> None:
+        async with self.store.fenced(call.lease) as conn:
+            await self.replies.answer(conn, call.row, text, session_id=session_id)
+        self.replies.handled([call.row.event_id])
+
+    async def _set(self, call: CommandCall, text_of: Any, **values: Any) -> None:
+        """Write `values` on the key's open session and answer `text_of(session)` in one transaction."""
+        lease, sessions_ = call.lease, self.store.sessions
+        async with self.store.fenced(lease) as conn:
+            session = await sessions_.open_current(
+                conn, lease.key, conversation_channel(call.event), fence=lease.fence
+            )
+            row_values: dict[str, Any] = {"updated_at": utcnow()}
+            state = session
+            if "title" in values:
+                row_values["title"] = values["title"]
+            if "metadata" in values:
+                metadata = {**session.metadata, **values["metadata"]}
+                row_values["metadata"] = metadata
+                state = replace(session, metadata=metadata)
+            await conn.execute(update(sessions).where(sessions.c.id == session.id).values(**row_values))
+            sessions_.remember(lease.key, state, fence=lease.fence)
+            await self.replies.answer(conn, call.row, text_of(state), session_id=session.id)
+        self.replies.handled([call.row.event_id])
+
+    async def _open(self, call: CommandCall) -> tuple[SessionState, dict[str, Any]]:
+        """The key's open session (opened if none) and its row's title."""
+        lease = call.lease
+        async with self.store.fenced(lease) as conn:
+            session = await self.store.sessions.open_current(
+                conn, lease.key, conversation_channel(call.event), fence=lease.fence
+            )
+            row = (
+                (await conn.execute(select(sessions.c.title).where(sessions.c.id == session.id)))
+                .mappings()
+                .one()
+            )
+            pending = (
+                await conn.execute(
+                    select(func.count())
+                    .select_from(approvals)
+                    .where(approvals.c.session_id == session.id, approvals.c.status == "pending")
+                )
+            ).scalar_one()
+        return session, {"title": row["title"], "pending": pending}
+
+    # --- /status ----------------------------------------------------------------------
+
+    async def status(self, call: CommandCall) -> None:
+        session, extra = await self._open(call)
+        window = await self.store.sessions.load_window(session, max_messages=self.window_limit)
+        tokens = estimate_tokens([m.content or "" for m in window])
+        none = say("none", call.locale)
+        text = say(
+            "status",
+            call.locale,
+            session_key=session.key,
+            agent="default",
+            generation=session.generation,
+            title=extra["title"] or none,
+            model=self.session_model(session),
+            messages=len(window),
+            tokens=tokens,
+            skills=none,
+            pending=extra["pending"],
+        )
+        await self._reply(call, text, session.id)
+
+    # --- /whoami ----------------------------------------------------------------------
+
+    async def whoami(self, call: CommandCall) -> None:
+        event = call.event
+        text = say(
+            "whoami",
+            call.locale,
+            channel=event.channel,
+            sender=event.sender_id,
+            chat=event.chat_id,
+            chat_type=event.chat_type.value,
+            session_key=call.lease.key,
+        )
+        await self._reply(call, text, None)
+
+    # --- /title -----------------------------------------------------------------------
+
+    async def title(self, call: CommandCall) -> None:
+        new = " ".join(call.args.split())
+        if not new:
+            session, extra = await self._open(call)
+            shown = extra["title"] or say("none", call.locale)
+            await self._reply(call, say("title.show", call.locale, title=shown), session.id)
+            return
+        if len(new) > TITLE_MAX:
+            await self._reply(call, say("title.too_long", call.locale, max=TITLE_MAX), None)
+            return
+        await self._set(call, lambda _s: say("title.set", call.locale, title=new), title=new)
+
+    # --- /model -----------------------------------------------------------------------
+
+    async def model(self, call: CommandCall) -> None:
+        allowed = self.models_for(call.event.channel)
+        name = call.args.strip()
+        if not name:
+            session, _ = await self._open(call)
+            text = say(
+                "model.show", call.locale, model=self.session_model(session), models=", ".join(allowed)
+            )
+            await self._reply(call, text, session.id)
+            return
+        if name not in allowed:
+            text = say("model.unknown", call.locale, model=name, models=", ".join(allowed))
+            await self._reply(call, text, None)
+            return
+        await self._set(call, lambda _s: say("model.set", call.locale, model=name), metadata={"model": name})
+
+    # --- /sessions /resume ------------------------------------------------------------
+
+    async def _generations(self, key: str) -> list[dict[str, Any]]:
+        async with self.store.sessions.engine.connect() as conn:
+            rows = (
+                await conn.execute(
+                    select(
+                        sessions.c.id,
+                        sessions.c.generation,
+                        sessions.c.title,
+                        sessions.c.status,
+                        sessions.c.next_seq,
+                    )
+                    .where(sessions.c.key == key)
+                    .order_by(sessions.c.generation.desc())
+                    .limit(SESSIONS_LISTED)
+                )
+            ).mappings()
+            return [dict(r) for r in rows]
+
+    async def sessions(self, call: CommandCall) -> None:
+        session, _ = await self._open(call)
+        lines = [say("sessions.title", call.locale)]
+        for row in await self._generations(call.lease.key):
+            mark = " *" if row["id"] == session.id else ""
+            lines.append(
+                say(
+                    "sessions.line",
+                    call.locale,
+                    n=row["generation"],
+                    title=row["title"] or say("untitled", call.locale),
+                    messages=row["next_seq"] - 1,
+                    status=row["status"],
+                )
+                + mark
+            )
+        await self._reply(call, "\n".join(lines), session.id)
+
+    async def resume(self, call: CommandCall) -> None:
+        arg = call.args.strip()
+        wanted = int(arg) if arg.isdigit() else None
+        found = [r for r in await self._generations(call.lease.key) if r["generation"] == wanted]
+        if wanted is None or not found:
+            await self._reply(call, say("resume.unknown", call.locale, n=arg or "?"), None)
+            return
+        target = found[0]
+        if target["status"] == "archived":
+            await self._reply(call, say("resume.archived", call.locale, n=wanted), None)
+            return
+        await self.store.sessions.reopen(call.lease.key, target["id"], lease=call.lease)
+        title = target["title"] or say("untitled", call.locale)
+        await self._reply(call, say("resume.done", call.locale, n=wanted, title=title), target["id"])
