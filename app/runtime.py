@@ -190,14 +190,16 @@ class Runtime:
         )
         for command in BuiltinCommands(self.store, self.replies, self.turns).commands(self.commands):
             self.commands.add(command)
-        for command in SessionCommands(
+        session_commands = SessionCommands(
             self.store,
             self.replies,
             channel_models=self.turns.models,
             default_model=settings.llm_model,
             allowed_models=settings.llm_models,
             window_limit=settings.history_max_messages,
-        ).commands():
+            turns=self.turns,
+        )
+        for command in [*session_commands.commands(), *session_commands.history_commands()]:
             self.commands.add(command)
         self.handler = Handler(
             self.store,

@@ -14,11 +14,16 @@ from typing import Any
 
 from sqlalchemy import func, select, update
 
+from app.agents.history_marks import last_turn, mark, visible
 from app.db.models import approvals, sessions, utcnow
+from app.events import InboundEvent
 from app.pipeline.commands import Command, CommandCall
 from app.pipeline.replies import Replies, conversation_channel
 from app.pipeline.storage.port import PipelineStore
 from app.pipeline.texts import say
+from app.pipeline.turn import TurnRunner
+from app.pipeline.turn_state import Handled
+from app.sessions.messages import ChatMessage
 from app.sessions.store import SessionState
 
 TITLE_MAX = 200
@@ -40,8 +45,10 @@ class SessionCommands:
         default_model: str,
         allowed_models: Sequence[str] = (),
         window_limit: int = 100,
+        turns: TurnRunner | None = None,
     ) -> None:
         self.store = store
+        self.turns = turns  # /retry runs a turn
         self.replies = replies
         self.channel_models = dict(channel_models)
         self.default_model = default_model
@@ -82,6 +89,27 @@ class SessionCommands:
                 {"en": "Continue an earlier conversation.", "zh": "继续之前的某个对话。"},
                 self.resume,
                 usage="<N>",
+            ),
+        ]
+
+    def history_commands(self) -> list[Command]:
+        """/undo and /retry (they need the turn runner)."""
+        return [
+            Command(
+                "/undo",
+                {
+                    "en": "Take back the last exchange (it stays in the history, the bot forgets it).",
+                    "zh": "撤回上一轮对话（历史中保留，但机器人不再参考）。",
+                },
+                self.undo,
+            ),
+            Command(
+                "/retry",
+                {
+                    "en": "Answer your last message again (the old answer is kept, marked superseded).",
+                    "zh": "重新回答你的上一条消息（旧回答保留并标记为已取代）。",
+                },
+                self.retry,
             ),
         ]
 
@@ -149,7 +177,8 @@ class SessionCommands:
 
     async def status(self, call: CommandCall) -> None:
         session, extra = await self._open(call)
-        window = await self.store.sessions.load_window(session, max_messages=self.window_limit)
+        stored = await self.store.sessions.load_window(session, max_messages=self.window_limit)
+        window = visible(stored, session.metadata)
         tokens = estimate_tokens([m.content or "" for m in window])
         none = say("none", call.locale)
         text = say(
@@ -266,3 +295,45 @@ class SessionCommands:
         await self.store.sessions.reopen(call.lease.key, target["id"], lease=call.lease)
         title = target["title"] or say("untitled", call.locale)
         await self._reply(call, say("resume.done", call.locale, n=wanted, title=title), target["id"])
+
+    # --- /undo /retry -------------------------------------------------------------------
+
+    async def _last_turn(self, call: CommandCall) -> tuple[SessionState, ChatMessage, int] | None:
+        lease = call.lease
+        async with self.store.fenced(lease) as conn:
+            session = await self.store.sessions.open_current(
+                conn, lease.key, conversation_channel(call.event), fence=lease.fence
+            )
+        found = last_turn(await self.store.sessions.all_messages(session.id), session.metadata)
+        return None if found is None else (session, *found)
+
+    async def undo(self, call: CommandCall) -> None:
+        found = await self._last_turn(call)
+        if found is None:
+            await self._reply(call, say("undo.nothing", call.locale), None)
+            return
+        session, user, end = found
+        marks = mark(session.metadata, user.seq or 0, end, why="undone", by=call.event.sender_id, at=utcnow())
+        await self._set(call, lambda _s: say("undo.done", call.locale), metadata=marks)
+
+    async def retry(self, call: CommandCall) -> Handled | None:
+        found = await self._last_turn(call)
+        if found is None or self.turns is None:
+            await self._reply(call, say("retry.nothing", call.locale), None)
+            return None
+        session, user, end = found
+        marks = mark(
+            session.metadata, user.seq or 0, end, why="superseded", by=call.event.sender_id, at=utcnow()
+        )
+        lease = call.lease
+        async with self.store.fenced(lease) as conn:
+            await conn.execute(
+                update(sessions)
+                .where(sessions.c.id == session.id)
+                .values(metadata=marks, updated_at=utcnow())
+            )
+        self.store.sessions.remember(lease.key, replace(session, metadata=marks), fence=lease.fence)
+        # The retried message is appended again (history stays append-only) and answered.
+        parts = [{"type": "text", "text": user.content or ""}, *(user.parts or ())]
+        again = InboundEvent.model_validate({**call.event.model_dump(), "parts": parts})
+        return await self.turns.run(lease, [replace(call.row, event=again)], None)

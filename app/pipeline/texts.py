@@ -63,6 +63,12 @@ TEXTS: dict[str, dict[str, str]] = {
         "en": "Conversation {n} is archived and cannot be continued.",
         "zh": "第 {n} 个对话已归档，无法继续。",
     },
+    "undo.done": {
+        "en": "Took back the last exchange. It stays in the history, marked undone.",
+        "zh": "已撤回上一轮对话。它仍保留在历史中，标记为已撤回。",
+    },
+    "undo.nothing": {"en": "There is nothing to take back.", "zh": "没有可以撤回的内容。"},
+    "retry.nothing": {"en": "There is no message to answer again.", "zh": "没有可以重新回答的消息。"},
     "resume.done": {"en": "Continuing conversation {n}: {title}", "zh": "继续第 {n} 个对话：{title}"},
 }
 

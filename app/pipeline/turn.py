@@ -22,6 +22,7 @@ import structlog
 from app.agent.loop import AgentRunner, Decision, RunHooks, RunRecord, StopRequest, open_calls
 from app.agent.policy import ToolPolicy
 from app.agent.tools import ToolContext
+from app.agents.history_marks import hidden_ranges, visible
 from app.channel import ChannelSettings, WaitResult
 from app.db.models import utcnow
 from app.events import InboundEvent
@@ -219,13 +220,18 @@ class TurnRunner:
         limits = self.limits
 
         async def load_window() -> list[ChatMessage]:
+            # Turns marked undone/superseded (/undo, /retry) stay stored but are not sent.
+            marks = turn.session.metadata
             if turn.stored is not None:  # what `SessionStore.load_window` would read now
                 return trim_to_legal_window(
-                    turn.stored, max_messages=limits.max_messages, max_tokens=limits.max_tokens
+                    visible(turn.stored, marks),
+                    max_messages=limits.max_messages,
+                    max_tokens=limits.max_tokens,
                 )
-            return await self.store.sessions.load_window(
+            window = await self.store.sessions.load_window(
                 turn.session, max_messages=limits.max_messages, max_tokens=limits.max_tokens
             )
+            return trim_to_legal_window(visible(window, marks)) if hidden_ranges(marks) else window
 
         async def append(new: list[ChatMessage]) -> None:
             # A tool result may be its group's last: the boundary after it looks at the

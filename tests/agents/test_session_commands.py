@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 from sqlalchemy import select
 
-from app.db.models import sessions
+from app.db.models import messages, sessions
 from tests.app.agent.test_agent_e2e import openai_settings
 from tests.conftest import WEBHOOK_SECRET, ServeApp, webhook_settings
 from tests.fakes.openai_server import FakeOpenAI, text
@@ -118,3 +118,67 @@ async def test_model_choice_reaches_the_model_and_survives_a_restart(serve: Serv
         assert fake.requests[-1].body["model"] == "small-model"
         # the same generation: the model saw the earlier turn too
         assert [m["content"] for m in fake.requests[-1].messages if m["role"] == "user"] == ["hi", "again"]
+
+
+async def history(srv: Any, key: str) -> list[tuple[str, str | None]]:
+    async with srv.runtime.engine.connect() as conn:
+        rows = await conn.execute(
+            select(messages.c.role, messages.c.content)
+            .join(sessions, sessions.c.id == messages.c.session_id)
+            .where(sessions.c.key == key)
+            .order_by(messages.c.seq)
+        )
+        return [(r.role, r.content) for r in rows]
+
+
+def sent(request: Any) -> list[tuple[str, str]]:
+    return [(m["role"], m["content"]) for m in request.messages if m["role"] != "system"]
+
+
+async def test_retry_and_undo_keep_the_history_and_hide_the_turn_from_the_model(serve: ServeApp) -> None:
+    async with FakeOpenAI() as fake:
+        fake.enqueue(text("Noted, Ann."), text("5"), text("4"), text("Hello!"))
+        async with serve(**openai_settings(fake)) as srv, httpx.AsyncClient(timeout=30) as client:
+            assert await say(client, srv, "my name is Ann") == "Noted, Ann."
+            assert await say(client, srv, "what is 2+2?") == "5"
+            assert await say(client, srv, "/retry") == "4"
+            assert sent(fake.requests[2]) == [
+                ("user", "my name is Ann"),
+                ("assistant", "Noted, Ann."),
+                ("user", "what is 2+2?"),
+            ]
+            assert await say(client, srv, "/undo") == (
+                "Took back the last exchange. It stays in the history, marked undone."
+            )
+            assert await say(client, srv, "hi") == "Hello!"
+            assert sent(fake.requests[3]) == [
+                ("user", "my name is Ann"),
+                ("assistant", "Noted, Ann."),
+                ("user", "hi"),
+            ]
+            # append-only: every message is still stored, the markers say which turns are out
+            assert await history(srv, "webhook:c1") == [
+                ("user", "my name is Ann"),
+                ("assistant", "Noted, Ann."),
+                ("user", "what is 2+2?"),
+                ("assistant", "5"),
+                ("user", "what is 2+2?"),
+                ("assistant", "4"),
+                ("user", "hi"),
+                ("assistant", "Hello!"),
+            ]
+            [row] = await session_rows(srv, "webhook:c1")
+            marks = [(m["from"], m["to"], m["why"], m["by"]) for m in row["metadata"]["hidden"]]
+            assert marks == [(3, 4, "superseded", "u1"), (5, 6, "undone", "u1")]
+        assert len(fake.requests) == 4
+
+
+async def test_undo_and_retry_with_nothing_to_act_on_in_chinese(serve: ServeApp) -> None:
+    settings = {"webhook": webhook_settings(locale="zh")}
+    async with serve(channel_settings=settings) as srv, httpx.AsyncClient(timeout=30) as client:
+        assert await say(client, srv, "/undo") == "没有可以撤回的内容。"
+        assert await say(client, srv, "/retry") == "没有可以重新回答的消息。"
+        await say(client, srv, "你好")
+        assert await say(client, srv, "/undo") == "已撤回上一轮对话。它仍保留在历史中，标记为已撤回。"
+        assert await say(client, srv, "/undo") == "没有可以撤回的内容。"
+        assert "上下文：0 条消息" in await say(client, srv, "/status")
