@@ -198,6 +198,7 @@ class Runtime:
             allowed_models=settings.llm_models,
             window_limit=settings.history_max_messages,
             turns=self.turns,
+            consolidator=self.memory.consolidator,
         )
         for command in [*session_commands.commands(), *session_commands.history_commands()]:
             self.commands.add(command)

@@ -15,8 +15,10 @@ from typing import Any
 from sqlalchemy import func, select, update
 
 from app.agents.history_marks import last_turn, mark, visible
-from app.db.models import approvals, sessions, utcnow
+from app.db.models import approvals, memories, sessions, utcnow
 from app.events import InboundEvent
+from app.memory.consolidation import Consolidator
+from app.memory.store import Scope, put_memory
 from app.pipeline.commands import Command, CommandCall
 from app.pipeline.replies import Replies, conversation_channel
 from app.pipeline.storage.port import PipelineStore
@@ -46,9 +48,11 @@ class SessionCommands:
         allowed_models: Sequence[str] = (),
         window_limit: int = 100,
         turns: TurnRunner | None = None,
+        consolidator: Consolidator | None = None,
     ) -> None:
         self.store = store
         self.turns = turns  # /retry runs a turn
+        self.consolidator = consolidator  # /compact folds with it
         self.replies = replies
         self.channel_models = dict(channel_models)
         self.default_model = default_model
@@ -110,6 +114,14 @@ class SessionCommands:
                     "zh": "重新回答你的上一条消息（旧回答保留并标记为已取代）。",
                 },
                 self.retry,
+            ),
+            Command(
+                "/compact",
+                {
+                    "en": "Summarize this conversation and continue in a fresh one that keeps the summary.",
+                    "zh": "总结当前对话，并在保留摘要的新对话中继续。",
+                },
+                self.compact,
             ),
         ]
 
@@ -337,3 +349,57 @@ class SessionCommands:
         parts = [{"type": "text", "text": user.content or ""}, *(user.parts or ())]
         again = InboundEvent.model_validate({**call.event.model_dump(), "parts": parts})
         return await self.turns.run(lease, [replace(call.row, event=again)], None)
+
+    # --- /compact -----------------------------------------------------------------------
+
+    async def compact(self, call: CommandCall) -> None:
+        """Consolidate now (thresholds ignored), then continue in a new generation that
+        carries the old one's summaries, its title and model, linked to it."""
+        if self.consolidator is None:
+            await self._reply(call, say("compact.unavailable", call.locale), None)
+            return
+        lease, store = call.lease, self.store.sessions
+        channel = conversation_channel(call.event)
+        async with self.store.fenced(lease) as conn:
+            old = await store.open_current(conn, lease.key, channel, fence=lease.fence)
+        if old.message_count == 0:
+            await self._reply(call, say("compact.nothing", call.locale), old.id)
+            return
+        await self.consolidator.consolidate(lease, old.id, force=True)
+        async with self.store.fenced(lease) as conn:
+            title = (await conn.execute(select(sessions.c.title).where(sessions.c.id == old.id))).scalar_one()
+            summaries = (
+                await conn.execute(
+                    select(memories.c.key, memories.c.content, memories.c.metadata).where(
+                        memories.c.scope == Scope.SESSION.value,
+                        memories.c.owner == lease.key,
+                        memories.c.source_session_id == old.id,
+                    )
+                )
+            ).all()
+            await store.close_current(conn, lease.key)
+            new = await store.open_current(conn, lease.key, channel, fence=lease.fence)
+            carried = {k: old.metadata[k] for k in ("model",) if k in old.metadata}
+            metadata = {**carried, "compacted_from": {"session_id": old.id, "generation": old.generation}}
+            await conn.execute(
+                update(sessions)
+                .where(sessions.c.id == new.id)
+                .values(metadata=metadata, title=title, updated_at=utcnow())
+            )
+            for row in summaries:
+                await put_memory(
+                    conn,
+                    Scope.SESSION,
+                    lease.key,
+                    row.content,
+                    key=f"carried:{old.id}:{row.key}",
+                    kind="summary",
+                    source_session_id=new.id,
+                    metadata={**(row.metadata or {}), "from_session_id": old.id},
+                )
+            store.remember(lease.key, replace(new, metadata=metadata), fence=lease.fence)
+            text = say(
+                "compact.done", call.locale, old=old.generation, new=new.generation, summaries=len(summaries)
+            )
+            await self.replies.answer(conn, call.row, text, session_id=new.id)
+        self.replies.handled([call.row.event_id])

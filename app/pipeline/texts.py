@@ -69,6 +69,15 @@ TEXTS: dict[str, dict[str, str]] = {
     },
     "undo.nothing": {"en": "There is nothing to take back.", "zh": "没有可以撤回的内容。"},
     "retry.nothing": {"en": "There is no message to answer again.", "zh": "没有可以重新回答的消息。"},
+    "compact.done": {
+        "en": "Summarized conversation {old} ({summaries} summaries) and continued in conversation {new}.",
+        "zh": "已总结第 {old} 个对话（{summaries} 条摘要），并在第 {new} 个对话中继续。",
+    },
+    "compact.nothing": {"en": "There is nothing to compact yet.", "zh": "目前没有可压缩的内容。"},
+    "compact.unavailable": {
+        "en": "Compacting needs memory and consolidation, which are off here.",
+        "zh": "压缩需要启用记忆与整理功能，此处未启用。",
+    },
     "resume.done": {"en": "Continuing conversation {n}: {title}", "zh": "继续第 {n} 个对话：{title}"},
 }
 

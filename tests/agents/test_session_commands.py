@@ -182,3 +182,42 @@ async def test_undo_and_retry_with_nothing_to_act_on_in_chinese(serve: ServeApp)
         assert await say(client, srv, "/undo") == "已撤回上一轮对话。它仍保留在历史中，标记为已撤回。"
         assert await say(client, srv, "/undo") == "没有可以撤回的内容。"
         assert "上下文：0 条消息" in await say(client, srv, "/status")
+
+
+async def test_compact_summarizes_and_continues_in_a_linked_generation_that_carries_the_summary(
+    serve: ServeApp,
+) -> None:
+    async with FakeOpenAI() as fake:
+        fake.enqueue(
+            text("Nice to meet you."),
+            text("Paris is lovely in May."),
+            text('{"summary": "Ann plans a trip to Paris in May.", "facts": []}'),  # the summary call
+            text("Pack an umbrella."),
+        )
+        settings = openai_settings(fake, llm_models="big-model")
+        async with serve(**settings) as srv, httpx.AsyncClient(timeout=30) as client:
+            assert await say(client, srv, "/compact") == "There is nothing to compact yet."
+            await say(client, srv, "I am Ann")
+            await say(client, srv, "I go to Paris in May")
+            await say(client, srv, "/title Paris")
+            await say(client, srv, "/model big-model")
+            done = await say(client, srv, "/compact")
+            assert done == "Summarized conversation 1 (1 summaries) and continued in conversation 2."
+            assert await say(client, srv, "what should I pack?") == "Pack an umbrella."
+            status = await say(client, srv, "/status")
+            assert "Generation: 2\nTitle: Paris\nModel: big-model" in status
+            rows = await session_rows(srv, "webhook:c1")
+            assert [(r["generation"], r["status"]) for r in rows] == [(1, "expired"), (2, "active")]
+            assert rows[1]["metadata"]["compacted_from"]["generation"] == 1
+        last = fake.requests[-1]
+        system = " ".join(m["content"] for m in last.messages if m["role"] == "system")
+        assert "Ann plans a trip to Paris in May." in system
+        assert sent(last) == [("user", "what should I pack?")]
+        assert last.body["model"] == "big-model"
+
+
+async def test_compact_in_chinese_without_memory(serve: ServeApp) -> None:
+    settings = {"webhook": webhook_settings(locale="zh")}
+    async with serve(channel_settings=settings, memory_enabled=False) as srv:
+        async with httpx.AsyncClient(timeout=30) as client:
+            assert await say(client, srv, "/compact") == "压缩需要启用记忆与整理功能，此处未启用。"
