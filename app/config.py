@@ -79,6 +79,9 @@ class Settings(BaseSettings):
     llm_vision: bool = Field(False, description="The model reads images: send image parts as image_url.")
     llm_fallback_base_url: str | None = Field(None, description="Endpoint tried when the primary gave up.")
     llm_fallback_api_key: str | None = None
+    agents_file: str | None = Field(
+        None, description="YAML or TOML file of agents and routes (docs/agents.md); unset: one agent."
+    )
     llm_models: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="Comma-separated further models a session may choose with /model "

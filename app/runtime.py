@@ -26,6 +26,7 @@ from app.agent.provider import ChatProvider
 from app.agent.reminder import reminder_tools
 from app.agent.tools import Tool, ToolRegistry, builtin_tools
 from app.agent.workspace import file_tools
+from app.agents.profiles import AgentBook, AgentRouter
 from app.agents.session_commands import SessionCommands
 from app.bus import SessionBus
 from app.channel import AcceptResult, ChannelAdapter, ChannelContext, ChannelSettings
@@ -139,11 +140,12 @@ class Runtime:
                 self.tools.register(tool)
         self.mcp = McpToolSource.from_settings(settings, self.tools)  # connects in start()
         # --- end memory and MCP
+        self.agents = AgentRouter(AgentBook.load(settings.agents_file), self.engine)
         self.runner = AgentRunner(
             self.provider,
             self.tools,
             system_prompt=settings.system_prompt,
-            context_sources=self.memory.context_sources(),
+            context_sources=[self.agents.persona, *self.memory.context_sources()],
             max_iterations=settings.agent_max_iterations,
             max_tool_result_chars=settings.tool_result_max_chars,
         )
@@ -188,6 +190,7 @@ class Runtime:
             on_run_finished=self._observe_run,
             recall=self.memory.recall if self.memory.enabled else None,
         )
+        self.turns.agent_model = self.agents.model_of
         for command in BuiltinCommands(self.store, self.replies, self.turns).commands(self.commands):
             self.commands.add(command)
         session_commands = SessionCommands(
@@ -199,8 +202,10 @@ class Runtime:
             window_limit=settings.history_max_messages,
             turns=self.turns,
             consolidator=self.memory.consolidator,
+            agents=self.agents,
         )
-        for command in [*session_commands.commands(), *session_commands.history_commands()]:
+        more = session_commands.agent_commands() if self.agents.book.several else []
+        for command in [*session_commands.commands(), *session_commands.history_commands(), *more]:
             self.commands.add(command)
         self.handler = Handler(
             self.store,
@@ -222,7 +227,12 @@ class Runtime:
             on_takeover=self.metrics.lease_takeovers.inc,
         )
         self.ingest = Ingest(
-            self.store, self.scheduler, self.waiters, self.channel_settings, counted=self._count_event
+            self.store,
+            self.scheduler,
+            self.waiters,
+            self.channel_settings,
+            counted=self._count_event,
+            assign=self.agents.assign if self.agents.book.several else None,
         )
         self._approvals: asyncio.Task[None] | None = None
         self._sweeper: asyncio.Task[None] | None = None

@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import func, select, update
 
 from app.agents.history_marks import last_turn, mark, visible
+from app.agents.profiles import DEFAULT_AGENT, AgentProfile, AgentRouter
 from app.db.models import approvals, memories, sessions, utcnow
 from app.events import InboundEvent
 from app.memory.consolidation import Consolidator
@@ -49,7 +50,9 @@ class SessionCommands:
         window_limit: int = 100,
         turns: TurnRunner | None = None,
         consolidator: Consolidator | None = None,
+        agents: AgentRouter | None = None,
     ) -> None:
+        self.agents = agents
         self.store = store
         self.turns = turns  # /retry runs a turn
         self.consolidator = consolidator  # /compact folds with it
@@ -96,6 +99,20 @@ class SessionCommands:
             ),
         ]
 
+    def agent_commands(self) -> list[Command]:
+        """/agent (it needs the agents)."""
+        return [
+            Command(
+                "/agent",
+                {
+                    "en": "List the agents, or switch this chat to one.",
+                    "zh": "列出智能体，或将此聊天切换到某个智能体。",
+                },
+                self.agent_command,
+                usage="[NAME]",
+            )
+        ]
+
     def history_commands(self) -> list[Command]:
         """/undo and /retry (they need the turn runner)."""
         return [
@@ -127,17 +144,22 @@ class SessionCommands:
 
     # --- helpers ------------------------------------------------------------------------
 
-    def channel_model(self, channel: str) -> str:
-        return self.channel_models.get(channel) or self.default_model
+    def agent(self, event: InboundEvent) -> AgentProfile:
+        return self.agents.agent_of(event) if self.agents is not None else AgentProfile(DEFAULT_AGENT)
 
-    def models_for(self, channel: str) -> list[str]:
-        """The models a session on `channel` may use: the channel's own first, then the list."""
-        default = self.channel_model(channel)
-        return [default, *(m for m in self.allowed_models if m != default)]
+    def base_model(self, event: InboundEvent) -> str:
+        """The model before /model: the agent's, else the channel's, else the service's."""
+        return self.agent(event).model or self.channel_models.get(event.channel) or self.default_model
 
-    def session_model(self, session: SessionState) -> str:
+    def models_for(self, event: InboundEvent) -> list[str]:
+        """The models /model may choose: the base model first, then the agent's (else LLM_MODELS)."""
+        default = self.base_model(event)
+        more = self.agent(event).models or self.allowed_models
+        return [default, *(m for m in more if m != default)]
+
+    def session_model(self, session: SessionState, event: InboundEvent) -> str:
         chosen = session.metadata.get("model")
-        return chosen if isinstance(chosen, str) and chosen else self.channel_model(session.channel)
+        return chosen if isinstance(chosen, str) and chosen else self.base_model(event)
 
     async def _reply(self, call: CommandCall, text: str, session_id: int | None) -> None:
         async with self.store.fenced(call.lease) as conn:
@@ -197,10 +219,10 @@ class SessionCommands:
             "status",
             call.locale,
             session_key=session.key,
-            agent="default",
+            agent=self.agent(call.event).name,
             generation=session.generation,
             title=extra["title"] or none,
-            model=self.session_model(session),
+            model=self.session_model(session, call.event),
             messages=len(window),
             tokens=tokens,
             skills=none,
@@ -240,12 +262,15 @@ class SessionCommands:
     # --- /model -----------------------------------------------------------------------
 
     async def model(self, call: CommandCall) -> None:
-        allowed = self.models_for(call.event.channel)
+        allowed = self.models_for(call.event)
         name = call.args.strip()
         if not name:
             session, _ = await self._open(call)
             text = say(
-                "model.show", call.locale, model=self.session_model(session), models=", ".join(allowed)
+                "model.show",
+                call.locale,
+                model=self.session_model(session, call.event),
+                models=", ".join(allowed),
             )
             await self._reply(call, text, session.id)
             return
@@ -403,3 +428,27 @@ class SessionCommands:
             )
             await self.replies.answer(conn, call.row, text, session_id=new.id)
         self.replies.handled([call.row.event_id])
+
+    # --- /agent -------------------------------------------------------------------------
+
+    async def agent_command(self, call: CommandCall) -> None:
+        assert self.agents is not None
+        book, event = self.agents.book, call.event
+        usable = book.usable(event.sender_id)
+        current = self.agent(event).name
+        name = call.args.strip()
+        if not name:
+            lines = [say("agent.title", call.locale)]
+            for agent in usable:
+                mark = " *" if agent.name == current else ""
+                lines.append(
+                    f"- {agent.name}" + (f" — {agent.description}" if agent.description else "") + mark
+                )
+            await self._reply(call, "\n".join(lines), None)
+            return
+        if name not in {a.name for a in usable}:
+            names = ", ".join(a.name for a in usable)
+            await self._reply(call, say("agent.unknown", call.locale, agent=name, agents=names), None)
+            return
+        await self.agents.choose(event, name)
+        await self._reply(call, say("agent.switched", call.locale, agent=name), None)

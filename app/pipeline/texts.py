@@ -78,6 +78,15 @@ TEXTS: dict[str, dict[str, str]] = {
         "en": "Compacting needs memory and consolidation, which are off here.",
         "zh": "压缩需要启用记忆与整理功能，此处未启用。",
     },
+    "agent.title": {"en": "Agents (* serving this chat):", "zh": "智能体（* 为当前）："},
+    "agent.unknown": {
+        "en": "There is no agent {agent} you may use. Yours: {agents}",
+        "zh": "没有你可使用的智能体 {agent}。可用：{agents}",
+    },
+    "agent.switched": {
+        "en": "This chat now talks to {agent}. Each agent keeps its own conversation.",
+        "zh": "此聊天已切换到 {agent}。每个智能体保留各自的对话。",
+    },
     "resume.done": {"en": "Continuing conversation {n}: {title}", "zh": "继续第 {n} 个对话：{title}"},
 }
 

@@ -84,6 +84,8 @@ class TurnRunner:
         self.approval_rules = ApprovalRules(self.channel_settings)
         self.on_run_finished = on_run_finished
         self.recall = recall  # read with a turn's start where the store can
+        # The serving agent's model (app.agents), between /model's choice and the channel's.
+        self.agent_model: Callable[[InboundEvent], str | None] = lambda event: None
 
     # --- a new turn -----------------------------------------------------------------
 
@@ -134,7 +136,9 @@ class TurnRunner:
             hand_on=hand_on,
         )
         # A model chosen with /model is stored on the session (app.agents.session_commands).
-        model = started.session.metadata.get("model") or self.models.get(last.channel)
+        model = (
+            started.session.metadata.get("model") or self.agent_model(last) or self.models.get(last.channel)
+        )
         record = RunRecord(provider=self.runner.provider.name, model=model)
         with self.midrun.running(lease.key):
             record = await self.runner.resume(
