@@ -82,6 +82,9 @@ class Settings(BaseSettings):
     agents_file: str | None = Field(
         None, description="YAML or TOML file of agents and routes (docs/agents.md); unset: one agent."
     )
+    skills_dir: str | None = Field(
+        None, description="Folder of skills (one sub-folder with a SKILL.md each); unset: none."
+    )
     llm_models: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="Comma-separated further models a session may choose with /model "

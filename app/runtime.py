@@ -28,6 +28,7 @@ from app.agent.tools import Tool, ToolRegistry, builtin_tools
 from app.agent.workspace import file_tools
 from app.agents.profiles import AgentBook, AgentRouter
 from app.agents.session_commands import SessionCommands
+from app.agents.skills import LoadSkillTool, SkillLibrary
 from app.bus import SessionBus
 from app.channel import AcceptResult, ChannelAdapter, ChannelContext, ChannelSettings
 from app.config import Settings
@@ -141,11 +142,14 @@ class Runtime:
         self.mcp = McpToolSource.from_settings(settings, self.tools)  # connects in start()
         # --- end memory and MCP
         self.agents = AgentRouter(AgentBook.load(settings.agents_file), self.engine)
+        self.skills = SkillLibrary(settings.skills_dir, self.agents.book, self.engine)
+        if self.skills.any:
+            self.tools.register(LoadSkillTool(self.skills))
         self.runner = AgentRunner(
             self.provider,
             self.tools,
             system_prompt=settings.system_prompt,
-            context_sources=[self.agents.persona, *self.memory.context_sources()],
+            context_sources=[self.agents.persona, self.skills.context, *self.memory.context_sources()],
             max_iterations=settings.agent_max_iterations,
             max_tool_result_chars=settings.tool_result_max_chars,
         )
@@ -203,8 +207,10 @@ class Runtime:
             turns=self.turns,
             consolidator=self.memory.consolidator,
             agents=self.agents,
+            skills=self.skills,
         )
         more = session_commands.agent_commands() if self.agents.book.several else []
+        more += session_commands.skill_commands() if self.skills.any else []
         for command in [*session_commands.commands(), *session_commands.history_commands(), *more]:
             self.commands.add(command)
         self.handler = Handler(

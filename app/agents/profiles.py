@@ -52,6 +52,7 @@ class AgentProfile:
     tools_allow: tuple[str, ...] = ()
     tools_deny: tuple[str, ...] = ()
     skills: tuple[str, ...] = ()
+    skills_dir: str | None = None  # this agent's own skills (app.agents.skills)
     memory_namespace: str | None = None
     approvers: tuple[str, ...] = ()
     users: tuple[str, ...] = ()  # senders who may switch to it; empty: everyone

@@ -16,6 +16,7 @@ from sqlalchemy import func, select, update
 
 from app.agents.history_marks import last_turn, mark, visible
 from app.agents.profiles import DEFAULT_AGENT, AgentProfile, AgentRouter
+from app.agents.skills import SKILLS, SkillLibrary, loaded_skills, set_loaded
 from app.db.models import approvals, memories, sessions, utcnow
 from app.events import InboundEvent
 from app.memory.consolidation import Consolidator
@@ -51,8 +52,10 @@ class SessionCommands:
         turns: TurnRunner | None = None,
         consolidator: Consolidator | None = None,
         agents: AgentRouter | None = None,
+        skills: SkillLibrary | None = None,
     ) -> None:
         self.agents = agents
+        self.skills = skills
         self.store = store
         self.turns = turns  # /retry runs a turn
         self.consolidator = consolidator  # /compact folds with it
@@ -111,6 +114,22 @@ class SessionCommands:
                 self.agent_command,
                 usage="[NAME]",
             )
+        ]
+
+    def skill_commands(self) -> list[Command]:
+        """/skills and /skill (they need the skill library)."""
+        return [
+            Command(
+                "/skills",
+                {"en": "List the skills and which are loaded.", "zh": "列出技能及已加载的技能。"},
+                self.list_skills,
+            ),
+            Command(
+                "/skill",
+                {"en": "Load a skill here (-NAME unloads it).", "zh": "在此对话加载技能（-名称 卸载）。"},
+                self.skill,
+                usage="[-]NAME",
+            ),
         ]
 
     def history_commands(self) -> list[Command]:
@@ -178,7 +197,12 @@ class SessionCommands:
             if "title" in values:
                 row_values["title"] = values["title"]
             if "metadata" in values:
-                metadata = {**session.metadata, **values["metadata"]}
+                # Read fresh: a tool (load_skill) may have written it during a turn.
+                fresh = (
+                    await conn.execute(select(sessions.c.metadata).where(sessions.c.id == session.id))
+                ).scalar() or {}
+                change = values["metadata"]
+                metadata = change(fresh) if callable(change) else {**fresh, **change}
                 row_values["metadata"] = metadata
                 state = replace(session, metadata=metadata)
             await conn.execute(update(sessions).where(sessions.c.id == session.id).values(**row_values))
@@ -225,7 +249,7 @@ class SessionCommands:
             model=self.session_model(session, call.event),
             messages=len(window),
             tokens=tokens,
-            skills=none,
+            skills=", ".join(session.metadata.get(SKILLS) or ()) or none,
             pending=extra["pending"],
         )
         await self._reply(call, text, session.id)
@@ -349,9 +373,13 @@ class SessionCommands:
         if found is None:
             await self._reply(call, say("undo.nothing", call.locale), None)
             return
-        session, user, end = found
-        marks = mark(session.metadata, user.seq or 0, end, why="undone", by=call.event.sender_id, at=utcnow())
-        await self._set(call, lambda _s: say("undo.done", call.locale), metadata=marks)
+        _, user, end = found
+        by, at = call.event.sender_id, utcnow()
+
+        def undone(metadata: dict[str, Any]) -> dict[str, Any]:
+            return mark(metadata, user.seq or 0, end, why="undone", by=by, at=at)
+
+        await self._set(call, lambda _s: say("undo.done", call.locale), metadata=undone)
 
     async def retry(self, call: CommandCall) -> Handled | None:
         found = await self._last_turn(call)
@@ -359,11 +387,12 @@ class SessionCommands:
             await self._reply(call, say("retry.nothing", call.locale), None)
             return None
         session, user, end = found
-        marks = mark(
-            session.metadata, user.seq or 0, end, why="superseded", by=call.event.sender_id, at=utcnow()
-        )
         lease = call.lease
         async with self.store.fenced(lease) as conn:
+            fresh = (
+                await conn.execute(select(sessions.c.metadata).where(sessions.c.id == session.id))
+            ).scalar() or {}
+            marks = mark(fresh, user.seq or 0, end, why="superseded", by=call.event.sender_id, at=utcnow())
             await conn.execute(
                 update(sessions)
                 .where(sessions.c.id == session.id)
@@ -452,3 +481,48 @@ class SessionCommands:
             return
         await self.agents.choose(event, name)
         await self._reply(call, say("agent.switched", call.locale, agent=name), None)
+
+    # --- /skills /skill -----------------------------------------------------------------
+
+    async def list_skills(self, call: CommandCall) -> None:
+        assert self.skills is not None
+        available = self.skills.available(call.lease.key)
+        session, _ = await self._open(call)
+        async with self.store.sessions.engine.connect() as conn:
+            loaded = await loaded_skills(conn, session.id)
+        lines = [say("skills.title", call.locale)]
+        for skill in available.values():
+            mark_ = " *" if skill.name in loaded else ""
+            lines.append(f"- {skill.name}: {skill.description}{mark_}")
+        if not available:
+            lines.append(say("none", call.locale))
+        await self._reply(call, "\n".join(lines), session.id)
+
+    async def skill(self, call: CommandCall) -> None:
+        assert self.skills is not None
+        arg = call.args.strip()
+        unload = arg.startswith("-")
+        name = arg.lstrip("-").strip()
+        available = self.skills.available(call.lease.key)
+        if not name or (not unload and name not in available):
+            listed = ", ".join(available) or say("none", call.locale)
+            await self._reply(call, say("skill.unknown", call.locale, skill=name or "?", skills=listed), None)
+            return
+        lease, store = call.lease, self.store.sessions
+        async with self.store.fenced(lease) as conn:
+            session = await store.open_current(
+                conn, lease.key, conversation_channel(call.event), fence=lease.fence
+            )
+            loaded = await loaded_skills(conn, session.id)
+            if unload:
+                key = "skill.unloaded" if name in loaded else "skill.not_loaded"
+                names = [n for n in loaded if n != name]
+            else:
+                key = "skill.loaded"
+                names = loaded if name in loaded else [*loaded, name]
+            metadata = await set_loaded(conn, session.id, names)
+            store.remember(lease.key, replace(session, metadata=metadata), fence=lease.fence)
+            await self.replies.answer(
+                conn, call.row, say(key, call.locale, skill=name), session_id=session.id
+            )
+        self.replies.handled([call.row.event_id])

@@ -87,6 +87,17 @@ TEXTS: dict[str, dict[str, str]] = {
         "en": "This chat now talks to {agent}. Each agent keeps its own conversation.",
         "zh": "此聊天已切换到 {agent}。每个智能体保留各自的对话。",
     },
+    "skills.title": {"en": "Skills (* loaded here):", "zh": "技能（* 为已在此加载）："},
+    "skill.unknown": {
+        "en": "There is no skill {skill}. Available: {skills}",
+        "zh": "没有名为 {skill} 的技能。可用：{skills}",
+    },
+    "skill.loaded": {
+        "en": "Skill {skill} loaded here.",
+        "zh": "已在当前对话加载技能 {skill}。",
+    },
+    "skill.unloaded": {"en": "Skill {skill} unloaded.", "zh": "已卸载技能 {skill}。"},
+    "skill.not_loaded": {"en": "Skill {skill} was not loaded.", "zh": "技能 {skill} 未加载。"},
     "resume.done": {"en": "Continuing conversation {n}: {title}", "zh": "继续第 {n} 个对话：{title}"},
 }
 
