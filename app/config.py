@@ -105,6 +105,16 @@ class Settings(BaseSettings):
         None,
         description="Directory the file tools may touch; unset disables read_file/list_files/write_file.",
     )
+    workspace_per_session: bool = Field(
+        False,
+        description="Give each session its own directory WORKSPACE_ROOT/<agent>/<key>/<generation> "
+        "for the file tools.",
+    )
+    workspace_cleanup: Literal["keep", "remove", "archive"] = Field(
+        "remove",
+        description="With per-session workspaces: what the lifecycle sweep does with the directory "
+        "of an expired or archived session (archive: move it under WORKSPACE_ROOT/.archive).",
+    )
     approval_timeout_seconds: float = Field(
         300.0, description="A pending /approve request is denied after this."
     )

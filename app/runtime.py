@@ -29,6 +29,7 @@ from app.agent.workspace import file_tools
 from app.agents.profiles import AgentBook, AgentRouter
 from app.agents.session_commands import SessionCommands
 from app.agents.skills import LoadSkillTool, SkillLibrary
+from app.agents.workspaces import clean_workspaces
 from app.bus import SessionBus
 from app.channel import AcceptResult, ChannelAdapter, ChannelContext, ChannelSettings
 from app.config import Settings
@@ -100,7 +101,7 @@ class Runtime:
         self.provider = provider or build_provider(settings)
         self.tools = ToolRegistry(tools if tools is not None else builtin_tools())
         if tools is None and settings.workspace_root:  # read_file, list_files, write_file (risky)
-            for tool in file_tools(settings.workspace_root):
+            for tool in file_tools(settings.workspace_root, per_session=settings.workspace_per_session):
                 self.tools.register(tool)
         self.metrics = metrics or Metrics()
         self._unserved_seen: set[str] = set()
@@ -302,6 +303,12 @@ class Runtime:
                 moved = await self.sessions.sweep()
                 if any(moved.values()):
                     log.info("sessions_swept", **moved)
+                if self.settings.workspace_root and self.settings.workspace_per_session:
+                    cleaned = await clean_workspaces(
+                        self.engine, self.settings.workspace_root, self.settings.workspace_cleanup
+                    )
+                    if cleaned:
+                        log.info("workspaces_cleaned", count=cleaned)
                 pruned = await retention.prune(
                     self.engine,
                     inbox_days=self.settings.inbox_retention_days,

@@ -213,6 +213,7 @@ class TurnRunner:
                 sender_id=origin.sender_id,
             ),
             chat_type=origin.chat_type.value,
+            generation=turn.session.generation,
             extras={RECALLED: turn.recalled} if turn.recalled is not None else {},
         )
 
