@@ -44,7 +44,7 @@ from app.pipeline.storage.port import InboxRow, PipelineStore, Recall, TurnEnd, 
 from app.pipeline.turn_state import Handled, HandOn, TurnState, WindowLimits
 from app.sessions.lease import SessionLease
 from app.sessions.messages import ChatMessage
-from app.sessions.store import message_from_row, message_values
+from app.sessions.store import SessionState, message_from_row, message_values
 from app.sessions.window import trim_to_legal_window
 
 log = structlog.get_logger(__name__)
@@ -136,9 +136,7 @@ class TurnRunner:
             hand_on=hand_on,
         )
         # A model chosen with /model is stored on the session (app.agents.session_commands).
-        model = (
-            started.session.metadata.get("model") or self.agent_model(last) or self.models.get(last.channel)
-        )
+        model = self._model(started.session, last)
         record = RunRecord(provider=self.runner.provider.name, model=model)
         with self.midrun.running(lease.key):
             record = await self.runner.resume(
@@ -189,10 +187,15 @@ class TurnRunner:
                 record,
                 calls=calls,
                 decisions=decisions,
-                model=None,
+                model=self._model(session, decided.origin),
             )
         if record.outcome != "awaiting_approval":
             await self.after_turn.run(lease, turn.session)
+
+    def _model(self, session: SessionState, event: InboundEvent) -> str | None:
+        """/model's choice for the session, else the agent's model, else the channel's."""
+        chosen = session.metadata.get("model")
+        return chosen or self.agent_model(event) or self.models.get(event.channel)
 
     # --- the hooks the run loop calls -----------------------------------------------
 

@@ -3,6 +3,8 @@ what they answer, what they store, and that /model outlives a restart."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -11,7 +13,7 @@ from sqlalchemy import select
 from app.db.models import messages, sessions
 from tests.app.agent.test_agent_e2e import openai_settings
 from tests.conftest import WEBHOOK_SECRET, ServeApp, webhook_settings
-from tests.fakes.openai_server import FakeOpenAI, text
+from tests.fakes.openai_server import FakeOpenAI, ToolCall, calls, text
 from tests.support.webhook import post_webhook
 
 
@@ -221,3 +223,21 @@ async def test_compact_in_chinese_without_memory(serve: ServeApp) -> None:
     async with serve(channel_settings=settings, memory_enabled=False) as srv:
         async with httpx.AsyncClient(timeout=30) as client:
             assert await say(client, srv, "/compact") == "压缩需要启用记忆与整理功能，此处未启用。"
+
+
+async def test_a_run_continued_after_approval_keeps_the_sessions_model(
+    serve: ServeApp, tmp_path: Path
+) -> None:
+    async with FakeOpenAI() as fake:
+        write = ToolCall("write_file", {"path": "out.txt", "content": "hi"}, id="call_w")
+        fake.enqueue(calls(write), text("Written."))
+        channel = {"webhook": webhook_settings(approvers=["boss"])}
+        settings = openai_settings(fake, workspace_root=str(tmp_path), llm_models="big-model")
+        running = serve(channel_settings=channel, **settings)
+        async with running as srv, httpx.AsyncClient(timeout=30) as client:
+            await say(client, srv, "/model big-model")
+            asked = await say(client, srv, "write out.txt")
+            number = re.search(r"/approve (\d+)", asked)
+            assert number, asked
+            assert await say(client, srv, f"/approve {number.group(1)}", sender="boss") == "Written."
+        assert [r.body["model"] for r in fake.requests] == ["big-model", "big-model"]
