@@ -165,9 +165,10 @@ class Settings(BaseSettings):
     memory_recall_max_items: int = Field(12, description="Memories recalled per scope into a run.")
     memory_recall_max_chars: int = Field(4000, description="Upper bound of recalled memory text per run.")
     memory_user_recall_in_shared_groups: bool = Field(
-        True,
-        description="Recall the sender's personal memory in group sessions shared by several "
-        "members (chat/thread scope); user_in_chat sessions and DMs always recall it.",
+        False,
+        description="Recall all of the sender's personal memory in group sessions shared by several "
+        "members (chat/thread scope); off: only entries stored as shareable. user_in_chat "
+        "sessions and DMs always recall it.",
     )
     consolidation_enabled: bool = Field(True, description="Summarize long sessions into memory.")
     consolidation_threshold_messages: int = Field(
