@@ -128,6 +128,9 @@ class Settings(BaseSettings):
     archive_after_seconds: float = 7 * 24 * 3600
     session_cache_size: int = Field(1024, description="Sessions kept in the in-memory LRU.")
     lifecycle_sweep_seconds: float = Field(60.0, description="How often idle sessions are swept.")
+    session_heartbeat_seconds: float = Field(
+        30.0, description="While a run works, its session's last-active time is refreshed this often."
+    )
 
     # --- pipeline --------------------------------------------------------------------
     worker_id: str | None = Field(None, description="Lease owner name; default host:pid:random.")

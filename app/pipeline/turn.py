@@ -18,10 +18,12 @@ from datetime import timedelta
 from typing import Any
 
 import structlog
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.agent.loop import AgentRunner, Decision, RunHooks, RunRecord, StopRequest, open_calls
 from app.agent.policy import ToolPolicy
 from app.agent.tools import ToolContext
+from app.agents.heartbeat import heartbeat
 from app.agents.history_marks import hidden_ranges, visible
 from app.channel import ChannelSettings, WaitResult
 from app.db.models import utcnow
@@ -86,6 +88,9 @@ class TurnRunner:
         self.recall = recall  # read with a turn's start where the store can
         # The serving agent's model (app.agents), between /model's choice and the channel's.
         self.agent_model: Callable[[InboundEvent], str | None] = lambda event: None
+        # Set by the runtime: refresh last_active_at while a run works (0: off).
+        self.heartbeat_engine: AsyncEngine | None = None
+        self.heartbeat_seconds = 0.0
 
     # --- a new turn -----------------------------------------------------------------
 
@@ -138,15 +143,17 @@ class TurnRunner:
         # A model chosen with /model is stored on the session (app.agents.session_commands).
         model = self._model(started.session, last)
         record = RunRecord(provider=self.runner.provider.name, model=model)
+        beat = heartbeat(self.heartbeat_engine, started.session.id, self.heartbeat_seconds)
         with self.midrun.running(lease.key):
-            record = await self.runner.resume(
-                self._hooks(turn),
-                self._tool_context(turn),
-                record,
-                calls=(),
-                decisions={},
-                model=record.model,
-            )
+            async with beat:  # a long run keeps its session active (app.agents.heartbeat)
+                record = await self.runner.resume(
+                    self._hooks(turn),
+                    self._tool_context(turn),
+                    record,
+                    calls=(),
+                    decisions={},
+                    model=record.model,
+                )
         # A released lease means no after-turn hook was due (`_finish`).
         if record.outcome != "awaiting_approval" and not turn.released:
             await self.after_turn.run(lease, turn.session)
