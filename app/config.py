@@ -92,6 +92,17 @@ class Settings(BaseSettings):
     )
     llm_fallback_base_url: str | None = Field(None, description="Endpoint tried when the primary gave up.")
     llm_fallback_api_key: str | None = None
+    agents_file: str | None = Field(
+        None, description="YAML or TOML file of agents and routes (docs/agents.md); unset: one agent."
+    )
+    skills_dir: str | None = Field(
+        None, description="Folder of skills (one sub-folder with a SKILL.md each); unset: none."
+    )
+    llm_models: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Comma-separated further models a session may choose with /model "
+        "(the channel's model is always allowed).",
+    )
     llm_fallback_model: str | None = Field(None, description="Model of the fallback endpoint.")
     tool_result_max_chars: int = Field(16_000, description="Longer tool results are cut with a marker.")
     stop_poll_seconds: float = Field(1.0, description="How often a run looks for /stop from other replicas.")
@@ -107,6 +118,16 @@ class Settings(BaseSettings):
         None,
         description="Directory the file tools may touch; unset disables read_file/list_files/write_file.",
     )
+    workspace_per_session: bool = Field(
+        False,
+        description="Give each session its own directory WORKSPACE_ROOT/<agent>/<key>/<generation> "
+        "for the file tools.",
+    )
+    workspace_cleanup: Literal["keep", "remove", "archive"] = Field(
+        "remove",
+        description="With per-session workspaces: what the lifecycle sweep does with the directory "
+        "of an expired or archived session (archive: move it under WORKSPACE_ROOT/.archive).",
+    )
     approval_timeout_seconds: float = Field(
         300.0, description="A pending /approve request is denied after this."
     )
@@ -120,6 +141,9 @@ class Settings(BaseSettings):
     archive_after_seconds: float = 7 * 24 * 3600
     session_cache_size: int = Field(1024, description="Sessions kept in the in-memory LRU.")
     lifecycle_sweep_seconds: float = Field(60.0, description="How often idle sessions are swept.")
+    session_heartbeat_seconds: float = Field(
+        30.0, description="While a run works, its session's last-active time is refreshed this often."
+    )
 
     # --- pipeline --------------------------------------------------------------------
     worker_id: str | None = Field(None, description="Lease owner name; default host:pid:random.")
@@ -170,9 +194,10 @@ class Settings(BaseSettings):
     memory_recall_max_items: int = Field(12, description="Memories recalled per scope into a run.")
     memory_recall_max_chars: int = Field(4000, description="Upper bound of recalled memory text per run.")
     memory_user_recall_in_shared_groups: bool = Field(
-        True,
-        description="Recall the sender's personal memory in group sessions shared by several "
-        "members (chat/thread scope); user_in_chat sessions and DMs always recall it.",
+        False,
+        description="Recall all of the sender's personal memory in group sessions shared by several "
+        "members (chat/thread scope); off: only entries stored as shareable. user_in_chat "
+        "sessions and DMs always recall it.",
     )
     consolidation_enabled: bool = Field(True, description="Summarize long sessions into memory.")
     consolidation_threshold_messages: int = Field(
@@ -225,7 +250,7 @@ class Settings(BaseSettings):
     log_level: str = "INFO"
     log_format: Literal["json", "console"] = "json"
 
-    @field_validator("channels", "tools_allow", "tools_deny", "trusted_proxies", mode="before")
+    @field_validator("channels", "tools_allow", "tools_deny", "trusted_proxies", "llm_models", mode="before")
     @classmethod
     def _comma_list(cls, value: object) -> object:
         if isinstance(value, str):

@@ -156,6 +156,8 @@ class InboundEvent(BaseModel):
     source_session_key: str | None = None
     received_at: datetime = Field(default_factory=_utcnow)
     metadata: dict[str, Any] = Field(default_factory=dict)
+    # A non-default agent (app.agents) serving this conversation: part of the key.
+    agent: str | None = None
 
     @model_validator(mode="after")
     def _storable(self) -> InboundEvent:
@@ -189,13 +191,18 @@ class InboundEvent(BaseModel):
             return self.session_key_override
         if self.source_session_key:
             return self.source_session_key
-        return build_session_key(
+        key = build_session_key(
             self.channel,
             self.chat_id,
             self.session_scope,
             thread_id=self.thread_id,
             sender_id=self.sender_id,
         )
+        if not self.agent:
+            return key
+        # After the channel; `%agent=` is no escaped component's start (`%` is always `%25`).
+        channel, rest = key.split(":", 1)
+        return f"{channel}:%agent={escape_key_component(self.agent)}:{rest}"
 
     @property
     def text(self) -> str:

@@ -26,6 +26,10 @@ from app.agent.provider import ChatProvider
 from app.agent.reminder import reminder_tools
 from app.agent.tools import Tool, ToolRegistry, builtin_tools
 from app.agent.workspace import file_tools
+from app.agents.profiles import AgentBook, AgentRouter
+from app.agents.session_commands import SessionCommands
+from app.agents.skills import LoadSkillTool, SkillLibrary
+from app.agents.workspaces import clean_workspaces
 from app.bus import SessionBus
 from app.channel import AcceptResult, ChannelAdapter, ChannelContext, ChannelSettings
 from app.config import Settings
@@ -106,7 +110,7 @@ class Runtime:
         self.provider = provider or build_provider(settings)
         self.tools = ToolRegistry(tools if tools is not None else builtin_tools())
         if tools is None and settings.workspace_root:  # read_file, list_files, write_file (risky)
-            for tool in file_tools(settings.workspace_root):
+            for tool in file_tools(settings.workspace_root, per_session=settings.workspace_per_session):
                 self.tools.register(tool)
         self.metrics = metrics or Metrics()
         self._unserved_seen: set[str] = set()
@@ -147,11 +151,15 @@ class Runtime:
                 self.tools.register(tool)
         self.mcp = McpToolSource.from_settings(settings, self.tools)  # connects in start()
         # --- end memory and MCP
+        self.agents = AgentRouter(AgentBook.load(settings.agents_file), self.engine)
+        self.skills = SkillLibrary(settings.skills_dir, self.agents.book, self.engine)
+        if self.skills.any:
+            self.tools.register(LoadSkillTool(self.skills))
         self.runner = AgentRunner(
             self.provider,
             self.tools,
             system_prompt=settings.system_prompt,
-            context_sources=self.memory.context_sources(),
+            context_sources=[self.agents.persona, self.skills.context, *self.memory.context_sources()],
             max_iterations=settings.agent_max_iterations,
             max_tool_result_chars=settings.tool_result_max_chars,
         )
@@ -213,7 +221,26 @@ class Runtime:
             on_run_finished=self._observe_run,
             recall=self.memory.recall if self.memory.enabled else None,
         )
+        self.turns.agent_model = self.agents.model_of
+        self.turns.heartbeat_engine = self.engine
+        self.turns.heartbeat_seconds = settings.session_heartbeat_seconds
         for command in BuiltinCommands(self.store, self.replies, self.turns).commands(self.commands):
+            self.commands.add(command)
+        session_commands = SessionCommands(
+            self.store,
+            self.replies,
+            channel_models=self.turns.models,
+            default_model=settings.llm_model,
+            allowed_models=settings.llm_models,
+            window_limit=settings.history_max_messages,
+            turns=self.turns,
+            consolidator=self.memory.consolidator,
+            agents=self.agents,
+            skills=self.skills,
+        )
+        more = session_commands.agent_commands() if self.agents.book.several else []
+        more += session_commands.skill_commands() if self.skills.any else []
+        for command in [*session_commands.commands(), *session_commands.history_commands(), *more]:
             self.commands.add(command)
         self.handler = Handler(
             self.store,
@@ -235,7 +262,12 @@ class Runtime:
             on_takeover=self.metrics.lease_takeovers.inc,
         )
         self.ingest = Ingest(
-            self.store, self.scheduler, self.waiters, self.channel_settings, counted=self._count_event
+            self.store,
+            self.scheduler,
+            self.waiters,
+            self.channel_settings,
+            counted=self._count_event,
+            assign=self.agents.assign if self.agents.book.several else None,
         )
         self.dead_letters = DeadLetters(
             self.engine,
@@ -311,6 +343,12 @@ class Runtime:
                 moved = await self.sessions.sweep()
                 if any(moved.values()):
                     log.info("sessions_swept", **moved)
+                if self.settings.workspace_root and self.settings.workspace_per_session:
+                    cleaned = await clean_workspaces(
+                        self.engine, self.settings.workspace_root, self.settings.workspace_cleanup
+                    )
+                    if cleaned:
+                        log.info("workspaces_cleaned", count=cleaned)
                 pruned = await retention.prune(
                     self.engine,
                     inbox_days=self.settings.inbox_retention_days,

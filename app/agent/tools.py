@@ -38,6 +38,7 @@ class ToolContext:
     extras: dict[str, Any] = field(default_factory=dict)
     policy: ToolPolicy = ALLOW_ALL
     chat_type: str = "direct"
+    generation: int = 0  # the session's generation (per-session workspaces)
 
 
 class Tool(Protocol):

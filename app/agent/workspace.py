@@ -8,13 +8,18 @@ listing are safe; writing is risky and goes through the approval gate.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from app.agent.provider import ToolSpec
 from app.agent.tools import Risk, Tool, ToolContext, ToolError
+from app.agents.profiles import DEFAULT_AGENT, agent_in_key
+
+KEY_FILE = ".session-key"  # in each per-session key directory
 
 
 class PathOutsideWorkspace(ToolError):
@@ -22,8 +27,21 @@ class PathOutsideWorkspace(ToolError):
 
 
 class Workspace:
-    def __init__(self, root: str | Path) -> None:
+    def __init__(self, root: str | Path, *, per_session: bool = False) -> None:
         self.root = Path(root).resolve()
+        self.per_session = per_session
+
+    def scoped(self, ctx: ToolContext) -> Workspace:
+        """The workspace a tool call may use: with `per_session`, the session's own
+        directory (`session_dir`, created on first use), else the root."""
+        if not self.per_session:
+            return self
+        directory = self.root / session_dir(ctx.session_key, ctx.generation)
+        if not directory.is_dir():
+            directory.mkdir(parents=True, exist_ok=True)
+            # The key, for the clean-up (`app.agents.workspaces`): a long one is hashed.
+            (directory.parent / KEY_FILE).write_text(ctx.session_key, encoding="utf-8")
+        return Workspace(directory)
 
     def resolve(self, path: str) -> Path:
         """The real path of `path` inside the root; `PathOutsideWorkspace` if it escapes."""
@@ -42,6 +60,22 @@ class Workspace:
     def display(self, real: Path) -> str:
         rel = real.relative_to(self.root).as_posix()
         return rel or "."
+
+
+def escape_dir(value: str) -> str:
+    """A path component naming `value`, reversible while short, hashed when long."""
+    escaped = quote(value, safe="") or "%"
+    if escaped in (".", ".."):
+        escaped = escaped.replace(".", "%2E")
+    if len(escaped) > 180:
+        escaped = escaped[:120] + "~" + hashlib.sha256(value.encode()).hexdigest()[:32]
+    return escaped
+
+
+def session_dir(session_key: str, generation: int) -> Path:
+    """`<agent>/<escaped key>/<generation>` under the workspace root."""
+    agent = agent_in_key(session_key) or DEFAULT_AGENT
+    return Path(escape_dir(agent)) / escape_dir(session_key) / str(generation)
 
 
 def _path_arg(arguments: dict[str, Any], default: str | None = None) -> str:
@@ -71,15 +105,16 @@ class ReadFileTool:
         self.workspace = workspace
 
     async def run(self, arguments: dict[str, Any], ctx: ToolContext) -> str:
-        real = self.workspace.resolve(_path_arg(arguments))
+        workspace = self.workspace.scoped(ctx)
+        real = workspace.resolve(_path_arg(arguments))
         if not real.is_file():
-            raise ToolError(f"no file {self.workspace.display(real)!r}")
+            raise ToolError(f"no file {workspace.display(real)!r}")
         limit = int(arguments.get("max_chars") or 20_000)
         with real.open("r", encoding="utf-8", errors="replace") as fh:
             content = fh.read(limit + 1)
         return json.dumps(
             {
-                "path": self.workspace.display(real),
+                "path": workspace.display(real),
                 "content": content[:limit],
                 "truncated": len(content) > limit,
             },
@@ -104,16 +139,17 @@ class ListFilesTool:
         self.limit = limit
 
     async def run(self, arguments: dict[str, Any], ctx: ToolContext) -> str:
-        real = self.workspace.resolve(_path_arg(arguments, default=".") or ".")
+        workspace = self.workspace.scoped(ctx)
+        real = workspace.resolve(_path_arg(arguments, default=".") or ".")
         if not real.is_dir():
-            raise ToolError(f"no directory {self.workspace.display(real)!r}")
+            raise ToolError(f"no directory {workspace.display(real)!r}")
         entries = []
         for entry in sorted(os.scandir(real), key=lambda e: e.name)[: self.limit]:
             kind = "dir" if entry.is_dir(follow_symlinks=False) else "file"
             if entry.is_symlink():
                 kind = "link"
             entries.append({"name": entry.name, "type": kind})
-        return json.dumps({"path": self.workspace.display(real), "entries": entries}, ensure_ascii=False)
+        return json.dumps({"path": workspace.display(real), "entries": entries}, ensure_ascii=False)
 
 
 class WriteFileTool:
@@ -133,19 +169,20 @@ class WriteFileTool:
         self.workspace = workspace
 
     async def run(self, arguments: dict[str, Any], ctx: ToolContext) -> str:
-        real = self.workspace.resolve(_path_arg(arguments))
+        workspace = self.workspace.scoped(ctx)
+        real = workspace.resolve(_path_arg(arguments))
         content = arguments.get("content")
         if not isinstance(content, str):
             raise ToolError("`content` must be a string")
-        if real == self.workspace.root or real.is_dir():
+        if real == workspace.root or real.is_dir():
             raise ToolError("cannot write to a directory")
         real.parent.mkdir(parents=True, exist_ok=True)
         # Re-check after creating parents: a parent could have been swapped for a link.
-        real = self.workspace.resolve(self.workspace.display(real))
+        real = workspace.resolve(workspace.display(real))
         real.write_text(content, encoding="utf-8")
-        return json.dumps({"path": self.workspace.display(real), "bytes": len(content.encode())})
+        return json.dumps({"path": workspace.display(real), "bytes": len(content.encode())})
 
 
-def file_tools(root: str | Path) -> list[Tool]:
-    workspace = Workspace(root)
+def file_tools(root: str | Path, *, per_session: bool = False) -> list[Tool]:
+    workspace = Workspace(root, per_session=per_session)
     return [ReadFileTool(workspace), ListFilesTool(workspace), WriteFileTool(workspace)]

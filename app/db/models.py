@@ -219,6 +219,17 @@ runs = Table(
     Index("ix_runs_started_at", "started_at"),  # dashboard per-minute counts and durations
 )
 
+# The agent a conversation switched to with /agent (app.agents): keyed by the session key
+# the conversation has without an agent; routes decide when there is no row.
+agent_choices = Table(
+    "agent_choices",
+    metadata,
+    Column("key", String(512), primary_key=True),
+    Column("agent", String(100), nullable=False),
+    Column("chosen_by", String(256), nullable=False),
+    Column("updated_at", UTCDateTime, nullable=False),
+)
+
 memories = Table(
     "memories",
     metadata,

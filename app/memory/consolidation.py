@@ -123,18 +123,23 @@ class Consolidator:
             ).one()
         return row[0], row[1], row[2], int(row[3])
 
-    async def consolidate(self, lease: SessionLease, session_id: int) -> int | None:
-        """Fold what is due; returns the new `last_consolidated`, or None if nothing moved."""
+    async def consolidate(self, lease: SessionLease, session_id: int, *, force: bool = False) -> int | None:
+        """Fold what is due; returns the new `last_consolidated`, or None if nothing moved.
+
+        `force` (/compact): ignore the thresholds and fold all but the newest exchange.
+        """
         key, start, next_seq, chars = await self._fresh(session_id)
         if key != lease.key:
             raise ValueError(f"session {session_id} is not under the lease of {lease.key!r}")
         pending = next_seq - 1 - start
-        if pending <= self.limits.keep_messages:
+        keep_messages = 1 if force else self.limits.keep_messages
+        if pending <= keep_messages:
             return None
         # Below the message threshold: estimate tokens (as estimate_tokens does, from the
         # text) without loading the rows on every turn.
         estimate = 4 * pending + chars // 4
-        if pending < self.limits.threshold_messages and estimate < self.limits.threshold_tokens:
+        below = pending < self.limits.threshold_messages and estimate < self.limits.threshold_tokens
+        if below and not force:
             return None
         async with self.engine.connect() as conn:
             rows = (
@@ -150,7 +155,7 @@ class Consolidator:
                 .all()
             )
         history = [message_from_row(r) for r in rows]
-        keep = self.limits.keep_messages - (pending - len(history))  # rows beyond the batch stay too
+        keep = keep_messages - (pending - len(history))  # rows beyond the batch stay too
         boundary = choose_boundary(history, keep=max(keep, 1))
         if boundary is None:
             return None

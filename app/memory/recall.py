@@ -46,14 +46,17 @@ def recall_query(with_user: bool, session_id: Any = None) -> Any:
             memories.c.source_session_id == sid,
         ),
     ]
+    person = (
+        select(identity_links.c.person_id)
+        .where(identity_links.c.identity == bindparam("ident"))
+        .scalar_subquery()
+    )
+    owner = func.coalesce(literal(PERSON_PREFIX) + person, bindparam("ident"))
+    mine = and_(memories.c.scope == Scope.USER.value, memories.c.owner == owner)
     if with_user:
-        person = (
-            select(identity_links.c.person_id)
-            .where(identity_links.c.identity == bindparam("ident"))
-            .scalar_subquery()
-        )
-        owner = func.coalesce(literal(PERSON_PREFIX) + person, bindparam("ident"))
-        conditions.append(and_(memories.c.scope == Scope.USER.value, memories.c.owner == owner))
+        conditions.append(mine)
+    else:  # a shared group: only what the sender marked shareable (`remember`)
+        conditions.append(and_(mine, memories.c.metadata["shareable"].as_boolean().is_(True)))
     newest = (memories.c.updated_at.desc(), memories.c.id.desc())
     rank = func.row_number().over(partition_by=memories.c.scope, order_by=newest).label("rank")
     ranked = select(memories, rank).where(or_(*conditions)).subquery()
@@ -76,7 +79,7 @@ class MemoryRecall:
         *,
         max_items: int = 12,
         max_chars: int = 4000,
-        user_in_shared_groups: bool = True,
+        user_in_shared_groups: bool = False,
     ) -> None:
         self.store = store
         self.max_items = max_items
@@ -105,8 +108,9 @@ class MemoryRecall:
         """Which `recall_query` variant a turn runs, and its parameters but `sid`."""
         with_user = self.user_scope_allowed_for(channel, chat_type, session_key, sender_id)
         params: dict[str, Any] = {"skey": session_key, "limit": self.max_items}
-        if with_user:
-            params["ident"] = identity_of(channel, sender_id)
+        # Without the user scope the sender's shareable entries are still recalled; a run
+        # no person started matches no owner ("").
+        params["ident"] = identity_of(channel, sender_id) if is_person(channel) else ""
         return with_user, params
 
     async def filters(
@@ -183,6 +187,12 @@ class RememberTool:
                 "content": {"type": "string", "description": "The fact, as one sentence."},
                 "scope": {"type": "string", "enum": ["user", "session"], "default": "user"},
                 "key": {"type": "string", "description": "Optional label, e.g. 'favourite_drink'."},
+                "shareable": {
+                    "type": "boolean",
+                    "default": False,
+                    "description": "scope 'user' only: may also be recalled in group chats this "
+                    "person speaks in (by default personal memory stays in direct chats).",
+                },
             },
             "required": ["content"],
             "additionalProperties": False,
@@ -218,7 +228,11 @@ class RememberTool:
                 key=key,
                 kind="note",
                 source_session_id=ctx.session_id,
-                metadata={"by": "remember", "sender": identity_of(ctx.channel, ctx.sender_id)},
+                metadata={
+                    "by": "remember",
+                    "sender": identity_of(ctx.channel, ctx.sender_id),
+                    **({"shareable": True} if arguments.get("shareable") is True else {}),
+                },
             )
         return json.dumps({"stored": True, "scope": scope.value})
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from app.events import InboundEvent
 from app.pipeline.storage.port import InboxRow
 from app.pipeline.texts import say
+from app.pipeline.turn_state import Handled
 from app.sessions.lease import SessionLease
 
 
@@ -39,7 +40,8 @@ class CommandCall:
         return self.row.event
 
 
-CommandHandler = Callable[[CommandCall], Awaitable[None]]
+# A handler that runs a turn itself (/retry) returns the turn's `Handled`, else None.
+CommandHandler = Callable[[CommandCall], Awaitable[Handled | None]]
 
 
 @dataclass(frozen=True)

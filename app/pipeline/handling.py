@@ -94,7 +94,7 @@ class Handler:
                 )
             self.replies.handled([row.event_id])
         else:
-            await command.run(call)
+            return await command.run(call) or Handled()
         return Handled()
 
     async def _give_up(self, lease: SessionLease, rows: list[InboxRow], reason: str) -> None:

@@ -11,7 +11,7 @@ hung up): an event that was stored is always handed on.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from app.channel import AcceptResult, ChannelSettings
 from app.events import ChatType, InboundEvent
@@ -33,7 +33,9 @@ class Ingest:
         channel_settings: Mapping[str, ChannelSettings],
         *,
         counted: Counted | None = None,
+        assign: Callable[[InboundEvent], Awaitable[InboundEvent]] | None = None,
     ) -> None:
+        self.assign = assign  # puts the serving agent on an event (app.agents)
         self.store = store
         self.scheduler = scheduler
         self.waiters = waiters
@@ -71,6 +73,8 @@ class Ingest:
         """Store events the gateway itself made (no channel policy) and hand them on."""
         # Shielded: a caller cancelled mid-statement must not leave a stored event, or a
         # lease taken with it, without a worker.
+        if self.assign is not None:
+            events = [await self.assign(e) for e in events]
         return await asyncio.shield(self._store(events))
 
     async def _store(self, events: Sequence[InboundEvent]) -> list[AcceptResult]:

@@ -22,6 +22,83 @@ TEXTS: dict[str, dict[str, str]] = {
     "failed": {"en": "Sorry, I could not process your message.", "zh": "抱歉，无法处理你的消息。"},
     "not_allowed": {"en": "You are not allowed to use {command} here.", "zh": "你无权在此使用 {command}。"},
     "help.title": {"en": "Commands:", "zh": "可用命令："},
+    "none": {"en": "none", "zh": "无"},
+    "untitled": {"en": "(untitled)", "zh": "（无标题）"},
+    "status": {
+        "en": "Session {session_key}\nAgent: {agent}\nGeneration: {generation}\nTitle: {title}\n"
+        "Model: {model}\nWindow: {messages} messages, about {tokens} tokens\nLoaded skills: {skills}\n"
+        "Pending approvals: {pending}",
+        "zh": "会话 {session_key}\n智能体：{agent}\n代数：{generation}\n标题：{title}\n模型：{model}\n"
+        "上下文：{messages} 条消息，约 {tokens} 个 token\n已加载技能：{skills}\n待审批：{pending}",
+    },
+    "whoami": {
+        "en": "Channel: {channel}\nYou: {sender}\nChat: {chat} ({chat_type})\nSession key: {session_key}",
+        "zh": "渠道：{channel}\n你：{sender}\n聊天：{chat}（{chat_type}）\n会话键：{session_key}",
+    },
+    "title.show": {"en": "Title: {title}", "zh": "标题：{title}"},
+    "title.set": {"en": "Title set to: {title}", "zh": "标题已设为：{title}"},
+    "title.too_long": {
+        "en": "A title has at most {max} characters.",
+        "zh": "标题最多 {max} 个字符。",
+    },
+    "model.show": {
+        "en": "Model: {model}\nAvailable: {models}",
+        "zh": "当前模型：{model}\n可用模型：{models}",
+    },
+    "model.set": {"en": "This conversation now uses {model}.", "zh": "当前对话已切换到 {model}。"},
+    "model.unknown": {
+        "en": "{model} is not available here. Available: {models}",
+        "zh": "此处不可使用 {model}。可用模型：{models}",
+    },
+    "sessions.title": {"en": "Conversations in this chat (* current):", "zh": "此聊天中的对话（* 为当前）："},
+    "sessions.line": {
+        "en": "{n}. {title} — {messages} messages, {status}",
+        "zh": "{n}. {title} — {messages} 条消息，{status}",
+    },
+    "resume.unknown": {
+        "en": "There is no conversation {n} here. /sessions lists them.",
+        "zh": "此处没有第 {n} 个对话。使用 /sessions 查看列表。",
+    },
+    "resume.archived": {
+        "en": "Conversation {n} is archived and cannot be continued.",
+        "zh": "第 {n} 个对话已归档，无法继续。",
+    },
+    "undo.done": {
+        "en": "Took back the last exchange. It stays in the history, marked undone.",
+        "zh": "已撤回上一轮对话。它仍保留在历史中，标记为已撤回。",
+    },
+    "undo.nothing": {"en": "There is nothing to take back.", "zh": "没有可以撤回的内容。"},
+    "retry.nothing": {"en": "There is no message to answer again.", "zh": "没有可以重新回答的消息。"},
+    "compact.done": {
+        "en": "Summarized conversation {old} ({summaries} summaries) and continued in conversation {new}.",
+        "zh": "已总结第 {old} 个对话（{summaries} 条摘要），并在第 {new} 个对话中继续。",
+    },
+    "compact.nothing": {"en": "There is nothing to compact yet.", "zh": "目前没有可压缩的内容。"},
+    "compact.unavailable": {
+        "en": "Compacting needs memory and consolidation, which are off here.",
+        "zh": "压缩需要启用记忆与整理功能，此处未启用。",
+    },
+    "agent.title": {"en": "Agents (* serving this chat):", "zh": "智能体（* 为当前）："},
+    "agent.unknown": {
+        "en": "There is no agent {agent} you may use. Yours: {agents}",
+        "zh": "没有你可使用的智能体 {agent}。可用：{agents}",
+    },
+    "agent.switched": {
+        "en": "This chat now talks to {agent}. Each agent keeps its own conversation.",
+        "zh": "此聊天已切换到 {agent}。每个智能体保留各自的对话。",
+    },
+    "skills.title": {"en": "Skills (* loaded here):", "zh": "技能（* 为已在此加载）："},
+    "skill.unknown": {
+        "en": "There is no skill {skill}. Available: {skills}",
+        "zh": "没有名为 {skill} 的技能。可用：{skills}",
+    },
+    "skill.loaded": {
+        "en": "Skill {skill} loaded here.",
+        "zh": "已在当前对话加载技能 {skill}。",
+    },
+    "skill.unloaded": {"en": "Skill {skill} unloaded.", "zh": "已卸载技能 {skill}。"},
+    "skill.not_loaded": {"en": "Skill {skill} was not loaded.", "zh": "技能 {skill} 未加载。"},
+    "resume.done": {"en": "Continuing conversation {n}: {title}", "zh": "继续第 {n} 个对话：{title}"},
 }
 
 LOCALES = ("en", "zh")

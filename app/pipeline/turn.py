@@ -18,10 +18,13 @@ from datetime import timedelta
 from typing import Any
 
 import structlog
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.agent.loop import AgentRunner, Decision, RunHooks, RunRecord, StopRequest, open_calls
 from app.agent.policy import ToolPolicy
 from app.agent.tools import ToolContext
+from app.agents.heartbeat import heartbeat
+from app.agents.history_marks import hidden_ranges, visible
 from app.channel import ChannelSettings, WaitResult
 from app.db.models import utcnow
 from app.events import InboundEvent
@@ -43,7 +46,7 @@ from app.pipeline.storage.port import InboxRow, PipelineStore, Recall, TurnEnd, 
 from app.pipeline.turn_state import Handled, HandOn, TurnState, WindowLimits
 from app.sessions.lease import SessionLease
 from app.sessions.messages import ChatMessage
-from app.sessions.store import message_from_row, message_values
+from app.sessions.store import SessionState, message_from_row, message_values
 from app.sessions.window import trim_to_legal_window
 
 log = structlog.get_logger(__name__)
@@ -83,6 +86,11 @@ class TurnRunner:
         self.approval_rules = ApprovalRules(self.channel_settings)
         self.on_run_finished = on_run_finished
         self.recall = recall  # read with a turn's start where the store can
+        # The serving agent's model (app.agents), between /model's choice and the channel's.
+        self.agent_model: Callable[[InboundEvent], str | None] = lambda event: None
+        # Set by the runtime: refresh last_active_at while a run works (0: off).
+        self.heartbeat_engine: AsyncEngine | None = None
+        self.heartbeat_seconds = 0.0
 
     # --- a new turn -----------------------------------------------------------------
 
@@ -132,16 +140,20 @@ class TurnRunner:
             watched=started.watched,
             hand_on=hand_on,
         )
-        record = RunRecord(provider=self.runner.provider.name, model=self.models.get(last.channel))
+        # A model chosen with /model is stored on the session (app.agents.session_commands).
+        model = self._model(started.session, last)
+        record = RunRecord(provider=self.runner.provider.name, model=model)
+        beat = heartbeat(self.heartbeat_engine, started.session.id, self.heartbeat_seconds)
         with self.midrun.running(lease.key):
-            record = await self.runner.resume(
-                self._hooks(turn),
-                self._tool_context(turn),
-                record,
-                calls=(),
-                decisions={},
-                model=record.model,
-            )
+            async with beat:  # a long run keeps its session active (app.agents.heartbeat)
+                record = await self.runner.resume(
+                    self._hooks(turn),
+                    self._tool_context(turn),
+                    record,
+                    calls=(),
+                    decisions={},
+                    model=record.model,
+                )
         # A released lease means no after-turn hook was due (`_finish`).
         if record.outcome != "awaiting_approval" and not turn.released:
             await self.after_turn.run(lease, turn.session)
@@ -182,10 +194,15 @@ class TurnRunner:
                 record,
                 calls=calls,
                 decisions=decisions,
-                model=None,
+                model=self._model(session, decided.origin),
             )
         if record.outcome != "awaiting_approval":
             await self.after_turn.run(lease, turn.session)
+
+    def _model(self, session: SessionState, event: InboundEvent) -> str | None:
+        """/model's choice for the session, else the agent's model, else the channel's."""
+        chosen = session.metadata.get("model")
+        return chosen or self.agent_model(event) or self.models.get(event.channel)
 
     # --- the hooks the run loop calls -----------------------------------------------
 
@@ -206,6 +223,7 @@ class TurnRunner:
                 sender_id=origin.sender_id,
             ),
             chat_type=origin.chat_type.value,
+            generation=turn.session.generation,
             extras={RECALLED: turn.recalled} if turn.recalled is not None else {},
         )
 
@@ -217,13 +235,18 @@ class TurnRunner:
         limits = self.limits
 
         async def load_window() -> list[ChatMessage]:
+            # Turns marked undone/superseded (/undo, /retry) stay stored but are not sent.
+            marks = turn.session.metadata
             if turn.stored is not None:  # what `SessionStore.load_window` would read now
                 return trim_to_legal_window(
-                    turn.stored, max_messages=limits.max_messages, max_tokens=limits.max_tokens
+                    visible(turn.stored, marks),
+                    max_messages=limits.max_messages,
+                    max_tokens=limits.max_tokens,
                 )
-            return await self.store.sessions.load_window(
+            window = await self.store.sessions.load_window(
                 turn.session, max_messages=limits.max_messages, max_tokens=limits.max_tokens
             )
+            return trim_to_legal_window(visible(window, marks)) if hidden_ranges(marks) else window
 
         async def append(new: list[ChatMessage]) -> None:
             # A tool result may be its group's last: the boundary after it looks at the

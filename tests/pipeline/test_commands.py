@@ -45,7 +45,7 @@ async def test_a_registered_command_runs_once_with_its_arguments_and_others_are_
 ) -> None:
     calls: list[tuple[str, str]] = []
 
-    async def whoami(call: CommandCall) -> None:
+    async def ping(call: CommandCall) -> None:
         calls.append((call.event.sender_id, call.args))
         runtime = srv.runtime
         async with runtime.store.fenced(call.lease) as conn:
@@ -55,17 +55,17 @@ async def test_a_registered_command_runs_once_with_its_arguments_and_others_are_
     async with serve() as srv:
         srv.runtime.commands.add(
             Command(
-                "/whoami",
+                "/ping",
                 {"en": "Who you are to the bot."},
-                whoami,
+                ping,
                 allowed=lambda event: event.sender_id == "u",
             )
         )
-        assert await _ask(srv, "/whoami please") == ["you are u"]
-        refused = InboundEvent.from_text("webhook", "c", "stranger", "/whoami")
+        assert await _ask(srv, "/ping please") == ["you are u"]
+        refused = InboundEvent.from_text("webhook", "c", "stranger", "/ping")
         await srv.runtime.ingest.submit([refused])
         done = await srv.runtime.waiters.wait_for_replies(refused.event_id, 20)
         [help_text] = await _ask(srv, "/help")
     assert calls == [("u", "please")]
-    assert [r.text for r in done.replies] == ["You are not allowed to use /whoami here."]
-    assert "/whoami — Who you are to the bot." in help_text
+    assert [r.text for r in done.replies] == ["You are not allowed to use /ping here."]
+    assert "/ping — Who you are to the bot." in help_text

@@ -1,0 +1,1 @@
+"""What each session sees and how people steer their own session (issue 20)."""
