@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote_plus
 
 import structlog
@@ -36,7 +36,18 @@ from dingtalk_stream.version import VERSION_STRING
 from app.errors import ChannelRequestError
 
 if TYPE_CHECKING:
-    from channels.dingtalk.adapter import DingTalkChannel
+    from app.channel import ChannelContext
+    from channels.dingtalk.settings import DingTalkSettings
+
+
+class DingTalkChannel(Protocol):
+    """What Stream mode needs from the channel (`channels.dingtalk.adapter.DingTalkChannel`)."""
+
+    settings: DingTalkSettings
+    context: ChannelContext
+
+    async def accept_payload(self, payload: Any) -> dict[str, Any]: ...
+
 
 log = structlog.get_logger(__name__)
 # The SDK logs every system `ping` frame as an "unknown message topic" warning; only its

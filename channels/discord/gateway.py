@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import discord
 import structlog
@@ -18,7 +18,17 @@ from discord.gateway import DiscordWebSocket
 from discord.http import Route
 
 if TYPE_CHECKING:
-    from channels.discord.adapter import DiscordChannel
+    from channels.discord.settings import DiscordSettings
+
+
+class DiscordChannel(Protocol):
+    """What the Gateway needs from the channel (`channels.discord.adapter.DiscordChannel`)."""
+
+    settings: DiscordSettings
+    bot_id: str | None
+
+    async def on_message_create(self, data: dict[str, Any], parent_id: str | None) -> None: ...
+
 
 log = structlog.get_logger(__name__)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 from slack_sdk.socket_mode.aiohttp import SocketModeClient
@@ -22,7 +22,18 @@ from app.connections import fingerprint
 from app.errors import ChannelNotConfigured, ChannelRequestError
 
 if TYPE_CHECKING:
-    from channels.slack.adapter import SlackChannel
+    from app.channel import ChannelContext
+    from channels.slack.settings import SlackSettings
+
+
+class SlackChannel(Protocol):
+    """What Socket Mode needs from the channel (`channels.slack.adapter.SlackChannel`)."""
+
+    settings: SlackSettings
+    context: ChannelContext
+
+    async def handle_payload(self, payload: Any) -> dict[str, Any]: ...
+
 
 log = structlog.get_logger(__name__)
 
