@@ -14,7 +14,7 @@ from app.api.app import create_app
 from app.channel import ChannelSettings
 from app.config import Settings
 from app.db.engine import create_engine
-from app.db.migrate import upgrade
+from app.migrate import upgrade
 from channels.webhook import WebhookSettings
 from tests.support.db import database
 from tests.support.servers import RunningApp, serve_in_loop

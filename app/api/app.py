@@ -14,7 +14,6 @@ from app.agent.provider import ChatProvider
 from app.agent.tools import Tool
 from app.api import docs as api_docs
 from app.api import responses
-from app.api.deps import AdminLockout
 from app.api.limits import AdminAuthFirst, BodyLimit, UrlGuard
 from app.api.responses import SafeJSONResponse
 from app.api.routes import a2a as a2a_routes
@@ -28,6 +27,7 @@ from app.gateway.hub import GatewayHub
 from app.logs import configure_logging
 from app.runtime import Runtime
 from app.web import pages as web_pages
+from app.web.admin_auth import AdminLockout
 
 
 class ChatgateApp(FastAPI):

@@ -93,7 +93,7 @@ session_keys = Table(
     Column("lease_owner", String(200), nullable=True),
     Column("lease_fence", BigInteger, nullable=False, default=0),
     Column("lease_expires_at", UTCDateTime, nullable=True),
-    # Some replica's session bus LISTENs for the key until then (`app.gateway.pg_bus`).
+    # Some replica's session bus LISTENs for the key until then (`app.pg_bus`).
     Column("watched_until", UTCDateTime, nullable=True),
 )
 
@@ -307,7 +307,7 @@ cron_jobs = Table(
 )
 
 # Wrong admin tokens per client address, shared by every replica: a fixed window opened
-# by the first failure; `failures` counts within it (`app.api.deps.AdminLockout`).
+# by the first failure; `failures` counts within it (`app.web.admin_auth.AdminLockout`).
 admin_auth_failures = Table(
     "admin_auth_failures",
     metadata,

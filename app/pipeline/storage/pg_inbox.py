@@ -45,7 +45,7 @@ from app.pipeline.storage.port import InboxRow
 from app.sessions import lease as leases
 
 _K = session_keys.c
-# Whether some replica's session bus watches the key (`app.gateway.pg_bus`), as a statement
+# Whether some replica's session bus watches the key (`app.pg_bus`), as a statement
 # that updates or locks the key's row sees it: a watcher marking it is ordered with it.
 WATCHED = func.coalesce(_K.watched_until > func.now(), False).label("watched")
 
