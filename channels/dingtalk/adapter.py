@@ -8,6 +8,11 @@ message is committed to the inbox (deduplicated on `msgId`) before DingTalk is a
 
 Replies go through the message's `sessionWebhook` while it is valid, otherwise through
 the robot send API with a cached access token (`channels.dingtalk.openapi`).
+
+Pictures (also in rich text) are downloaded before the message is stored: the download
+code gives a temporary URL (`messageFiles/download`), read under `DINGTALK_MEDIA_MAX_BYTES`;
+a voice message's text is DingTalk's own transcript (`recognition`). Streaming is `off`:
+robot messages cannot be edited (the streaming AI card is not implemented).
 """
 
 from __future__ import annotations
@@ -28,11 +33,12 @@ from app.errors import (
     DeliveryError,
     InvalidPayload,
 )
-from app.events import OutboundMessage
+from app.events import ImagePart, InboundEvent, OutboundMessage, Part
 from channels.common.chunks import ChunkProgress, send_chunks, split_text
+from channels.common.media import download, fetch_images, too_large_text
 from channels.dingtalk import signing
 from channels.dingtalk.openapi import DingTalkApi
-from channels.dingtalk.parse import GROUP, SINGLE, parse_message
+from channels.dingtalk.parse import DOWNLOAD_PREFIX, GROUP, SINGLE, parse_message
 from channels.dingtalk.settings import DingTalkSettings
 
 log = structlog.get_logger(__name__)
@@ -108,13 +114,51 @@ class DingTalkChannel:
         parsed = parse_message(payload, self.settings)
         if parsed.event is None:
             return {"ok": True, "ignored": parsed.ignored}
-        [result] = await self.context.accept([parsed.event])
+        event = await self._with_media(parsed.event)
+        if event is None:
+            return {"ok": True, "ignored": "media too large"}
+        [result] = await self.context.accept([event])
         body: dict[str, Any] = {"ok": True, "event_id": result.event_id, "session_key": result.session_key}
         if result.duplicate:
             body["duplicate"] = True
         if result.skipped:
             body["skipped"] = True
         return body
+
+    async def _with_media(self, event: InboundEvent) -> InboundEvent | None:
+        """Pictures downloaded (download code → temporary URL → bytes); None when one is too large."""
+        api, limit = self.api, self.settings.media_max_bytes
+        if api is None:
+            return event
+
+        def wanted(part: Part) -> bool:
+            return (getattr(part, "url", None) or "").startswith(DOWNLOAD_PREFIX)
+
+        async def fetch(part: ImagePart) -> tuple[bytes, str | None]:
+            assert part.url is not None
+            robot_code = self._robot_code(event.metadata)
+            url = await api.download_url(
+                robot_code=robot_code, download_code=part.url[len(DOWNLOAD_PREFIX) :]
+            )
+            return await download(self.context.http, url, limit)
+
+        fetched = await fetch_images(event, wanted, fetch, channel=self.name)
+        if fetched is None:
+            reply = OutboundMessage(
+                channel=self.name,
+                chat_id=event.chat_id,
+                parts=(),
+                metadata={k: v for k, v in event.metadata.items() if k.startswith("reply_")},
+            )
+            try:
+                await self._post(reply, too_large_text(self.settings.locale, limit))
+            except DeliveryError as exc:  # best-effort: nothing is stored either way
+                log.warning("dingtalk_too_large_reply_failed", error=exc.detail)
+        return fetched
+
+    def _robot_code(self, metadata: dict[str, Any]) -> str:
+        robot_code = str(metadata.get("reply_robot_code") or self.settings.robot_code or "")
+        return robot_code or str(self.settings.client_id)
 
     # --- outbound -------------------------------------------------------------------
 
@@ -147,10 +191,8 @@ class DingTalkChannel:
             raise ChannelRejected(
                 "no valid session webhook (expired or disabled); the robot API cannot reach this sender"
             )
-        robot_code = str(message.metadata.get("reply_robot_code") or self.settings.robot_code or "")
-        robot_code = robot_code or str(self.settings.client_id)
         return await self.api.send_text(
-            robot_code=robot_code,
+            robot_code=self._robot_code(message.metadata),
             chat_id=message.chat_id,
             group=_is_group(message),
             text=text,

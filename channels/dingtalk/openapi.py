@@ -27,6 +27,7 @@ from app.errors import (
 TOKEN_PATH = "/v1.0/oauth2/accessToken"
 GROUP_SEND_PATH = "/v1.0/robot/groupMessages/send"
 SINGLE_SEND_PATH = "/v1.0/robot/oToMessages/batchSend"
+DOWNLOAD_PATH = "/v1.0/robot/messageFiles/download"
 TOKEN_HEADER = "x-acs-dingtalk-access-token"
 # A token is renewed this long before DingTalk says it expires (it lives 7,200 s).
 TOKEN_MARGIN_SECONDS = 300.0
@@ -99,6 +100,16 @@ class DingTalkApi:
                 raise ChannelRejected(f"DingTalk does not know user {chat_id!r} (invalidStaffIdList)")
         key = data.get("processQueryKey")
         return str(key) if key else None
+
+    async def download_url(self, *, robot_code: str, download_code: str) -> str:
+        """A received picture's or file's temporary URL (`messageFiles/download`)."""
+        data = await self._post(
+            DOWNLOAD_PATH, {"downloadCode": download_code, "robotCode": robot_code}, auth=True
+        )
+        url = data.get("downloadUrl")
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise ChannelUnavailable("DingTalk answered messageFiles/download without a downloadUrl")
+        return url
 
     async def send_by_webhook(self, url: str, text: str) -> None:
         """Answer through a message's `sessionWebhook` (it carries its own credential)."""

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from app.channel import ChannelSettings
+from app.streaming.protocol import StreamingMode
+from app.streaming.settings import StreamingSettings
+from channels.common.media import MediaSettings
 
 
-class DingTalkSettings(ChannelSettings):
+class DingTalkSettings(StreamingSettings, MediaSettings, ChannelSettings):
     model_config = SettingsConfigDict(env_prefix="DINGTALK_", env_file=".env", extra="ignore")
 
     client_id: str | None = Field(None, description="Client ID (AppKey) of the DingTalk app.")
@@ -34,3 +37,10 @@ class DingTalkSettings(ChannelSettings):
         3600, description="HTTP callbacks signed longer ago (DingTalk: 1 hour) are refused."
     )
     request_timeout_seconds: float = Field(15, description="Timeout of OpenAPI calls.")
+    # Robot messages cannot be edited; the streaming AI card is not implemented yet.
+    streaming_modes: ClassVar[frozenset[StreamingMode]] = frozenset({StreamingMode.OFF})
+    streaming: StreamingMode = Field(
+        StreamingMode.OFF,
+        description="off only: robot messages cannot be edited, and the streaming AI card is not "
+        "implemented yet.",
+    )

@@ -11,7 +11,9 @@ to, as it talks to api.dingtalk.com:
   records the ACK frames the client sends back (`{"code", "headers": {"messageId"}, …}`);
 - `POST /v1.0/robot/groupMessages/send` and `/v1.0/robot/oToMessages/batchSend` with the
   `x-acs-dingtalk-access-token` header;
-- `POST /robot/sendBySession?session=…`: a message's `sessionWebhook`.
+- `POST /robot/sendBySession?session=…`: a message's `sessionWebhook`;
+- `POST /v1.0/robot/messageFiles/download` (`downloadCode`, `robotCode`) → `downloadUrl`,
+  a temporary link to the bytes put in `files` (served at `GET /files/<code>`).
 
 Every call is recorded, and answers can be scripted to fail. Also builds robot messages
 and signs HTTP callbacks with DingTalk's published rule (independently of the adapter).
@@ -42,6 +44,7 @@ OPEN_PATH = "/v1.0/gateway/connections/open"
 GROUP_SEND = "/v1.0/robot/groupMessages/send"
 SINGLE_SEND = "/v1.0/robot/oToMessages/batchSend"
 WEBHOOK_PATH = "/robot/sendBySession"
+DOWNLOAD_PATH = "/v1.0/robot/messageFiles/download"
 
 
 @dataclass
@@ -77,6 +80,7 @@ class FakeDingTalk(LocalServer):
     # Stream: ACK frames the client sent, in order
     acks: list[dict[str, Any]] = field(default_factory=list)
     tickets_used: list[str] = field(default_factory=list)
+    files: dict[str, bytes] = field(default_factory=dict)  # download code -> the bytes
     url: str = ""
 
     def __post_init__(self) -> None:
@@ -240,7 +244,21 @@ class FakeDingTalk(LocalServer):
             )
         if path == WEBHOOK_PATH:
             return web.json_response({"errcode": 0, "errmsg": "ok"})
+        if path == DOWNLOAD_PATH:
+            code = str(body.get("downloadCode") or "")
+            if code not in self.files:
+                return web.json_response({"code": "invalidParameter.downloadCode"}, status=400)
+            return web.json_response({"downloadUrl": f"http://{request.host}/files/{code}"})
         return web.json_response({"code": "NotFound"}, status=404)
+
+    async def _file(self, request: web.Request) -> web.Response:
+        code = request.match_info["code"]
+        async with self._changed:
+            self.calls.append(Call(request.path, {}, {}, {}, ok=code in self.files))
+            self._changed.notify_all()
+        if code not in self.files:
+            return web.Response(status=404)
+        return web.Response(body=self.files[code], content_type="image/png")
 
     def _auth_failure(
         self, path: str, body: dict[str, Any], headers: dict[str, str], query: dict[str, str]
@@ -251,7 +269,7 @@ class FakeDingTalk(LocalServer):
         elif path == OPEN_PATH:
             if (body.get("clientId"), body.get("clientSecret")) != (self.client_id, self.client_secret):
                 return Failure(401, "InvalidAuthentication", "bad clientId or clientSecret")
-        elif path in (GROUP_SEND, SINGLE_SEND):
+        elif path in (GROUP_SEND, SINGLE_SEND, DOWNLOAD_PATH):
             if headers.get("x-acs-dingtalk-access-token") not in self._tokens:
                 return Failure(401, "InvalidAuthentication", "bad access token")
             if body.get("robotCode") != self.client_id:
@@ -263,6 +281,7 @@ class FakeDingTalk(LocalServer):
     async def __aenter__(self) -> FakeDingTalk:
         app = web.Application()
         app.router.add_get("/gateway/connect", self._connect)
+        app.router.add_get("/files/{code}", self._file)
         app.router.add_post("/{tail:.*}", self._handle)
         await self._serve(app, shutdown_timeout=0.5)
         return self
