@@ -60,3 +60,25 @@ async def test_rate_limited_edits_slow_the_preview_and_the_answer_still_arrives(
     assert len(fake.delivered()) == 1
     assert list(fake.texts.values()) == [stored]
     assert len(fake.calls_of("update")) >= 4  # three refused with 429, then through
+
+
+async def test_a_long_stream_stays_within_feishus_20_edits_and_the_last_is_the_answer(
+    serve: ServeApp,
+) -> None:
+    async with FakeOpenAI(default=Reply(content=ANSWER, chunk_delay=0.03)) as llm, FakeFeishu() as fake:
+        settings = feishu_settings(fake, stream_edit_seconds=0.05)
+        async with (
+            serve(
+                channel_settings={"feishu": settings}, stream_first_preview_seconds=0.1, **llm_settings(llm)
+            ) as srv,
+            httpx.AsyncClient(timeout=30) as client,
+        ):
+            await post_callback(client, srv.url, fs.text_event("a long one", chat_id="oc_s3"))
+            [row] = await wait_outbox_final(srv.runtime)
+            stored = await stored_answer(srv.runtime)
+    edits = fake.calls_of("update")
+    assert row["status"] == "sent"
+    assert len(fake.delivered()) == 1
+    assert all(c.ok for c in edits) and len(edits) == 20  # the budget spent, the last edit kept
+    assert edits[-1].text == stored
+    assert fake.texts == {row["platform_message_id"]: stored}
