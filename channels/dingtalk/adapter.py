@@ -11,8 +11,9 @@ the robot send API with a cached access token (`channels.dingtalk.openapi`).
 
 Pictures (also in rich text) are downloaded before the message is stored: the download
 code gives a temporary URL (`messageFiles/download`), read under `DINGTALK_MEDIA_MAX_BYTES`;
-a voice message's text is DingTalk's own transcript (`recognition`). Streaming is `off`:
-robot messages cannot be edited (the streaming AI card is not implemented).
+a voice message's text is DingTalk's own transcript (`recognition`). Robot messages
+cannot be edited; `DINGTALK_STREAMING=native` streams into an AI card
+(`channels.dingtalk.card`).
 """
 
 from __future__ import annotations
@@ -34,9 +35,11 @@ from app.errors import (
     InvalidPayload,
 )
 from app.events import ImagePart, InboundEvent, OutboundMessage, Part
+from app.streaming import StreamingMode
 from channels.common.chunks import ChunkProgress, send_chunks, split_text
 from channels.common.media import download, fetch_images, too_large_text
 from channels.dingtalk import signing
+from channels.dingtalk.card import DingTalkCardStreamer
 from channels.dingtalk.openapi import DingTalkApi
 from channels.dingtalk.parse import DOWNLOAD_PREFIX, GROUP, SINGLE, parse_message
 from channels.dingtalk.settings import DingTalkSettings
@@ -208,6 +211,13 @@ class DingTalkChannel:
         if time.time() * 1000 + WEBHOOK_MARGIN_MS >= expires:
             return None
         return url
+
+    # --- streaming (`app.streaming`) ------------------------------------------------------
+
+    def streamer(self) -> DingTalkCardStreamer | None:
+        if self.api is None or self.settings.streaming is not StreamingMode.NATIVE:
+            return None
+        return DingTalkCardStreamer(self)
 
 
 def _is_group(message: OutboundMessage) -> bool:

@@ -127,12 +127,18 @@ class DingTalkApi:
                 f"DingTalk session webhook answered errcode {errcode}: {data.get('errmsg')}"
             )
 
-    async def _post(self, path: str, body: dict[str, Any], *, auth: bool) -> dict[str, Any]:
+    async def call(self, method: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """An OpenAPI call with the access token (cards: `POST`/`PUT /v1.0/card/…`)."""
+        return await self._post(path, body, auth=True, method=method)
+
+    async def _post(
+        self, path: str, body: dict[str, Any], *, auth: bool, method: str = "POST"
+    ) -> dict[str, Any]:
         for attempt in (1, 2):
             headers = {TOKEN_HEADER: await self.access_token()} if auth else {}
             try:
-                resp = await self.http.post(
-                    self.base + path, json=body, headers=headers, timeout=self.timeout
+                resp = await self.http.request(
+                    method, self.base + path, json=body, headers=headers, timeout=self.timeout
                 )
             except httpx.HTTPError as exc:
                 raise ChannelUnavailable(f"DingTalk unreachable: {exc!r}") from exc
