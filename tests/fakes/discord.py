@@ -69,6 +69,7 @@ class FakeDiscord(LocalServer):
         self._seq = 0
         self._ids = itertools.count(1300000000000000000)
         self._by_nonce: dict[str, dict[str, Any]] = {}
+        self._originals: dict[str, str] = {}  # interaction token -> its answer's message id
 
     # --- test API -------------------------------------------------------------------
 
@@ -215,6 +216,15 @@ class FakeDiscord(LocalServer):
             return _json({"id": parts[3], "channel_id": parts[1], "content": body.get("content")})
         if path.endswith("/typing"):
             return web.Response(status=204)
+        if request.method == "PATCH" and parts[0] == "webhooks" and len(parts) == 5:
+            # The interaction's answer (`@original`, one per token) or a message of it, edited.
+            mid = (
+                self._originals.setdefault(parts[2], str(next(self._ids)))
+                if parts[4] == "@original"
+                else parts[4]
+            )
+            self.texts[mid] = str(body.get("content"))
+            return _json({"id": mid, "channel_id": "interaction", "content": body.get("content")})
         created = {
             "id": str(next(self._ids)),
             "channel_id": path.split("/")[2],

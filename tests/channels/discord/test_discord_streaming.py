@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx
 from sqlalchemy import select
 
 from app.db.models import messages
-from tests.channels.discord.support import discord_settings
+from tests.channels.discord.support import command, discord_settings, post_interaction
 from tests.channels.support import wait_outbox_final
 from tests.conftest import ServeApp
 from tests.fakes import discord as dc
@@ -92,4 +93,28 @@ async def test_streaming_off_sends_one_plain_message(serve: ServeApp) -> None:
             await wait_outbox_final(srv.runtime)
     assert [c.body["content"] for c in _posts(fake, "2103")] == [ANSWER]
     assert not _edits(fake)
+    assert not any(c.path.endswith("/typing") for c in fake.calls)
+
+
+async def test_a_slash_command_streams_into_its_deferred_answer(serve: ServeApp) -> None:
+    async with FakeOpenAI(default=Reply(content=ANSWER, chunk_delay=0.03)) as llm, FakeDiscord() as fake:
+        settings = discord_settings(fake, gateway=False, stream_edit_seconds=0.5)
+        async with (
+            serve(
+                channel_settings={"discord": settings}, stream_first_preview_seconds=0.3, **llm_settings(llm)
+            ) as srv,
+            httpx.AsyncClient(timeout=30) as client,
+        ):
+            resp = await post_interaction(client, srv.url, command("story", interaction_id="5101"))
+            assert resp.json() == {"type": 5}
+            [row] = await wait_outbox_final(srv.runtime)
+            stored = await stored_answer(srv.runtime)
+    hook = f"/webhooks/{dc.APP_ID}/itoken-5101"
+    patches = [c for c in fake.calls if c.ok and c.method == "PATCH"]
+    assert row["status"] == "sent" and stored == ANSWER
+    assert patches[0].path == f"{hook}/messages/@original"  # the preview is the deferred answer
+    assert all(c.path.startswith(f"{hook}/messages/") for c in patches)
+    assert patches[-1].body["content"] == ANSWER
+    assert not [c for c in fake.calls if c.method == "POST" and "content" in c.body]  # no second message
+    assert fake.texts == {row["platform_message_id"]: stored}
     assert not any(c.path.endswith("/typing") for c in fake.calls)
