@@ -58,6 +58,10 @@ class FeishuApi:
         answer = await self._authorized("PUT", path, body, None)
         return answer.get("data") or {}
 
+    async def delete(self, path: str) -> None:
+        """DELETE with the tenant token (recalling a message)."""
+        await self._authorized("DELETE", path, None, None)
+
     async def upload(self, path: str, fields: dict[str, str], file: tuple[str, bytes, str]) -> Any:
         """A multipart upload (`im/v1/images`, `im/v1/files`): `fields` and one file; the answer's `data`."""
         answer = await self._authorized("POST", path, None, None, upload=(fields, file))

@@ -4,7 +4,8 @@ Feishu lets a message be edited at most 20 times (and only text and rich-text me
 so a preview is edited at most `EDIT_LIMIT - 1` times and the last edit is kept for the
 final answer; `FEISHU_STREAM_EDIT_SECONDS` spaces the edits out. Feishu has no typing
 state for bots. When the final edit is refused (the preview was recalled, or its edit
-budget is spent after a restart), the answer is sent as a new message instead.
+budget was spent by a process that died), the preview is recalled
+(`DELETE im/v1/messages/{id}`) and the answer sent as a new message: replaced, not left half.
 
 A streaming card (CardKit) would allow more frequent updates; it is not implemented.
 """
@@ -15,8 +16,10 @@ import json
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Protocol
 
+import structlog
+
 from app.channel import SendResult
-from app.errors import ChannelRejected
+from app.errors import ChannelRejected, DeliveryError
 from app.events import FilePart, ImagePart, OutboundMessage
 from channels.common.chunks import ChunkProgress, send_chunks
 from channels.feishu.media import uploads
@@ -24,6 +27,8 @@ from channels.feishu.media import uploads
 if TYPE_CHECKING:
     from channels.feishu.api import FeishuApi
     from channels.feishu.settings import FeishuSettings
+
+log = structlog.get_logger(__name__)
 
 EDIT_LIMIT = 20  # edits of one message (Feishu's documented limit)
 _REMEMBERED = 1000
@@ -87,8 +92,13 @@ class FeishuStreamer:
                 return await self.channel.deliver_step(message, index, chunks, media)
             try:
                 await self._put(preview_id, chunk)
-            except ChannelRejected:
-                # Recalled, or no edits left: the answer comes as a new message instead.
+            except ChannelRejected as exc:
+                # Recalled, or no edits left: the preview goes, the answer comes as a new message.
+                log.info("feishu_preview_replaced", preview_id=preview_id, reason=exc.detail)
+                try:
+                    await self.channel.api.delete(f"/open-apis/im/v1/messages/{preview_id}")
+                except DeliveryError as gone:  # already recalled, or too old to recall
+                    log.warning("feishu_preview_recall_failed", error=gone.detail)
                 return await self.channel.deliver_step(message, index, chunks, media)
             return preview_id
 

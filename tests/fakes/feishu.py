@@ -228,6 +228,17 @@ class FakeFeishu(LocalServer):
         self.texts[message_id] = str(json.loads(body["content"])["text"])
         return web.json_response({"code": 0, "msg": "success", "data": {"message_id": message_id}})
 
+    async def _recall(self, request: web.Request) -> web.Response:
+        message_id = request.match_info["message_id"]
+        failure = self._auth_failure(request) or self._failure("recall")
+        if failure is None and message_id not in self.texts:
+            failure = Failure(400, 230011, "The message was recalled.")
+        await self._record(Call("recall", request.path, {}, {}, _headers(request), ok=failure is None))
+        if failure is not None:
+            return _fail(failure)
+        del self.texts[message_id]
+        return web.json_response({"code": 0, "msg": "success", "data": {}})
+
     async def _upload(self, request: web.Request) -> web.Response:
         kind = "image" if request.path.endswith("/images") else "file"
         fields: dict[str, str] = {}
@@ -272,6 +283,7 @@ class FakeFeishu(LocalServer):
         app.router.add_post("/open-apis/im/v1/messages/{message_id}/reply", self._send)
         app.router.add_get("/open-apis/im/v1/messages/{message_id}", self._get_message)
         app.router.add_put("/open-apis/im/v1/messages/{message_id}", self._update)
+        app.router.add_delete("/open-apis/im/v1/messages/{message_id}", self._recall)
         app.router.add_post("/open-apis/im/v1/images", self._upload)
         app.router.add_post("/open-apis/im/v1/files", self._upload)
         app.router.add_get("/open-apis/im/v1/messages/{message_id}/resources/{file_key}", self._resource)

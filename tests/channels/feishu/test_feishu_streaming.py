@@ -82,3 +82,31 @@ async def test_a_long_stream_stays_within_feishus_20_edits_and_the_last_is_the_a
     assert all(c.ok for c in edits) and len(edits) == 20  # the budget spent, the last edit kept
     assert edits[-1].text == stored
     assert fake.texts == {row["platform_message_id"]: stored}
+
+
+async def test_a_preview_that_cannot_be_edited_is_recalled_and_replaced_by_the_answer(
+    serve: ServeApp,
+) -> None:
+    async with FakeOpenAI(default=Reply(content=ANSWER, chunk_delay=0.03)) as llm, FakeFeishu() as fake:
+        # Its edits spent (as after a restart mid-stream): every edit is refused.
+        fake.always["update"] = fs.Failure(
+            400, 230072, "The message has reached the number of times it can be edited."
+        )
+        settings = feishu_settings(fake, stream_edit_seconds=0.2)
+        async with (
+            serve(
+                channel_settings={"feishu": settings}, stream_first_preview_seconds=0.2, **llm_settings(llm)
+            ) as srv,
+            httpx.AsyncClient(timeout=30) as client,
+        ):
+            await post_callback(client, srv.url, fs.text_event("go on", chat_id="oc_s4"))
+            [row] = await wait_outbox_final(srv.runtime)
+            stored = await stored_answer(srv.runtime)
+    preview, answer = fake.delivered()
+    [recall] = fake.calls_of("recall")
+    assert row["status"] == "sent"
+    recalled = recall.path.rsplit("/", 1)[1]
+    assert recall.ok and recalled != row["platform_message_id"]
+    assert "uuid" not in preview.body and answer.body["uuid"].startswith(row["message_id"])
+    assert fake.texts == {row["platform_message_id"]: stored}  # the half preview is gone
+    assert answer.text == stored
