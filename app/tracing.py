@@ -252,9 +252,10 @@ def _span(name: str, **kwargs: Any) -> AbstractContextManager[Span | None]:
     return _state.tracer.start_as_current_span(name, **kwargs)
 
 
-def ingest(channel: str, count: int) -> AbstractContextManager[Span | None]:
+def ingest(channel: str, count: int, *, replica: str) -> AbstractContextManager[Span | None]:
     """A channel's events on their way in: admission and the inbox commit."""
-    return _span("chatgate.ingest", attributes={"chatgate.channel": channel, "chatgate.events": count})
+    attributes = {"chatgate.channel": channel, "chatgate.events": count, "chatgate.replica": replica}
+    return _span("chatgate.ingest", attributes=attributes)
 
 
 def inbox_commit(event_ids: Sequence[str]) -> AbstractContextManager[Span | None]:

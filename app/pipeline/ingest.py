@@ -45,7 +45,7 @@ class Ingest:
 
     async def accept(self, channel: str, events: Sequence[InboundEvent]) -> list[AcceptResult]:
         """A channel's events: admitted by its policy, then stored and handed on."""
-        with tracing.ingest(channel, len(events)):
+        with tracing.ingest(channel, len(events), replica=self.scheduler.owner):
             return await self._accept(channel, events)
 
     async def _accept(self, channel: str, events: Sequence[InboundEvent]) -> list[AcceptResult]:
