@@ -221,7 +221,9 @@ async def test_spans_arrive_at_a_real_otlp_http_receiver(
     assert model.attributes["gen_ai.usage.input_tokens"] == 11
 
 
-async def test_with_tracing_off_nothing_is_exported_or_stored(db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_with_tracing_off_nothing_is_exported_or_stored(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
     monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", raising=False)
     async with OtlpReceiver() as otlp, FakeOpenAI(default=text("hi")) as fake, HttpReceiver() as receiver:
@@ -229,7 +231,8 @@ async def test_with_tracing_off_nothing_is_exported_or_stored(db_url: str, monke
             assert not tracing.enabled()
             async with a.engine.connect() as conn:
                 stored = [
-                    (await conn.execute(select(table.c.trace_context))).scalar_one() for table in (inbox, outbox)
+                    (await conn.execute(select(table.c.trace_context))).scalar_one()
+                    for table in (inbox, outbox)
                 ]
         await asyncio.to_thread(tracing.flush)
     assert stored == [None, None]
