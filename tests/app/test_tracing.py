@@ -18,6 +18,8 @@ from typing import Any
 import httpx
 import pytest
 import structlog
+from a2a.client import ClientConfig, create_client
+from a2a.types.a2a_pb2 import TaskState
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -30,7 +32,11 @@ from app.logs import configure_logging
 from app.migrate import upgrade
 from app.runtime import Runtime
 from tests.app.agent.test_agent_e2e import openai_settings
-from tests.conftest import WEBHOOK_SECRET, make_settings, webhook_settings
+from tests.channels.a2a.test_a2a import TOKEN_A as A2A_TOKEN
+from tests.channels.a2a.test_a2a import channels as a2a_channels
+from tests.channels.a2a.test_a2a import only_task
+from tests.channels.a2a.test_a2a import user_message as a2a_message
+from tests.conftest import WEBHOOK_SECRET, ServeApp, make_settings, webhook_settings
 from tests.fakes.http_receiver import HttpReceiver
 from tests.fakes.openai_server import FakeOpenAI, ToolCall, calls, text
 from tests.fakes.otlp_receiver import OtlpReceiver
@@ -255,3 +261,28 @@ async def test_log_lines_carry_the_trace_id(
     assert lines[0]["trace_id"] == _hex(context.trace_id, 32)
     assert lines[0]["span_id"] == _hex(context.span_id, 16)
     assert "trace_id" not in lines[1]
+
+
+async def test_an_a2a_callers_traceparent_becomes_the_parent(
+    serve: ServeApp, spans: InMemorySpanExporter
+) -> None:
+    async with (
+        FakeOpenAI(default=text("pong")) as fake,
+        serve(channel_settings=a2a_channels(), **openai_settings(fake)) as srv,
+        httpx.AsyncClient(
+            timeout=30, headers={"Authorization": f"Bearer {A2A_TOKEN}", "traceparent": CALLER_TRACEPARENT}
+        ) as http,
+    ):
+        client = await create_client(srv.url, ClientConfig(httpx_client=http, streaming=False))
+        try:
+            task = await only_task(client, a2a_message("ping"))
+            assert task.status.state == TaskState.TASK_STATE_COMPLETED
+        finally:
+            await client.close()
+    finished = spans.get_finished_spans()
+    (server,) = [s for s in finished if s.name == "POST /a2a"]
+    assert _parent(server) == CALLER_SPAN
+    by_name = {s.name: s for s in finished if s.context and _hex(s.context.trace_id, 32) == CALLER_TRACE}
+    assert {"chatgate.ingest", "chatgate.inbox.commit", "chatgate.turn", "chat fake-model"} <= set(by_name)
+    assert _parent(by_name["chatgate.ingest"]) == _id(server)
+    assert fake.requests[0].headers["traceparent"].split("-")[1] == CALLER_TRACE
