@@ -300,7 +300,8 @@ def _handling(rows: Sequence[_Row], replica: str) -> Iterator[Span | None]:
         )
         wait.end(end_time=now)
         parents.append(trace.set_span_in_context(wait, context))
-    parent = parents[-1] if parents else None
+    # No stored context: a trace of its own, never the one the worker task was started in.
+    parent = parents[-1] if parents else Context()
     links = [Link(trace.get_current_span(c).get_span_context()) for c in parents[:-1]]
     attributes = {
         "chatgate.session_key": rows[0].session_key,
@@ -362,7 +363,7 @@ def delivery(row: Mapping[str, Any]) -> AbstractContextManager[Span | None]:
     }
     return _state.tracer.start_as_current_span(
         f"deliver {row['channel']}",
-        context=_context_of(row.get("trace_context")),
+        context=_context_of(row.get("trace_context")) or Context(),
         kind=SpanKind.CLIENT,
         attributes=attributes,
     )

@@ -27,9 +27,11 @@ from sqlalchemy import select
 
 from app import tracing
 from app.api.app import create_app
-from app.db.models import inbox, outbox
+from app.db.models import inbox, outbox, utcnow
+from app.events import InboundEvent
 from app.logs import configure_logging
 from app.migrate import upgrade
+from app.pipeline.storage.portable import inbox_values
 from app.runtime import Runtime
 from tests.app.agent.test_agent_e2e import openai_settings
 from tests.channels.a2a.test_a2a import TOKEN_A as A2A_TOKEN
@@ -286,3 +288,23 @@ async def test_an_a2a_callers_traceparent_becomes_the_parent(
     assert {"chatgate.ingest", "chatgate.inbox.commit", "chatgate.turn", "chat fake-model"} <= set(by_name)
     assert _parent(by_name["chatgate.ingest"]) == _id(server)
     assert fake.requests[0].headers["traceparent"].split("-")[1] == CALLER_TRACE
+
+
+async def test_an_event_stored_without_a_trace_context_gets_a_trace_of_its_own(
+    serve: ServeApp, spans: InMemorySpanExporter
+) -> None:
+    """Rows from before tracing was on (or from an untraced replica) start their own trace."""
+    async with serve() as srv:
+        runtime = srv.runtime
+        event = InboundEvent.from_text("webhook", "old", "u", "stored before tracing")
+        async with runtime.engine.begin() as conn:
+            values = inbox_values(event, utcnow())  # no span is active here: nothing to carry
+            assert values["trace_context"] is None
+            await conn.execute(inbox.insert().values(**values))
+        runtime.scheduler.notify(event.session_key)
+        await _until(_has(spans, "chatgate.turn"))
+    finished = spans.get_finished_spans()
+    (turn,) = [s for s in finished if s.name == "chatgate.turn"]
+    assert turn.parent is None
+    assert not [s for s in finished if s.name == "chatgate.wait"]
+    assert dict(turn.attributes or {})["chatgate.event_ids"] == (event.event_id,)
