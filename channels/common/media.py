@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import httpx
 import structlog
 
-from app.events import FilePart, ImagePart, InboundEvent, Part, TextPart
+from app.events import FilePart, ImagePart, InboundEvent, OutboundMessage, Part, TextPart
 
 log = structlog.get_logger(__name__)
 
@@ -38,6 +38,18 @@ class MediaTooLarge(Exception):
 class Media:
     data: bytes
     content_type: str | None = None
+
+
+def answer_to(event: InboundEvent, text: str) -> OutboundMessage:
+    """A plain text answer to `event` in its chat, with the reply metadata (`reply_*`) the
+    channel's `send` uses to quote or to name the bot that received it."""
+    return OutboundMessage(
+        channel=event.channel,
+        chat_id=event.chat_id,
+        thread_id=event.thread_id,
+        parts=(TextPart(text=text),),
+        metadata={k: v for k, v in event.metadata.items() if k.startswith("reply_")},
+    )
 
 
 def too_large_text(locale: str, limit: int) -> str:
