@@ -210,7 +210,9 @@ class OneBotChannel:
         if body_self_id is not None and str(body_self_id) != header_self_id:
             raise InvalidPayload("X-Self-ID does not match self_id of the event")
         event = self.parse_event(data, header_self_id)
-        if event is not None and (event := await self._with_media(event)) is not None:
+        # Unsigned reports may come from anyone: their URLs are not fetched (no SSRF).
+        signed = bool(self.settings.secret)
+        if event is not None and (event := await self._with_media(event, fetch=signed)) is not None:
             await self.context.accept([event])
         return ChannelResponse(status=204)  # no quick operation: replies go through the API
 
@@ -266,16 +268,19 @@ class OneBotChannel:
 
     # --- inbound media -----------------------------------------------------------------
 
-    async def _with_media(self, event: InboundEvent) -> InboundEvent | None:
+    async def _with_media(self, event: InboundEvent, *, fetch: bool = True) -> InboundEvent | None:
         """Images (and, with speech to text, voice records) downloaded from their URLs as
-        data; over `ONEBOT_MEDIA_MAX_BYTES` a polite reply and None (nothing is stored)."""
+        data; over `ONEBOT_MEDIA_MAX_BYTES` a polite reply and None (nothing is stored).
+        Without `fetch` (an unsigned HTTP POST report) the URLs stay references."""
+        if not fetch:
+            return event
         limit = self.settings.media_max_bytes
 
-        async def fetch(part: ImagePart | FilePart) -> Media | None:
+        async def download(part: ImagePart | FilePart) -> Media | None:
             return await download_capped(self.context.http, part.url, limit) if part.url else None
 
         try:
-            return await inline_media(event, fetch, transcribe=self.context.transcribe, channel=self.name)
+            return await inline_media(event, download, transcribe=self.context.transcribe, channel=self.name)
         except MediaTooLarge as exc:
             reply = answer_to(event, too_large_text(self.settings.locale, exc.limit))
             try:  # best-effort: the event itself is not stored

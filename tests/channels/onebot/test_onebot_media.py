@@ -6,17 +6,18 @@ from __future__ import annotations
 
 import base64
 
+import httpx
 from sqlalchemy import select
 
 from app.db.models import inbox, messages, outbox
 from app.events import ImagePart, OutboundMessage, TextPart
 from app.pipeline.replies import outbox_values
-from tests.channels.onebot.test_onebot import BOT, TOKEN, onebot_settings, ws_url
+from tests.channels.onebot.test_onebot import BOT, SECRET, TOKEN, _post, onebot_settings, ws_url
 from tests.channels.support import count, wait_outbox_final
 from tests.channels.telegram.test_telegram_media import PIXEL
 from tests.conftest import ServeApp
 from tests.fakes.media_server import FakeMediaServer
-from tests.fakes.onebot import FakeBridge, private_message
+from tests.fakes.onebot import FakeBridge, FakeHttpApi, private_message
 from tests.fakes.openai_server import FakeOpenAI, Reply
 
 
@@ -140,3 +141,23 @@ async def test_a_long_turn_shows_one_working_notice_then_the_answer(serve: Serve
             actions = await bridge.wait_for_actions(2)
     texts = [a.params["message"][0]["data"]["text"] for a in actions]
     assert texts == ["⏳ 正在处理，请稍候…", "Done at last."]
+
+
+async def test_http_post_reports_are_fetched_only_when_signed(serve: ServeApp) -> None:
+    async with FakeMediaServer() as media, FakeHttpApi(TOKEN) as api:
+        media.files["a.png"] = (PIXEL, "image/png")
+        for secret, fetched in ((SECRET, ["a.png"]), (None, [])):
+            media.downloads.clear()
+            settings = onebot_settings(secret=secret, http_api_url=api.url)
+            async with serve(channel_settings={"onebot": settings}) as srv, httpx.AsyncClient() as client:
+                event = private_message(BOT, 560, [_image(media, "a.png")])
+                resp = await _post(client, srv, event, **({"sign": secret} if secret else {}))
+                assert resp.status_code == 204, resp.text
+                async with srv.runtime.engine.connect() as conn:
+                    query = select(inbox.c.payload).order_by(inbox.c.id.desc()).limit(1)
+                    payload = (await conn.execute(query)).scalar_one()
+            assert media.downloads == fetched
+            [image] = payload["parts"]
+            # Unsigned: the URL stays a reference (anyone could have posted it).
+            assert bool(image.get("data_base64")) == bool(fetched)
+            assert (image.get("url") is None) == bool(fetched)
