@@ -72,7 +72,7 @@ async def download_capped(
 
     Raises `MediaTooLarge`, or `httpx.HTTPError` (a non-2xx answer included).
     """
-    async with http.stream("GET", url, params=params, headers=headers) as resp:
+    async with http.stream("GET", url, params=params, headers=headers, follow_redirects=True) as resp:
         resp.raise_for_status()
         declared = resp.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
