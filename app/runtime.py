@@ -19,6 +19,7 @@ import httpx
 import structlog
 from sqlalchemy import func, select
 
+from app import tracing
 from app.agent.loop import AgentRunner
 from app.agent.mcp import McpToolSource
 from app.agent.offline import OfflineProvider
@@ -177,7 +178,8 @@ class Runtime:
             still_working_after=settings.stream_still_working_seconds,
         )
         self._delivery: dict[str, ChannelAdapter] = {}
-        self.http = httpx.AsyncClient(timeout=httpx.Timeout(15.0))
+        # Platform calls carry the delivery's `traceparent` when tracing is on (app.tracing).
+        self.http = httpx.AsyncClient(timeout=httpx.Timeout(15.0), event_hooks=tracing.httpx_hooks())
         self.speech = SpeechToText.from_settings(settings)  # voice messages, when STT_MODEL is set
         # Long-lived platform connections (polling, sockets): one holder (`app.connections`).
         # Fenced leases in the database: one holder across every replica on it.

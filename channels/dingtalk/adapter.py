@@ -34,10 +34,17 @@ from app.errors import (
     DeliveryError,
     InvalidPayload,
 )
-from app.events import ImagePart, InboundEvent, OutboundMessage, Part
+from app.events import FilePart, ImagePart, InboundEvent, OutboundMessage
 from app.streaming import StreamingMode
 from channels.common.chunks import ChunkProgress, send_chunks, split_text
-from channels.common.media import download, fetch_images, too_large_text
+from channels.common.media import (
+    Media,
+    MediaTooLarge,
+    answer_to,
+    download_capped,
+    inline_media,
+    too_large_text,
+)
 from channels.dingtalk import signing
 from channels.dingtalk.card import DingTalkCardStreamer
 from channels.dingtalk.openapi import DingTalkApi
@@ -129,35 +136,28 @@ class DingTalkChannel:
         return body
 
     async def _with_media(self, event: InboundEvent) -> InboundEvent | None:
-        """Pictures downloaded (download code → temporary URL → bytes); None when one is too large."""
+        """Pictures downloaded (download code → temporary URL → bytes); None when one is too
+        large (after a polite reply). Voice is not transcribed: DingTalk's `recognition` is."""
         api, limit = self.api, self.settings.media_max_bytes
         if api is None:
             return event
 
-        def wanted(part: Part) -> bool:
-            return (getattr(part, "url", None) or "").startswith(DOWNLOAD_PREFIX)
-
-        async def fetch(part: ImagePart) -> tuple[bytes, str | None]:
+        async def fetch(part: ImagePart | FilePart) -> Media | None:
+            if not (part.url or "").startswith(DOWNLOAD_PREFIX):
+                return None
             assert part.url is not None
-            robot_code = self._robot_code(event.metadata)
-            url = await api.download_url(
-                robot_code=robot_code, download_code=part.url[len(DOWNLOAD_PREFIX) :]
-            )
-            return await download(self.context.http, url, limit)
+            code = part.url[len(DOWNLOAD_PREFIX) :]
+            url = await api.download_url(robot_code=self._robot_code(event.metadata), download_code=code)
+            return await download_capped(self.context.http, url, limit)
 
-        fetched = await fetch_images(event, wanted, fetch, channel=self.name)
-        if fetched is None:
-            reply = OutboundMessage(
-                channel=self.name,
-                chat_id=event.chat_id,
-                parts=(),
-                metadata={k: v for k, v in event.metadata.items() if k.startswith("reply_")},
-            )
+        try:
+            return await inline_media(event, fetch, transcribe=None, channel=self.name)
+        except MediaTooLarge:
             try:
-                await self._post(reply, too_large_text(self.settings.locale, limit))
+                await self._post(answer_to(event, ""), too_large_text(self.settings.locale, limit))
             except DeliveryError as exc:  # best-effort: nothing is stored either way
                 log.warning("dingtalk_too_large_reply_failed", error=exc.detail)
-        return fetched
+            return None
 
     def _robot_code(self, metadata: dict[str, Any]) -> str:
         robot_code = str(metadata.get("reply_robot_code") or self.settings.robot_code or "")

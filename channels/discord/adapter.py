@@ -42,10 +42,10 @@ from app.errors import (
     DeliveryError,
     InvalidPayload,
 )
-from app.events import FilePart, ImagePart, InboundEvent, OutboundMessage, Part
+from app.events import FilePart, ImagePart, InboundEvent, OutboundMessage
 from app.streaming import StreamingMode
 from channels.common.chunks import ChunkProgress, send_chunks, split_text
-from channels.common.media import download, fetch_images, too_large_text
+from channels.common.media import Media, MediaTooLarge, download_capped, inline_media, too_large_text
 from channels.discord.outbound import UnknownMessage, attachment_name, uploads
 from channels.discord.parse import parse_command, parse_message
 from channels.discord.settings import DiscordSettings
@@ -109,19 +109,20 @@ class DiscordChannel:
             log.warning("discord_message_refused", detail=exc.detail)
 
     async def _with_media(self, event: InboundEvent) -> InboundEvent | None:
-        """Image attachments downloaded from the CDN (signed URLs, no token); None when one is too large."""
+        """Image attachments (and, with speech to text, audio) downloaded from the CDN (signed
+        URLs, no token sent); None when one is too large (after a polite reply)."""
         limit = self.settings.media_max_bytes
         cdn = self.settings.cdn_base
 
-        def wanted(part: Part) -> bool:
-            return (getattr(part, "url", None) or "").startswith(cdn)
-
-        async def fetch(part: ImagePart) -> tuple[bytes, str | None]:
+        async def fetch(part: ImagePart | FilePart) -> Media | None:
+            if not (part.url or "").startswith(cdn):
+                return None
             assert part.url is not None
-            return await download(self.context.http, part.url, limit)
+            return await download_capped(self.context.http, part.url, limit)
 
-        fetched = await fetch_images(event, wanted, fetch, channel=self.name)
-        if fetched is None:
+        try:
+            return await inline_media(event, fetch, transcribe=self.context.transcribe, channel=self.name)
+        except MediaTooLarge:
             channel_id = str(event.metadata.get("reply_channel_id") or event.chat_id)
             try:
                 await self._call(
@@ -131,7 +132,7 @@ class DiscordChannel:
                 )
             except DeliveryError as exc:  # best-effort: the message is not stored either way
                 log.warning("discord_too_large_reply_failed", error=exc.detail)
-        return fetched
+            return None
 
     # --- inbound: interactions ----------------------------------------------------------
 

@@ -34,10 +34,17 @@ from app.errors import (
     DeliveryError,
     InvalidPayload,
 )
-from app.events import FilePart, ImagePart, InboundEvent, OutboundMessage, Part
+from app.events import FilePart, ImagePart, InboundEvent, OutboundMessage
 from app.streaming import StreamingMode
 from channels.common.chunks import ChunkProgress, send_chunks, split_text
-from channels.common.media import download, fetch_images, too_large_text
+from channels.common.media import (
+    Media,
+    MediaTooLarge,
+    answer_to,
+    download_capped,
+    inline_media,
+    too_large_text,
+)
 from channels.common.wechat_api import outbound_text
 from channels.feishu import crypto
 from channels.feishu.api import FeishuApi
@@ -278,34 +285,29 @@ class FeishuChannel:
     # --- inbound media ------------------------------------------------------------------
 
     async def _with_media(self, event: InboundEvent) -> InboundEvent | None:
-        """Images downloaded from the message's resources (tenant token); None when one is too large."""
+        """Images (and, with speech to text, audio) downloaded from the message's resources
+        with the tenant token; None when one is too large (after a polite reply)."""
         limit = self.settings.media_max_bytes
         prefix = self.settings.api_base.rstrip("/") + "/open-apis/im/v1/messages/"
 
-        def wanted(part: Part) -> bool:
-            return (getattr(part, "url", None) or "").startswith(prefix)
-
-        async def fetch(part: ImagePart) -> tuple[bytes, str | None]:
+        async def fetch(part: ImagePart | FilePart) -> Media | None:
+            if not (part.url or "").startswith(prefix):
+                return None
             assert part.url is not None
             token = await self.api.tokens.get()
-            return await download(
-                self.context.http, part.url, limit, headers={"Authorization": f"Bearer {token}"}
-            )
+            headers = {"Authorization": f"Bearer {token}"}
+            return await download_capped(self.context.http, part.url, limit, headers=headers)
 
-        fetched = await fetch_images(event, wanted, fetch, channel=self.name)
-        if fetched is None:
-            reply = OutboundMessage(
-                channel=self.name,
-                chat_id=event.chat_id,
-                parts=(),
-                metadata={k: v for k, v in event.metadata.items() if k.startswith("reply_")},
-            )
+        try:
+            return await inline_media(event, fetch, transcribe=self.context.transcribe, channel=self.name)
+        except MediaTooLarge:
+            reply = answer_to(event, "")
             text = json.dumps({"text": too_large_text(self.settings.locale, limit)}, ensure_ascii=False)
             try:
                 await self.post_message(reply, "text", text)
             except DeliveryError as exc:  # best-effort: nothing is stored either way
                 log.warning("feishu_too_large_reply_failed", error=exc.detail)
-        return fetched
+            return None
 
     # --- streaming (`app.streaming`) ------------------------------------------------------
 
