@@ -42,9 +42,9 @@ async def test_unknown_sender_gets_a_code_then_is_answered_after_approval(
             httpx.AsyncClient(timeout=30) as http,
         ):
 
-            async def send(sender: str, text: str, **kw: bool) -> httpx.Response:
+            async def send(sender: str, text: str, wait: bool = False) -> httpx.Response:
                 body = {"chat_id": f"dm-{sender}", "sender_id": sender, "text": text}
-                return await post_webhook(http, srv.url, WEBHOOK_SECRET, body, **kw)
+                return await post_webhook(http, srv.url, WEBHOOK_SECRET, body, wait=wait)
 
             first = await send("alice", "hello, who are you?")
             assert first.status_code == 202
