@@ -28,6 +28,7 @@ from app.errors import ChannelRequestError
 from app.gateway.hub import GatewayHub
 from app.logs import configure_logging
 from app.runtime import Runtime
+from app.web import access_page
 from app.web import pages as web_pages
 
 
@@ -109,7 +110,7 @@ def create_app(
     app.include_router(admin_dashboard.router)
     app.include_router(admin_dead_letters.router)
     app.include_router(access_routes.router)
-    app.include_router(access_routes.page_router)
+    app.include_router(access_page.router)
     app.include_router(gateway_routes.router)
     web_pages.install(app)
     a2a_routes.install(app)

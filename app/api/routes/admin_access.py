@@ -1,8 +1,7 @@
 """`/admin/api/access…`: who may talk to the bot — pairing codes and stored allowlists.
 
 Same authentication as the rest of `/admin/api`. Changes take effect with the next message
-on every replica (nothing is cached). Also serves the dashboard's access page
-(`/admin/access`, a static page of its own that talks to these routes).
+on every replica (nothing is cached). The dashboard's page for them is `app.web.access_page`.
 """
 
 from __future__ import annotations
@@ -11,16 +10,13 @@ from dataclasses import asdict
 from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query
-from fastapi.responses import FileResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.access import AccessGate, BadAccessInput, QuotaLimits, access_mode
 from app.api.deps import get_runtime, require_admin
 from app.runtime import Runtime
-from app.web.pages import STATIC_DIR, security_headers
 
 router = APIRouter(prefix="/admin/api/access", tags=["access"], dependencies=[Depends(require_admin)])
-page_router = APIRouter()
 
 Kind = Literal["sender", "chat"]
 
@@ -124,9 +120,3 @@ async def approve_code(approval: Approval, runtime: Runtime = Depends(get_runtim
     if approved is None:
         raise HTTPException(404, "no pending pairing code like that (expired, used, or unknown)")
     return {"approved": {"channel": approved.channel, "sender_id": approved.sender_id}}
-
-
-@page_router.get("/admin/access", include_in_schema=False)
-async def access_page() -> FileResponse:
-    """The dashboard's access page (data from /admin/api/access…)."""
-    return FileResponse(STATIC_DIR / "access.html", media_type="text/html", headers=security_headers())
