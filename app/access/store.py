@@ -43,6 +43,11 @@ def normalize_code(code: str) -> str:
     return "".join(ch for ch in code.upper() if ch not in " -\t")
 
 
+def _check_channel(channel: str | None) -> None:
+    if channel is not None and (len(channel) > 64 or any(ord(ch) < 32 or ch == "\x7f" for ch in channel)):
+        raise BadAccessInput("channel must be at most 64 characters, without control characters")
+
+
 def _check(channel: str, kind: str, subject: str) -> None:
     if kind not in KINDS:
         raise BadAccessInput(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
@@ -115,6 +120,7 @@ class AccessStore:
         return bool(gone.rowcount)
 
     async def entries(self, channel: str | None = None) -> list[dict[str, Any]]:
+        _check_channel(channel)
         query = select(entries).order_by(entries.c.channel, entries.c.kind, entries.c.subject)
         if channel is not None:
             query = query.where(entries.c.channel == channel)
@@ -177,8 +183,8 @@ class AccessStore:
     async def approve(self, code: str, *, by: str) -> Approved | None:
         """Use up a pending, unexpired code and allow its sender; None if there is no such code."""
         code = normalize_code(code)
-        if not code or len(code) > 16:
-            return None
+        if not code or len(code) > 16 or any(ch not in _ALPHABET for ch in code):
+            return None  # nothing like a code we give out
         now = utcnow()
         async with self.engine.begin() as conn:
             row = (
@@ -198,6 +204,7 @@ class AccessStore:
 
     async def pending(self, channel: str | None = None) -> list[dict[str, Any]]:
         """Pairing requests waiting for the operator (unexpired), oldest first."""
+        _check_channel(channel)
         query = (
             select(pairings)
             .where(pairings.c.status == "pending", pairings.c.expires_at > utcnow())

@@ -71,7 +71,10 @@ async def list_entries(
     channel: str | None = Query(None, max_length=64), runtime: Runtime = Depends(get_runtime)
 ) -> dict[str, Any]:
     """The stored allowlist entries (the static settings come on top of these)."""
-    return {"entries": await _gate(runtime).store.entries(channel)}
+    try:
+        return {"entries": await _gate(runtime).store.entries(channel)}
+    except BadAccessInput as exc:
+        raise HTTPException(400, str(exc)) from exc
 
 
 @router.post("/entries", status_code=201)
@@ -109,7 +112,10 @@ async def pending_codes(
     channel: str | None = Query(None, max_length=64), runtime: Runtime = Depends(get_runtime)
 ) -> dict[str, Any]:
     """Pairing requests waiting for approval, oldest first."""
-    return {"pending": await _gate(runtime).store.pending(channel)}
+    try:
+        return {"pending": await _gate(runtime).store.pending(channel)}
+    except BadAccessInput as exc:
+        raise HTTPException(400, str(exc)) from exc
 
 
 @router.post("/approve")
