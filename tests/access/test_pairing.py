@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
 import sys
 
 import httpx
 
 from tests.access.support import MeteredModel, code_in, stored, texts
+from tests.channels.telegram.support import post_update, tg_settings
 from tests.conftest import ADMIN_TOKEN, WEBHOOK_SECRET, ServeApp, webhook_settings
+from tests.fakes import telegram as tg
 from tests.fakes.http_receiver import HttpReceiver
+from tests.fakes.telegram import FakeTelegram
 from tests.support.servers import ROOT
 from tests.support.webhook import post_webhook
 
@@ -126,3 +130,25 @@ async def test_racing_requests_of_one_sender_mint_one_code(engine) -> None:  # t
         *(s.request_code("telegram", "42", "42", "hi", ttl=60, max_pending=10) for s in stores * 4)
     )
     assert len([c for c in minted if c is not None]) == 1
+
+
+async def test_telegram_sender_gets_the_code_in_chinese_then_is_answered(serve: ServeApp) -> None:
+    """Through Telegram: the real PTB Bot sends the code to a fake Bot API server."""
+    async with FakeTelegram() as fake:
+        channel = tg_settings(fake, access="pairing", locale="zh")
+        async with (
+            serve(channel_settings={"telegram": channel}) as srv,
+            httpx.AsyncClient(timeout=30) as http,
+        ):
+            first = await post_update(http, srv.url, tg.update(1, tg.message("你好")))
+            assert first.status_code == 200 and first.json()["skipped"] is True
+            [call] = await fake.wait_for("sendMessage", 1)
+            assert call.params["chat_id"] == "4242"
+            assert call.params["text"].startswith("我还不认识你")
+            code = re.search(r"配对码是 ([A-Z0-9]{8})", call.params["text"])
+            assert code is not None
+            assert (await stored(srv.runtime))["inbox"] == 0
+            assert await srv.runtime.access.store.approve(code.group(1), by="test") is not None
+            await post_update(http, srv.url, tg.update(2, tg.message("现在呢")))
+            await fake.wait_for("sendMessage", 2)
+    assert fake.sent_texts()[1] == "You said: 现在呢"
