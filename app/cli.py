@@ -97,7 +97,7 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
 async def _reach_database(settings: Settings) -> None:
     """Fail fast, with the reason, on a database that waiting does not cure."""
     from app.db.engine import create_engine
-    from app.db.migrate import wait_for_database
+    from app.migrate import wait_for_database
 
     engine = create_engine(settings)
     try:
@@ -131,7 +131,7 @@ def _webhook_secret() -> str | None:
 
 
 def cmd_migrate(settings: Settings, _args: argparse.Namespace) -> int:
-    from app.db.migrate import upgrade_to_head
+    from app.migrate import upgrade_to_head
 
     asyncio.run(_reach_database(settings))
     upgrade_to_head(settings.database_url)
@@ -401,8 +401,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     a closed pipe end it with one line, never a traceback."""
     from pydantic import ValidationError
 
-    from app.db.migrate import DatabaseUnusable
     from app.doctor import format_validation_error
+    from app.migrate import DatabaseUnusable
 
     args = build_parser().parse_args(argv)
     try:

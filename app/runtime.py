@@ -19,6 +19,7 @@ import httpx
 import structlog
 from sqlalchemy import func, select
 
+from app import tracing
 from app.access import AccessGate, QuotaLimits
 from app.access.notices import Notices
 from app.agent.loop import AgentRunner
@@ -32,22 +33,22 @@ from app.agents.profiles import AgentBook, AgentRouter
 from app.agents.session_commands import SessionCommands
 from app.agents.skills import LoadSkillTool, SkillLibrary
 from app.agents.workspaces import clean_workspaces
-from app.bus import SessionBus
+from app.bus import LocalSessionBus, SessionBus
 from app.channel import AcceptResult, ChannelAdapter, ChannelContext, ChannelSettings
 from app.config import Settings
 from app.connection_leases import DatabaseConnections
 from app.connections import ConnectionHolder
 from app.db.engine import create_engine
-from app.db.migrate import upgrade, wait_for_database
 from app.db.models import INBOX_UNFINISHED, OUTBOX_UNDELIVERED, utcnow
 from app.db.models import inbox as inbox_table
 from app.db.models import outbox as outbox_table
 from app.dead_letters import DeadLetterFilter, DeadLetters, Resolved
 from app.event_reader import ChannelEvents
 from app.events import InboundEvent
-from app.gateway import build_session_bus
 from app.memory import MemoryFeatures
 from app.metrics import Metrics
+from app.migrate import upgrade, wait_for_database
+from app.pg_bus import PgSessionBus
 from app.pipeline import retention
 from app.pipeline.approvals import timeout_events
 from app.pipeline.builtin_commands import BuiltinCommands
@@ -165,7 +166,10 @@ class Runtime:
             max_iterations=settings.agent_max_iterations,
             max_tool_result_chars=settings.tool_result_max_chars,
         )
-        self.bus: SessionBus = build_session_bus(settings)
+        # PostgreSQL LISTEN/NOTIFY across replicas; in-process on SQLite (one process).
+        self.bus: SessionBus = (
+            LocalSessionBus() if settings.is_sqlite else PgSessionBus(settings.database_url)
+        )
         self.adapters: dict[str, ChannelAdapter] = {}
         # Streaming previews (`app.streaming`): the hub watches the feed; replies of a
         # streaming channel reach its adapter through the hub (the preview's last edit).
@@ -176,7 +180,8 @@ class Runtime:
             still_working_after=settings.stream_still_working_seconds,
         )
         self._delivery: dict[str, ChannelAdapter] = {}
-        self.http = httpx.AsyncClient(timeout=httpx.Timeout(15.0))
+        # Platform calls carry the delivery's `traceparent` when tracing is on (app.tracing).
+        self.http = httpx.AsyncClient(timeout=httpx.Timeout(15.0), event_hooks=tracing.httpx_hooks())
         self.speech = SpeechToText.from_settings(settings)  # voice messages, when STT_MODEL is set
         # Long-lived platform connections (polling, sockets): one holder (`app.connections`).
         # Fenced leases in the database: one holder across every replica on it.

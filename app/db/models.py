@@ -93,7 +93,7 @@ session_keys = Table(
     Column("lease_owner", String(200), nullable=True),
     Column("lease_fence", BigInteger, nullable=False, default=0),
     Column("lease_expires_at", UTCDateTime, nullable=True),
-    # Some replica's session bus LISTENs for the key until then (`app.gateway.pg_bus`).
+    # Some replica's session bus LISTENs for the key until then (`app.pg_bus`).
     Column("watched_until", UTCDateTime, nullable=True),
 )
 
@@ -163,6 +163,8 @@ inbox = Table(
     Column("run_id", Id, nullable=True),
     Column("created_at", UTCDateTime, nullable=False),
     Column("updated_at", UTCDateTime, nullable=False),
+    # The W3C trace context of the inbox commit, continued by the turn (app.tracing).
+    Column("trace_context", JSON(none_as_null=True), nullable=True),
     UniqueConstraint("channel", "external_id"),
     Index("ix_inbox_key_status_id", "session_key", "status", "id"),
     Index("ix_inbox_status_id", "status", "id"),
@@ -189,6 +191,8 @@ outbox = Table(
     Column("platform_message_id", String(256), nullable=True),
     Column("created_at", UTCDateTime, nullable=False),
     Column("sent_at", UTCDateTime, nullable=True),
+    # The W3C trace context of the turn, continued by the delivery (app.tracing).
+    Column("trace_context", JSON(none_as_null=True), nullable=True),
     Index("ix_outbox_status_next", "status", "next_attempt_at"),
     Index("ix_outbox_key_id", "session_key", "id"),
     Index("ix_outbox_run_id", "run_id"),
@@ -307,7 +311,7 @@ cron_jobs = Table(
 )
 
 # Wrong admin tokens per client address, shared by every replica: a fixed window opened
-# by the first failure; `failures` counts within it (`app.api.deps.AdminLockout`).
+# by the first failure; `failures` counts within it (`app.web.admin_auth.AdminLockout`).
 admin_auth_failures = Table(
     "admin_auth_failures",
     metadata,

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 
 import structlog
 
+from app import tracing
 from app.channel import ChannelSettings
 from app.errors import LeaseLost
 from app.pipeline.busy import BusyPolicies
@@ -69,6 +70,12 @@ class Handler:
         if not live:
             return Handled()
         ids = [r.id for r in live]
+        with tracing.handling(live, replica=lease.owner):  # continues the rows' stored traces
+            return await self._attempt(lease, live, ids, hand_on)
+
+    async def _attempt(
+        self, lease: SessionLease, live: list[InboxRow], ids: list[int], hand_on: HandOn | None
+    ) -> Handled:
         await self.store.count_attempt(lease, ids)
         try:
             return await self._run(lease, live, hand_on)

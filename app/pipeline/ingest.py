@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
+from app import tracing
 from app.access import AccessGate, Verdict
 from app.channel import AcceptResult, ChannelSettings
 from app.events import InboundEvent
@@ -48,6 +49,10 @@ class Ingest:
 
     async def accept(self, channel: str, events: Sequence[InboundEvent]) -> list[AcceptResult]:
         """A channel's events: admitted by its policy, then stored and handed on."""
+        with tracing.ingest(channel, len(events), replica=self.scheduler.owner):
+            return await self._accept(channel, events)
+
+    async def _accept(self, channel: str, events: Sequence[InboundEvent]) -> list[AcceptResult]:
         settings = self.channel_settings[channel]
         admitted: list[InboundEvent] = []
         results: list[AcceptResult | None] = []
@@ -105,7 +110,8 @@ class Ingest:
     async def _store(self, events: Sequence[InboundEvent]) -> list[AcceptResult]:
         owner = self.scheduler.offer(events[0].session_key) if len(events) == 1 else None
         try:
-            accepted = await self.store.accept(events, claim_for=owner)
+            with tracing.inbox_commit([e.event_id for e in events]):  # the rows store its context
+                accepted = await self.store.accept(events, claim_for=owner)
         except BaseException:
             if owner is not None:
                 self.scheduler.withdraw(events[0].session_key)

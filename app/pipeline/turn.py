@@ -23,13 +23,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.agent.loop import AgentRunner, Decision, RunHooks, RunRecord, StopRequest, open_calls
 from app.agent.policy import ToolPolicy
 from app.agent.tools import ToolContext
-from app.agents.heartbeat import heartbeat
-from app.agents.history_marks import hidden_ranges, visible
 from app.channel import ChannelSettings, WaitResult
 from app.db.models import utcnow
 from app.events import InboundEvent
 from app.memory.recall import RECALLED, MemoryRecall
-from app.pipeline.after_turn import AfterTurn, AfterTurnHooks
+from app.pipeline.after_turn import AfterTurnHooks
 from app.pipeline.approvals import (
     ApprovalRules,
     Decided,
@@ -44,6 +42,9 @@ from app.pipeline.run_trace import UPDATE_RUN, run_trace, run_values
 from app.pipeline.storage.inbox_queries import COUNT_ATTEMPT, MARK, reply_of
 from app.pipeline.storage.port import InboxRow, PipelineStore, Recall, TurnEnd, TurnPlan
 from app.pipeline.turn_state import Handled, HandOn, TurnState, WindowLimits
+from app.sessions.heartbeat import heartbeat
+from app.sessions.history_marks import hidden_ranges, visible
+from app.sessions.hooks import AfterTurn
 from app.sessions.lease import SessionLease
 from app.sessions.messages import ChatMessage
 from app.sessions.store import SessionState, message_from_row, message_values
@@ -147,7 +148,7 @@ class TurnRunner:
         record = RunRecord(provider=self.runner.provider.name, model=model)
         beat = heartbeat(self.heartbeat_engine, started.session.id, self.heartbeat_seconds)
         with self.midrun.running(lease.key):
-            async with beat:  # a long run keeps its session active (app.agents.heartbeat)
+            async with beat:  # a long run keeps its session active (app.sessions.heartbeat)
                 record = await self.runner.resume(
                     self._hooks(turn),
                     self._tool_context(turn),

@@ -1,7 +1,7 @@
 """access_entries, access_pairings, access_counters: who may talk to the bot, and quotas
 
 Revision ID: 0011_access
-Revises: 0007_agents
+Revises: 0011_tracing
 Create Date: 2026-12-04 16:00:00
 """
 
@@ -13,7 +13,7 @@ from alembic import op
 from app.db.models import Id, UTCDateTime
 
 revision: str = "0011_access"
-down_revision: str | None = "0007_agents"
+down_revision: str | None = "0011_tracing"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

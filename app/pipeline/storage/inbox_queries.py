@@ -10,7 +10,7 @@ from app.channel import Reply
 from app.db.models import INBOX_UNFINISHED, inbox, one_of, outbox, session_keys
 
 # What an `InboxRow` is made of.
-ROW_COLUMNS = ("id", "event_id", "channel", "session_key", "attempts", "payload")
+ROW_COLUMNS = ("id", "event_id", "channel", "session_key", "attempts", "payload", "trace_context")
 
 
 def unfinished_rows(key: Any = None) -> Any:
@@ -100,6 +100,7 @@ INGESTED = (
     "attempts",
     "created_at",
     "updated_at",
+    "trace_context",
 )
 INSERT_VALUES = {name: bindparam(name, type_=inbox.c[name].type) for name in INGESTED}
 

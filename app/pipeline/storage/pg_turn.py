@@ -103,6 +103,7 @@ OUTBOX_FIELDS = (
     "next_attempt_at",
     "created_at",
     "sent_at",
+    "trace_context",
 )
 RUN_FIELDS = (
     "session_id",

@@ -49,6 +49,7 @@ class InboxRow:
     # Why the stored payload is no event (then `event` is a stand-in to reply to): such a
     # row is failed at once, never retried, and never holds its session up.
     unreadable: str | None = None
+    trace_context: Mapping[str, Any] | None = None  # where its trace continues (app.tracing)
 
     @classmethod
     def of(cls, row: Mapping[Any, Any]) -> InboxRow:
@@ -68,6 +69,7 @@ class InboxRow:
             attempts=row["attempts"],
             event=event,
             unreadable=unreadable,
+            trace_context=row.get("trace_context"),
         )
 
 

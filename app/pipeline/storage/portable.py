@@ -17,6 +17,7 @@ from sqlalchemy import bindparam, select, update
 from sqlalchemy.exc import DBAPIError, StatementError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from app import tracing
 from app.channel import AcceptResult, WaitResult
 from app.db.engine import autocommit
 from app.db.models import INBOX_UNFINISHED, inbox, one_of, outbox, runs, session_keys, utcnow
@@ -73,6 +74,7 @@ def inbox_values(event: InboundEvent, now: Any) -> dict[str, Any]:
         attempts=0,
         created_at=now,
         updated_at=now,
+        trace_context=tracing.carrier(),
     )
 
 

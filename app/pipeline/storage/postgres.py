@@ -100,7 +100,9 @@ class PostgresStore(PortableStore):
             return Accepted([accepted])
         rows = rows_from(row["upcoming"])
         if rows is not None:
-            this = InboxRow(row["id"], event.event_id, event.channel, key, 0, event)
+            this = InboxRow(
+                row["id"], event.event_id, event.channel, key, 0, event, trace_context=params["trace_context"]
+            )
             rows = [*rows, this][: pg_inbox.LIMIT]
         return Accepted([accepted], Claim(SessionLease(key, owner, row["fence"]), rows))
 
