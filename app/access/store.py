@@ -8,6 +8,7 @@ approval uses it up and adds the sender as an entry, in one transaction.
 
 from __future__ import annotations
 
+import re
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -21,6 +22,7 @@ from app.db.models import access_entries as entries
 from app.db.models import access_pairings as pairings
 from app.db.models import utcnow
 from app.db.upsert import insert_for
+from app.events import unstorable_text
 
 Kind = Literal["sender", "chat"]
 KINDS: tuple[Kind, ...] = ("sender", "chat")
@@ -43,20 +45,26 @@ def normalize_code(code: str) -> str:
     return "".join(ch for ch in code.upper() if ch not in " -\t")
 
 
+# Ids become log fields and must be storable: no control characters, no lone surrogates.
+_BAD_ID = re.compile("[\x00-\x1f\x7f\ud800-\udfff]")
+
+
 def _check_channel(channel: str | None) -> None:
-    if channel is not None and (len(channel) > 64 or any(ord(ch) < 32 or ch == "\x7f" for ch in channel)):
+    if channel is not None and (len(channel) > 64 or _BAD_ID.search(channel)):
         raise BadAccessInput("channel must be at most 64 characters, without control characters")
 
 
-def _check(channel: str, kind: str, subject: str) -> None:
+def _check(channel: str, kind: str, subject: str, note: str | None = None) -> None:
     if kind not in KINDS:
         raise BadAccessInput(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
     if not channel or len(channel) > 64:
         raise BadAccessInput("channel must be 1 to 64 characters")
     if not subject or len(subject) > 256:
         raise BadAccessInput("the sender or chat id must be 1 to 256 characters")
-    if any(ord(ch) < 32 or ch == "\x7f" for ch in channel + subject):
-        raise BadAccessInput("ids may not contain control characters")
+    if _BAD_ID.search(channel + subject):
+        raise BadAccessInput("ids may not contain control characters or lone surrogates")
+    if note is not None and (len(note) > 200 or unstorable_text(note)):
+        raise BadAccessInput("a note has at most 200 characters, without NUL or lone surrogates")
 
 
 @dataclass(frozen=True)
@@ -101,7 +109,7 @@ class AccessStore:
         self, channel: str, kind: str, subject: str, *, note: str | None = None, added_by: str | None = None
     ) -> bool:
         """Allow `subject`; False when it was allowed already (the entry is kept as it was)."""
-        _check(channel, kind, subject)
+        _check(channel, kind, subject, note)
         async with self.engine.begin() as conn:
             return await _add(conn, channel, kind, subject, note=note, added_by=added_by)
 
