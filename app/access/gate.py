@@ -76,7 +76,8 @@ class AccessGate:
         self.notices = notices or Notices(engine)
         self.agent_limits: AgentLimits = agent_limits or (lambda event: ("", QuotaLimits()))
         self.clock = clock
-        self._channel_limits: dict[int, QuotaLimits] = {}
+        # Read once: each channel's limits (the agents' come with `agent_limits`).
+        self._channel_limits = {name: QuotaLimits.of(cs) for name, cs in channel_settings.items()}
 
     # --- who may talk -----------------------------------------------------------------
 
@@ -88,11 +89,11 @@ class AccessGate:
         mode = access_mode(settings)
         if mode == "open" or event.sender_id in settings.allowed_senders:
             return None
+        if mode == "allowlist" and not group and settings.answer_unknown_dm:
+            return None  # as before: direct messages from anyone are still answered
         if await self.store.allowed(event.channel, event.sender_id, event.chat_id if group else None):
             return None
         if mode == "allowlist":
-            if not group and settings.answer_unknown_dm:
-                return None
             return Verdict("not_allowed")
         if group:  # codes are given in direct chats only, never in front of a group
             return Verdict("not_allowed")
@@ -116,9 +117,7 @@ class AccessGate:
 
     def _limits(self, settings: ChannelSettings, event: InboundEvent, metric: str) -> dict[str, int]:
         """The limits that apply to `event` for `metric` (messages, tokens), by counter subject."""
-        channel = self._channel_limits.get(id(settings))
-        if channel is None:
-            channel = self._channel_limits[id(settings)] = QuotaLimits.of(settings)
+        channel = self._channel_limits.get(event.channel) or QuotaLimits.of(settings)
         agent, own = self.agent_limits(event)
         if not channel.any and not own.any:
             return {}
