@@ -8,9 +8,14 @@ import os
 import re
 import subprocess
 import sys
+from datetime import timedelta
 
 import httpx
+from sqlalchemy import update
+from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.access import AccessStore
+from app.db.models import access_pairings, utcnow
 from tests.access.support import MeteredModel, code_in, stored, texts
 from tests.channels.telegram.support import post_update, tg_settings
 from tests.conftest import ADMIN_TOKEN, WEBHOOK_SECRET, ServeApp, webhook_settings
@@ -122,9 +127,7 @@ async def test_no_codes_in_groups_and_codes_are_bounded(serve: ServeApp) -> None
         assert sorted(p["sender_id"] for p in pending) == ["a", "b"]
 
 
-async def test_racing_requests_of_one_sender_mint_one_code(engine) -> None:  # type: ignore[no-untyped-def]
-    from app.access import AccessStore
-
+async def test_racing_requests_of_one_sender_mint_one_code(engine: AsyncEngine) -> None:
     stores = [AccessStore(engine) for _ in range(2)]
     minted = await asyncio.gather(
         *(s.request_code("telegram", "42", "42", "hi", ttl=60, max_pending=10) for s in stores * 4)
@@ -152,3 +155,20 @@ async def test_telegram_sender_gets_the_code_in_chinese_then_is_answered(serve: 
             await post_update(http, srv.url, tg.update(2, tg.message("现在呢")))
             await fake.wait_for("sendMessage", 2)
     assert fake.sent_texts()[1] == "You said: 现在呢"
+
+
+async def test_an_expired_code_cannot_be_approved_and_the_next_message_gets_a_new_one(
+    engine: AsyncEngine,
+) -> None:
+    store = AccessStore(engine)
+    first = await store.request_code("webhook", "kim", "kim", "hi", ttl=600, max_pending=10)
+    assert first is not None
+    async with engine.begin() as conn:  # the code's hour is over
+        await conn.execute(update(access_pairings).values(expires_at=utcnow() - timedelta(seconds=1)))
+    assert await store.approve(first, by="test") is None
+    assert await store.pending() == []
+    second = await store.request_code("webhook", "kim", "kim", "hi again", ttl=600, max_pending=10)
+    assert second is not None and second != first
+    approved = await store.approve(f"{second[:4].lower()}-{second[4:]}", by="test")  # typed loosely
+    assert approved is not None and approved.sender_id == "kim"
+    assert await store.allowed("webhook", "kim", None)
