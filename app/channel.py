@@ -48,6 +48,28 @@ class ChannelSettings(BaseSettings):
     answer_unknown_dm: bool = Field(
         False, description="With allowed_senders set, still answer direct messages from others."
     )
+    # --- who may talk, and how much (app.access, docs/access.md) ---
+    access: Literal["open", "allowlist", "pairing"] | None = Field(
+        None,
+        description="open, allowlist or pairing (unknown direct senders get a one-time code); "
+        "unset: allowlist when allowed_senders is set, else open.",
+    )
+    pairing_code_ttl_seconds: float = Field(3600.0, gt=0, description="How long a pairing code is valid.")
+    pairing_max_pending: int = Field(
+        100, ge=1, description="Pending pairing codes at most; further unknown senders get none for now."
+    )
+    quota_sender_messages_per_minute: int | None = Field(
+        None, ge=1, description="Messages per minute per sender; unset: no limit."
+    )
+    quota_session_messages_per_minute: int | None = Field(
+        None, ge=1, description="Messages per minute per session; unset: no limit."
+    )
+    quota_sender_tokens_per_day: int | None = Field(
+        None, ge=1, description="Model tokens per UTC day per sender; unset: no limit."
+    )
+    quota_session_tokens_per_day: int | None = Field(
+        None, ge=1, description="Model tokens per UTC day per session; unset: no limit."
+    )
     max_body_bytes: int = Field(1024 * 1024, description="Larger request bodies get 413.")
     locale: Literal["en", "zh"] = Field(
         "en", description="Language of the gateway's own texts here: en or zh."
@@ -158,6 +180,9 @@ class AcceptResult(BaseModel):
     session_key: str
     duplicate: bool = False
     skipped: bool = False  # not stored: sender not allowed by the channel's policy
+    # Why it was skipped (not_allowed, pairing, quota) and what the sender was told, if anything.
+    reason: str | None = None
+    notice: str | None = None
 
 
 class Reply(BaseModel):

@@ -336,3 +336,50 @@ stream_previews = Table(
     Column("updated_at", UTCDateTime, nullable=False),
     Index("ix_stream_previews_created_at", "created_at"),  # retention
 )
+
+# Who may talk to the bot (`app.access`): senders and group chats allowed at runtime, on
+# top of each channel's static `allowed_senders`/`allowed_chats`.
+access_entries = Table(
+    "access_entries",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("channel", String(64), nullable=False),
+    Column("kind", String(16), nullable=False),  # sender | chat
+    Column("subject", String(256), nullable=False),  # the sender's or chat's platform id
+    Column("note", String(200), nullable=True),
+    Column("added_by", String(256), nullable=True),  # cli, admin, pairing:<code>
+    Column("created_at", UTCDateTime, nullable=False),
+    UniqueConstraint("channel", "kind", "subject"),
+)
+
+# Pairing requests: one row per (channel, sender); a pending code is single-use and expires.
+access_pairings = Table(
+    "access_pairings",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("channel", String(64), nullable=False),
+    Column("sender_id", String(256), nullable=False),
+    Column("chat_id", String(256), nullable=False),
+    Column("code", String(16), nullable=False, unique=True),
+    Column("status", String(16), nullable=False),  # pending | approved
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("expires_at", UTCDateTime, nullable=False),
+    Column("approved_at", UTCDateTime, nullable=True),
+    Column("approved_by", String(256), nullable=True),
+    Column("text", String(200), nullable=True),  # the first words of the message that asked
+    UniqueConstraint("channel", "sender_id"),
+    Index("ix_access_pairings_status_expires_at", "status", "expires_at"),
+)
+
+# Quota counters shared by every replica: one row per (metric, subject), a fixed window
+# (unix seconds of its start) that an increment in a later window restarts.
+access_counters = Table(
+    "access_counters",
+    metadata,
+    Column("metric", String(16), primary_key=True),  # messages | tokens
+    Column("subject", String(800), primary_key=True),  # sender:…, agent_sender:…, session:…
+    Column("window_start", BigInteger, nullable=False),
+    Column("count", BigInteger, nullable=False),
+    Column("notified", Boolean, nullable=False),  # the over-quota reply went out this window
+    Index("ix_access_counters_window_start", "window_start"),
+)

@@ -56,6 +56,14 @@ class WebhookBody(BaseModel):
         return value
 
 
+# Why an event was not taken (`AcceptResult.reason`, app.access), in the answer's `detail`.
+_SKIPPED = {
+    "not_allowed": "sender not allowed",
+    "pairing": "sender not paired yet: approve its pairing code first",
+    "quota": "over quota: nothing was run",
+}
+
+
 def _truthy(value: str | None) -> bool:
     return (value or "").lower() in ("1", "true", "yes")
 
@@ -87,7 +95,11 @@ class WebhookChannel:
         if result.duplicate:
             body["duplicate"] = True
         if result.skipped:
-            return ChannelResponse.json({**body, "skipped": True, "detail": "sender not allowed"}, 202)
+            reason = result.reason or "not_allowed"
+            body.update(skipped=True, reason=reason, detail=_SKIPPED.get(reason, reason))
+            if result.notice:  # what the sender was told (a pairing code, a quota notice)
+                body["notice"] = result.notice
+            return ChannelResponse.json(body, 202)
         if not wait:
             return ChannelResponse.json(body, 200 if result.duplicate else 202)
         waited = await self.context.wait_for_replies(result.event_id, timeout)
