@@ -193,7 +193,7 @@ class EventStatus:
 
 
 class EventReader(Protocol):
-    """Reads stored events of one channel; nothing here writes."""
+    """Reads stored events of one channel; the one write is `cancel_pending`."""
 
     async def status(self, event_id: str) -> EventStatus | None: ...
     async def find(self, external_id: str) -> str | None:
@@ -202,6 +202,10 @@ class EventReader(Protocol):
 
     async def count(self, session_key: str) -> int:
         """How many events of this channel were stored for the session key."""
+        ...
+
+    async def cancel_pending(self, event_id: str) -> bool:
+        """Cancel the event if no turn has taken it yet (it then never runs); whether it was."""
         ...
 
 
@@ -214,6 +218,9 @@ class _NoEvents:
 
     async def count(self, session_key: str) -> int:
         return 0
+
+    async def cancel_pending(self, event_id: str) -> bool:
+        return False
 
 
 @dataclass

@@ -68,6 +68,8 @@ class UTCDateTime(TypeDecorator[datetime]):
 
 # Rows still owed work: unfinished inbox events, undelivered outbox replies.
 INBOX_UNFINISHED = ("pending", "processing")
+# An inbox row canceled while it was pending (A2A tasks/cancel): finished, never run.
+CANCELED = "canceled"
 OUTBOX_UNDELIVERED = ("pending", "sending")
 
 

@@ -218,8 +218,9 @@ class ChatgateRequestHandler(RequestHandler):
 
     @validate_request_params
     async def on_cancel_task(self, params: CancelTaskRequest, context: ServerCallContext) -> Task | None:
-        """Store a `/stop` for the task's session (it stops a running turn); the task is
-        canceled from then on. Finished tasks cannot be canceled."""
+        """A task still waiting for its turn is canceled in the inbox and never runs; a
+        working one gets a `/stop` for its session (it stops the running turn). The task
+        is canceled from then on. Finished tasks cannot be canceled."""
         caller = caller_of(context)
         task = await self.load(params.id, caller)
         if task is None:
@@ -228,6 +229,11 @@ class ChatgateRequestHandler(RequestHandler):
             return task
         if task.status.state in TERMINAL:
             raise TaskNotCancelableError(message=f"task {params.id} is already finished")
+        if task.status.state == TaskState.TASK_STATE_SUBMITTED and await self.context.events.cancel_pending(
+            task.id
+        ):
+            return await self._task(task.id, caller)
+        # Taken by a turn meanwhile (or working): stop the turn that runs it.
         stop = self._event(
             caller,
             task.context_id,
