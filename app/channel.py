@@ -19,6 +19,7 @@ import httpx
 from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from app.channel_records import ChannelRecords
 from app.connections import ConnectionRun, LocalConnections
 from app.errors import InvalidPayload, UnsupportedMediaType
 from app.events import BusyPolicy, InboundEvent, OutboundMessage, SessionScope
@@ -238,6 +239,9 @@ class ChannelContext:
     events: EventReader = field(default_factory=_NoEvents)
     # Speech to text (audio bytes, file name, MIME type) → transcript; None when STT is off.
     transcribe: Callable[[bytes, str, str], Awaitable[str]] | None = None
+    # The channel's own durable records and outbox hand-off (`app.channel_records`); None
+    # where nothing is stored (tests building a bare context).
+    records: ChannelRecords | None = None
 
 
 @dataclass(frozen=True)

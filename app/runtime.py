@@ -32,6 +32,7 @@ from app.agents.skills import LoadSkillTool, SkillLibrary
 from app.agents.workspaces import clean_workspaces
 from app.bus import SessionBus
 from app.channel import AcceptResult, ChannelAdapter, ChannelContext, ChannelSettings
+from app.channel_records import ChannelRecords
 from app.config import Settings
 from app.connection_leases import DatabaseConnections
 from app.connections import ConnectionHolder
@@ -454,5 +455,6 @@ class Runtime:
             http=self.http,
             hold_connection=self.connections.hold_connection,
             events=ChannelEvents(self.engine, name),
+            records=ChannelRecords(self.engine, name, on_outbox=self.sender.notify),
             transcribe=self.speech.transcribe if self.speech is not None else None,
         )
