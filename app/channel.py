@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from app.channel_records import ChannelRecords
-from app.connections import ConnectionRun, LocalConnections
+from app.connections import ConnectionRun, ConnectionStates, LocalConnections
 from app.errors import InvalidPayload, UnsupportedMediaType
 from app.events import BusyPolicy, InboundEvent, OutboundMessage, SessionScope
 
@@ -235,6 +235,8 @@ class ChannelContext:
     hold_connection: Callable[[str, ConnectionRun], Awaitable[None]] = field(
         default_factory=lambda: LocalConnections().hold_connection
     )
+    # State a connection's holder keeps for the next one (`app.connections.ConnectionStates`).
+    connection_state: ConnectionStates = field(default_factory=LocalConnections)
     # Read-only view of this channel's stored events (`app.event_reader`).
     events: EventReader = field(default_factory=_NoEvents)
     # Speech to text (audio bytes, file name, MIME type) → transcript; None when STT is off.

@@ -454,6 +454,7 @@ class Runtime:
             wait_for_replies=self.waiters.wait_for_replies,
             http=self.http,
             hold_connection=self.connections.hold_connection,
+            connection_state=self.connections,
             events=ChannelEvents(self.engine, name),
             records=ChannelRecords(self.engine, name, on_outbox=self.sender.notify),
             transcribe=self.speech.transcribe if self.speech is not None else None,
