@@ -19,7 +19,6 @@ import httpx
 from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from app.channel_records import ChannelRecords
 from app.connections import ConnectionRun, ConnectionStates, LocalConnections
 from app.errors import InvalidPayload, UnsupportedMediaType
 from app.events import BusyPolicy, InboundEvent, OutboundMessage, SessionScope
@@ -224,6 +223,32 @@ class _NoEvents:
         return False
 
 
+@dataclass(frozen=True)
+class ChannelRecord:
+    """One of a channel's own records (`RecordStore`)."""
+
+    key: str
+    owner: str | None
+    data: dict[str, Any]
+    open: bool  # still watched (e.g. a task not finished)
+
+
+class RecordStore(Protocol):
+    """A channel's own small durable records, and messages it hands the outbox itself
+    (`app.channel_records`); scoped to the channel."""
+
+    async def put(
+        self, kind: str, key: str, data: dict[str, Any], *, owner: str | None = None, open: bool = True
+    ) -> None: ...
+    async def get(self, kind: str, key: str) -> ChannelRecord | None: ...
+    async def with_prefix(self, kind: str, prefix: str, limit: int = 100) -> list[ChannelRecord]: ...
+    async def open_records(self, kind: str, limit: int = 500) -> list[ChannelRecord]: ...
+    async def remove(self, kind: str, key: str) -> bool: ...
+    async def deliver(self, messages: Sequence[OutboundMessage]) -> None:
+        """Into the outbox once per message id; sent through the channel's `send`."""
+        ...
+
+
 @dataclass
 class ChannelContext:
     """What the core gives an adapter."""
@@ -243,7 +268,7 @@ class ChannelContext:
     transcribe: Callable[[bytes, str, str], Awaitable[str]] | None = None
     # The channel's own durable records and outbox hand-off (`app.channel_records`); None
     # where nothing is stored (tests building a bare context).
-    records: ChannelRecords | None = None
+    records: RecordStore | None = None
 
 
 @dataclass(frozen=True)

@@ -13,23 +13,15 @@ Every record is scoped to one channel, as `app.event_reader` is.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import delete, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.channel import ChannelRecord
 from app.db.models import channel_records, outbox, utcnow
 from app.db.upsert import insert_ignore
 from app.events import OutboundMessage
-
-
-@dataclass(frozen=True)
-class ChannelRecord:
-    key: str
-    owner: str | None
-    data: dict[str, Any]
-    open: bool
 
 
 def _record(row: Any) -> ChannelRecord:
@@ -37,6 +29,8 @@ def _record(row: Any) -> ChannelRecord:
 
 
 class ChannelRecords:
+    """`app.channel.RecordStore` in the `channel_records` and `outbox` tables."""
+
     def __init__(
         self, engine: AsyncEngine, channel: str, on_outbox: Callable[[], None] | None = None
     ) -> None:

@@ -32,8 +32,7 @@ from a2a.utils.proto_utils import to_stream_response
 from a2a.utils.push_url_validator import validate_push_notification_url
 from google.protobuf.json_format import MessageToDict, ParseDict
 
-from app.channel import ChannelContext
-from app.channel_records import ChannelRecord, ChannelRecords
+from app.channel import ChannelContext, ChannelRecord, RecordStore
 from app.events import OutboundMessage
 from app.signed_callback import post_signed
 from channels.a2a.settings import A2ASettings
@@ -71,7 +70,7 @@ class PushNotifications:
         return bool(self.settings.push_secret) and self.context.records is not None
 
     @property
-    def records(self) -> ChannelRecords:
+    def records(self) -> RecordStore:
         if not self.offered or self.context.records is None:
             raise PushNotificationNotSupportedError(message="push notifications are not enabled here")
         return self.context.records
