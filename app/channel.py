@@ -19,7 +19,7 @@ import httpx
 from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from app.connections import ConnectionRun, LocalConnections
+from app.connections import ConnectionRun, ConnectionStates, LocalConnections
 from app.errors import InvalidPayload, UnsupportedMediaType
 from app.events import BusyPolicy, InboundEvent, OutboundMessage, SessionScope
 
@@ -218,7 +218,7 @@ class EventStatus:
 
 
 class EventReader(Protocol):
-    """Reads stored events of one channel; nothing here writes."""
+    """Reads stored events of one channel; the one write is `cancel_pending`."""
 
     async def status(self, event_id: str) -> EventStatus | None: ...
     async def find(self, external_id: str) -> str | None:
@@ -227,6 +227,10 @@ class EventReader(Protocol):
 
     async def count(self, session_key: str) -> int:
         """How many events of this channel were stored for the session key."""
+        ...
+
+    async def cancel_pending(self, event_id: str) -> bool:
+        """Cancel the event if no turn has taken it yet (it then never runs); whether it was."""
         ...
 
 
@@ -240,6 +244,35 @@ class _NoEvents:
     async def count(self, session_key: str) -> int:
         return 0
 
+    async def cancel_pending(self, event_id: str) -> bool:
+        return False
+
+
+@dataclass(frozen=True)
+class ChannelRecord:
+    """One of a channel's own records (`RecordStore`)."""
+
+    key: str
+    owner: str | None
+    data: dict[str, Any]
+    open: bool  # still watched (e.g. a task not finished)
+
+
+class RecordStore(Protocol):
+    """A channel's own small durable records, and messages it hands the outbox itself
+    (`app.channel_records`); scoped to the channel."""
+
+    async def put(
+        self, kind: str, key: str, data: dict[str, Any], *, owner: str | None = None, open: bool = True
+    ) -> None: ...
+    async def get(self, kind: str, key: str) -> ChannelRecord | None: ...
+    async def with_prefix(self, kind: str, prefix: str, limit: int = 100) -> list[ChannelRecord]: ...
+    async def open_records(self, kind: str, limit: int = 500) -> list[ChannelRecord]: ...
+    async def remove(self, kind: str, key: str) -> bool: ...
+    async def deliver(self, messages: Sequence[OutboundMessage]) -> None:
+        """Into the outbox once per message id; sent through the channel's `send`."""
+        ...
+
 
 @dataclass
 class ChannelContext:
@@ -252,10 +285,15 @@ class ChannelContext:
     hold_connection: Callable[[str, ConnectionRun], Awaitable[None]] = field(
         default_factory=lambda: LocalConnections().hold_connection
     )
+    # State a connection's holder keeps for the next one (`app.connections.ConnectionStates`).
+    connection_state: ConnectionStates = field(default_factory=LocalConnections)
     # Read-only view of this channel's stored events (`app.event_reader`).
     events: EventReader = field(default_factory=_NoEvents)
     # Speech to text (audio bytes, file name, MIME type) → transcript; None when STT is off.
     transcribe: Callable[[bytes, str, str], Awaitable[str]] | None = None
+    # The channel's own durable records and outbox hand-off (`app.channel_records`); None
+    # where nothing is stored (tests building a bare context).
+    records: RecordStore | None = None
 
 
 @dataclass(frozen=True)

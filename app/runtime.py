@@ -35,6 +35,7 @@ from app.agents.skills import LoadSkillTool, SkillLibrary
 from app.agents.workspaces import clean_workspaces
 from app.bus import LocalSessionBus, SessionBus
 from app.channel import AcceptResult, ChannelAdapter, ChannelContext, ChannelSettings
+from app.channel_records import ChannelRecords
 from app.config import Settings
 from app.connection_leases import DatabaseConnections
 from app.connections import ConnectionHolder
@@ -476,6 +477,8 @@ class Runtime:
             wait_for_replies=self.waiters.wait_for_replies,
             http=self.http,
             hold_connection=self.connections.hold_connection,
+            connection_state=self.connections,
             events=ChannelEvents(self.engine, name),
+            records=ChannelRecords(self.engine, name, on_outbox=self.sender.notify),
             transcribe=self.speech.transcribe if self.speech is not None else None,
         )

@@ -68,6 +68,8 @@ class UTCDateTime(TypeDecorator[datetime]):
 
 # Rows still owed work: unfinished inbox events, undelivered outbox replies.
 INBOX_UNFINISHED = ("pending", "processing")
+# An inbox row canceled while it was pending (A2A tasks/cancel): finished, never run.
+CANCELED = "canceled"
 OUTBOX_UNDELIVERED = ("pending", "sending")
 
 
@@ -107,6 +109,23 @@ connection_leases = Table(
     Column("expires_at", UTCDateTime, nullable=True),
     Column("acquired_at", UTCDateTime, nullable=True),
     Column("takeovers", BigInteger, nullable=False, default=0),
+    # What a holder keeps for the next one (a Discord Gateway session to RESUME): JSON.
+    Column("state", JSON, nullable=True),
+)
+
+# Small records a channel keeps for itself (`app.channel_records`): A2A push configs.
+channel_records = Table(
+    "channel_records",
+    metadata,
+    Column("channel", String(64), primary_key=True),
+    Column("kind", String(64), primary_key=True),
+    Column("key", String(400), primary_key=True),
+    Column("owner", String(200), nullable=True),
+    Column("data", JSON, nullable=False),
+    Column("open", Boolean, nullable=False, default=True),  # still watched (a task not finished)
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("updated_at", UTCDateTime, nullable=False),
+    Index("ix_channel_records_open", "channel", "kind", "open"),
 )
 
 sessions = Table(

@@ -8,22 +8,15 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from typing import Any
 
-import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from app.channel import ChannelContext, ChannelRequest, ChannelResponse, ChannelSettings, SendResult
-from app.errors import (
-    ChannelNotConfigured,
-    ChannelRateLimited,
-    ChannelRejected,
-    ChannelUnavailable,
-    InvalidPayload,
-)
+from app.errors import ChannelNotConfigured, InvalidPayload
 from app.events import ChatType, InboundEvent, OutboundMessage, TextPart
+from app.signed_callback import post_signed
 from channels.webhook import signing
 
 
@@ -184,28 +177,11 @@ class WebhookChannel:
             "parts": [p.model_dump(mode="json") for p in message.parts],
         }
         raw = json.dumps(payload, ensure_ascii=False).encode()
-        ts = str(int(time.time()))
-        headers = {
-            "Content-Type": "application/json",
-            signing.TIMESTAMP_HEADER: ts,
-            signing.SIGNATURE_HEADER: signing.sign(self.settings.secret, ts, raw),
-            "Idempotency-Key": message.message_id,
-        }
-        try:
-            resp = await self.context.http.post(self.settings.callback_url, content=raw, headers=headers)
-        except httpx.HTTPError as exc:
-            raise ChannelUnavailable(f"callback unreachable: {exc!r}") from exc
-        if resp.status_code == 429:
-            raise ChannelRateLimited(_retry_after(resp), "callback answered 429")
-        if resp.status_code >= 500 or resp.status_code == 408:
-            raise ChannelUnavailable(f"callback answered {resp.status_code}")
-        if resp.status_code >= 400:
-            raise ChannelRejected(f"callback answered {resp.status_code}: {resp.text[:200]}")
+        await post_signed(
+            self.context.http,
+            self.settings.callback_url,
+            raw,
+            secret=self.settings.secret,
+            headers={"Idempotency-Key": message.message_id},
+        )
         return SendResult(platform_message_id=None)
-
-
-def _retry_after(resp: httpx.Response) -> float:
-    try:
-        return max(0.0, float(resp.headers.get("retry-after", "1")))
-    except ValueError:
-        return 1.0
