@@ -53,6 +53,11 @@ class AgentProfile:
     memory_namespace: str | None = None
     approvers: tuple[str, ...] = ()
     users: tuple[str, ...] = ()  # senders who may switch to it; empty: everyone
+    # Quotas of this agent's conversations (app.access), on top of the channel's.
+    quota_sender_messages_per_minute: int | None = None
+    quota_session_messages_per_minute: int | None = None
+    quota_sender_tokens_per_day: int | None = None
+    quota_session_tokens_per_day: int | None = None
 
     def usable_by(self, sender_id: str) -> bool:
         return not self.users or sender_id in self.users

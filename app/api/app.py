@@ -19,6 +19,7 @@ from app.api.limits import AdminAuthFirst, BodyLimit, UrlGuard
 from app.api.responses import SafeJSONResponse
 from app.api.routes import a2a as a2a_routes
 from app.api.routes import admin, admin_dashboard, admin_dead_letters, admin_memory, channels, health
+from app.api.routes import admin_access as access_routes
 from app.api.routes import cron as cron_routes
 from app.api.routes import gateway as gateway_routes
 from app.channel import ChannelSettings
@@ -28,6 +29,7 @@ from app.gateway.hub import GatewayHub
 from app.logs import configure_logging
 from app.runtime import Runtime
 from app.tracing import TracingSettings, configure_tracing
+from app.web import access_page
 from app.web import pages as web_pages
 from app.web.admin_auth import AdminLockout
 
@@ -110,6 +112,8 @@ def create_app(
     app.include_router(cron_routes.router)
     app.include_router(admin_dashboard.router)
     app.include_router(admin_dead_letters.router)
+    app.include_router(access_routes.router)
+    app.include_router(access_page.router)
     app.include_router(gateway_routes.router)
     web_pages.install(app)
     a2a_routes.install(app)

@@ -69,6 +69,10 @@ class Handler:
             await self._give_up(lease, spent, f"gave up after {self.max_attempts} attempts")
         if not live:
             return Handled()
+        counted = set(await self.store.count_attempt(lease, [r.id for r in live]))
+        live = [r for r in live if r.id in counted]  # a row canceled while it waited is skipped
+        if not live:
+            return Handled()
         ids = [r.id for r in live]
         with tracing.handling(live, replica=lease.owner):  # continues the rows' stored traces
             return await self._attempt(lease, live, ids, hand_on)
@@ -76,7 +80,6 @@ class Handler:
     async def _attempt(
         self, lease: SessionLease, live: list[InboxRow], ids: list[int], hand_on: HandOn | None
     ) -> Handled:
-        await self.store.count_attempt(lease, ids)
         try:
             return await self._run(lease, live, hand_on)
         except LeaseLost:

@@ -12,7 +12,7 @@ turn's answer); `/approve` or `/deny` continues it later through `resume`.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
@@ -92,6 +92,8 @@ class TurnRunner:
         # Set by the runtime: refresh last_active_at while a run works (0: off).
         self.heartbeat_engine: AsyncEngine | None = None
         self.heartbeat_seconds = 0.0
+        # Set by the runtime: add a turn's model tokens to the quota counters (app.access).
+        self.count_tokens: Callable[[InboundEvent, int], Awaitable[None]] | None = None
 
     # --- a new turn -----------------------------------------------------------------
 
@@ -155,6 +157,7 @@ class TurnRunner:
                     decisions={},
                     model=record.model,
                 )
+        await self._count_tokens(last, record, already=0)
         # A released lease means no after-turn hook was due (`_finish`).
         if record.outcome != "awaiting_approval" and not turn.released:
             await self.after_turn.run(lease, turn.session)
@@ -197,8 +200,21 @@ class TurnRunner:
                 decisions=decisions,
                 model=self._model(session, decided.origin),
             )
+        await self._count_tokens(
+            decided.origin, record, already=run["prompt_tokens"] + run["completion_tokens"]
+        )
         if record.outcome != "awaiting_approval":
             await self.after_turn.run(lease, turn.session)
+
+    async def _count_tokens(self, origin: InboundEvent, record: RunRecord, *, already: int) -> None:
+        """The run's tokens since `already` (counted before a pause), recorded with its usage."""
+        tokens = record.prompt_tokens + record.completion_tokens - already
+        if self.count_tokens is None or tokens <= 0:
+            return
+        try:
+            await self.count_tokens(origin, tokens)
+        except Exception:  # the turn is done; a missed count must not make it fail
+            log.exception("token_count_failed", session_key=origin.session_key)
 
     def _model(self, session: SessionState, event: InboundEvent) -> str | None:
         """/model's choice for the session, else the agent's model, else the channel's."""

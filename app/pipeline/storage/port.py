@@ -227,8 +227,11 @@ class PipelineStore(Protocol):
         """A transaction whose first statement checked the lease: for rare writes (commands)."""
         ...
 
-    async def count_attempt(self, lease: SessionLease, row_ids: Sequence[int]) -> None:
-        """Mark the rows `processing` and count an attempt, committed before the attempt runs."""
+    async def count_attempt(self, lease: SessionLease, row_ids: Sequence[int]) -> list[int]:
+        """Mark the rows `processing` and count an attempt, committed before the attempt runs.
+
+        Returns the ids counted: a row that is no longer unfinished (canceled while it
+        waited, `app.db.models.CANCELED`) is left as it is and must not run."""
         ...
 
     async def note_error(self, row_ids: Sequence[int], error: str) -> None:

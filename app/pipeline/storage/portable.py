@@ -163,11 +163,12 @@ class PortableStore:
             await check_fence(conn, lease)
             yield conn
 
-    async def count_attempt(self, lease: SessionLease, row_ids: Sequence[int]) -> None:
+    async def count_attempt(self, lease: SessionLease, row_ids: Sequence[int]) -> list[int]:
         async with self.fenced(lease) as conn:
-            await conn.execute(
-                q.COUNT_ATTEMPT, {"ids": list(row_ids), "status": "processing", "updated_at": utcnow()}
+            counted = await conn.execute(
+                q.COUNT_UNFINISHED, {"ids": list(row_ids), "status": "processing", "updated_at": utcnow()}
             )
+            return [r[0] for r in counted]
 
     async def note_error(self, row_ids: Sequence[int], error: str) -> None:
         async with self.reader.connect() as conn:
