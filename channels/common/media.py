@@ -18,12 +18,21 @@ from dataclasses import dataclass
 
 import httpx
 import structlog
+from pydantic import BaseModel, Field
 
 from app.events import FilePart, ImagePart, InboundEvent, OutboundMessage, Part, TextPart
 
 log = structlog.get_logger(__name__)
 
 Transcribe = Callable[[bytes, str, str], Awaitable[str]]
+
+
+class MediaSettings(BaseModel):
+    """Mixin for a channel's settings class: `<CHANNEL>_MEDIA_MAX_BYTES`."""
+
+    media_max_bytes: int = Field(
+        10_000_000, ge=1, description="Larger images are refused with a polite reply; nothing is stored."
+    )
 
 
 class MediaTooLarge(Exception):
