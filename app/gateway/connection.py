@@ -123,9 +123,9 @@ class GatewayConnection:
         self._ticker: asyncio.Task[None] | None = None
         self._closer: asyncio.Task[None] | None = None
         # Events this connection is accepting: their `accepted` frames, built before the
-        # accept returns. The event's first message can reach the bus before that (the
-        # accept may start its turn, `app.pipeline.accept_start`); `emit` sends the
-        # `accepted` frame first then, so the client can match its pending message.
+        # accept returns. The event's first message can reach the bus before that (a worker
+        # may start its turn as soon as the event committed); `emit` sends the `accepted`
+        # frame first then, so the client can match its pending message.
         self._accepting: dict[str, dict[str, Any]] = {}
         self._send_rate = SendRate(settings.gateway_sends_per_minute)
 

@@ -34,7 +34,7 @@ def recall_query(with_user: bool, session_id: Any = None) -> Any:
 
     Parameters: `skey` (the session key), `limit`, `ident` (the sender's identity, with
     the user scope) and `sid` (the session's id) unless `session_id` gives an expression
-    for it (a turn's start statement, `app.pipeline.fused`, recalls for the session it
+    for it (a turn's start statement, `app.pipeline.storage.pg_start`, recalls for the session it
     opens).
     """
     sid = bindparam("sid") if session_id is None else session_id

@@ -44,7 +44,7 @@ def _lax(dialect_name: str) -> list[Any]:
 def take_free_or_new(dialect_name: str) -> Any:
     """Create the key's row holding our lease, or take the existing row's free lease: one statement.
 
-    Without RETURNING: `app.pipeline.prefetch` reads more in the same statement.
+    Without RETURNING: `app.pipeline.storage.pg_inbox` reads more in the same statement.
     """
     owner: Any = bindparam("o")
     expires: Any = bindparam("exp")
@@ -117,7 +117,7 @@ async def acquire_reading(
     """`acquire`, also returning the row of the statement that took a free lease (else None).
 
     `take` replaces that statement: `take_free_or_new` returning `lease_fence` and whatever
-    else it reads in the same statement (`app.pipeline.prefetch`).
+    else it reads in the same statement (`app.pipeline.storage.pg_inbox`).
     """
     now = now or utcnow()
     params = {"k": key, "o": owner, "exp": now + timedelta(seconds=ttl), "now": now}

@@ -72,9 +72,9 @@ async def test_key_scope_is_enforced(gateway_serve: GatewayServe) -> None:
 async def test_a_message_is_acknowledged_before_the_client_sees_it_in_the_session(
     gateway_serve: GatewayServe,
 ) -> None:
-    """On PostgreSQL the accept of a message on an idle key may start its turn, and the user
-    message reaches the session bus before the accept returns (`accept_start`). The client
-    still gets `accepted` first, so it can match the message to the one it sent."""
+    """A worker may start the turn as soon as the event committed, so the user message can
+    reach the session bus before the accept returns. The client still gets `accepted`
+    first, so it can match the message to the one it sent."""
     async with gateway_serve() as srv:
         async with gateway_client(srv.url, ALICE_TOKEN) as c:
             await c.attach("web:alice")
