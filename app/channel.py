@@ -274,6 +274,17 @@ class RecordStore(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class AgentListing:
+    """One of the gateway's agents as a channel may show it (A2A's per-agent cards)."""
+
+    name: str
+    description: str = ""
+    skills: tuple[tuple[str, str], ...] = ()  # (name, description) of the skills it may load
+    default: bool = False
+    users: tuple[str, ...] = ()  # who may use it (sender ids); empty: everyone
+
+
 @dataclass
 class ChannelContext:
     """What the core gives an adapter."""
@@ -294,6 +305,8 @@ class ChannelContext:
     # The channel's own durable records and outbox hand-off (`app.channel_records`); None
     # where nothing is stored (tests building a bare context).
     records: RecordStore | None = None
+    # The gateway's agents when there are several (`AGENTS_FILE`); empty with one agent.
+    agents: Sequence[AgentListing] = ()
 
 
 @dataclass(frozen=True)

@@ -481,4 +481,5 @@ class Runtime:
             events=ChannelEvents(self.engine, name),
             records=ChannelRecords(self.engine, name, on_outbox=self.sender.notify),
             transcribe=self.speech.transcribe if self.speech is not None else None,
+            agents=self.skills.listing() if self.agents.book.several else (),
         )

@@ -168,6 +168,8 @@ class AgentRouter:
     async def assign(self, event: InboundEvent) -> InboundEvent:
         if not self.book.several or event.session_key_override or event.source_session_key:
             return event
+        if event.agent in self.book.agents:  # the channel named it (an A2A agent's own URL)
+            return event.model_copy(update={"agent": None}) if event.agent == self.book.default else event
         name = await self.choice(base_key(event)) or self.book.routed(event)
         return event.model_copy(update={"agent": None if name == self.book.default else name})
 

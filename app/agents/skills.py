@@ -31,6 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from app.agent.provider import ToolSpec
 from app.agent.tools import Risk, ToolContext, ToolError
 from app.agents.profiles import AgentBook
+from app.channel import AgentListing
 from app.db.models import sessions, utcnow
 from app.events import agent_in_key
 
@@ -106,6 +107,25 @@ class SkillLibrary:
     def available(self, session_key: str) -> dict[str, Skill]:
         agent = self.book.get(agent_in_key(session_key)).name
         return {**self.global_skills, **self.agent_skills.get(agent, {})}
+
+    def listing(self) -> list[AgentListing]:
+        """Every agent with the skills it may load (what A2A's per-agent cards show)."""
+        listed = []
+        for name, agent in self.book.agents.items():
+            skills = {**self.global_skills, **self.agent_skills.get(name, {})}
+            if agent.skills:  # the agent's own list, where it has one
+                skills = {n: s for n, s in skills.items() if n in agent.skills}
+            pairs = tuple((s.name, s.description) for s in skills.values())
+            listed.append(
+                AgentListing(
+                    name,
+                    agent.description,
+                    pairs,
+                    default=name == self.book.default,
+                    users=tuple(agent.users),
+                )
+            )
+        return listed
 
     @property
     def any(self) -> bool:

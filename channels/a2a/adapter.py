@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hmac
 from typing import Any
+from urllib.parse import unquote
 
 from a2a.auth.user import User
 from a2a.server.context import ServerCallContext
@@ -24,10 +25,10 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route, Router
 from starlette.types import Receive, Scope, Send
 
-from app.channel import ChannelContext, SendResult
+from app.channel import AgentListing, ChannelContext, SendResult
 from app.events import OutboundMessage
-from channels.a2a.card import RPC_PATH, agent_card
-from channels.a2a.handler import CALLER, ChatgateRequestHandler
+from channels.a2a.card import AGENTS_PATH, RPC_PATH, agent_card
+from channels.a2a.handler import AGENT, CALLER, ChatgateRequestHandler
 from channels.a2a.settings import A2ASettings
 
 PATHS = (RPC_PATH, AGENT_CARD_WELL_KNOWN_PATH)
@@ -51,6 +52,7 @@ class _CallerContextBuilder(DefaultServerCallContextBuilder):
         context = super().build(request)
         caller = request.scope[CALLER]
         context.state[CALLER] = caller
+        context.state[AGENT] = request.scope.get(AGENT)
         headers = context.state.get("headers")
         if isinstance(headers, dict):  # the version header is read from here; the token is not
             headers.pop("authorization", None)
@@ -93,16 +95,26 @@ class A2AChannel:
             await self.handler.push.send(message)
         return SendResult()
 
-    def card(self, base_url: str) -> AgentCard:
+    def card(self, base_url: str, agent: AgentListing | None = None) -> AgentCard:
         return agent_card(
-            self.settings, self.settings.public_base_url or base_url, push=self.handler.push.offered
+            self.settings,
+            self.settings.public_base_url or base_url,
+            push=self.handler.push.offered,
+            agent=agent,
         )
 
     async def _card(self, request: Request) -> JSONResponse:
         from a2a.server.request_handlers.response_helpers import agent_card_to_dict
 
         base = str(request.base_url)
-        return JSONResponse(agent_card_to_dict(self.card(base)))
+        default = next((a for a in self.context.agents if a.default), None)
+        return JSONResponse(agent_card_to_dict(self.card(base, request.scope.get(AGENT) or default)))
+
+    def _agent_in(self, scope: Scope) -> tuple[AgentListing | None, str]:
+        """The agent a `/a2a/agents/<name>…` path names (None: unknown), and the rest of the path."""
+        name, _, rest = scope["path"][len(AGENTS_PATH) :].partition("/")
+        found = next((a for a in self.context.agents if a.name == unquote(name)), None)
+        return found, "/" + rest if rest else ""
 
     def caller(self, authorization: str | None) -> str | None:
         """The caller named by a bearer token, compared in constant time with every token."""
@@ -116,7 +128,16 @@ class A2AChannel:
         return found
 
     async def asgi(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Serve `/a2a` and the Agent Card (mounted by `app.api.routes.a2a`)."""
+        """Serve `/a2a` and the Agent Card, and with several agents `/a2a/agents/<name>` and
+        its card (mounted by `app.api.routes.a2a`)."""
+        if scope["path"].startswith(AGENTS_PATH):
+            agent, rest = self._agent_in(scope)
+            if agent is None or rest not in ("", AGENT_CARD_WELL_KNOWN_PATH):
+                await JSONResponse(
+                    {"error": "not_found", "detail": "no such agent here (see AGENTS_FILE)"}, status_code=404
+                )(scope, receive, send)
+                return
+            scope = {**scope, "path": rest or RPC_PATH, "raw_path": (rest or RPC_PATH).encode(), AGENT: agent}
         if scope["path"] == AGENT_CARD_WELL_KNOWN_PATH:
             await self._card_route.handle(scope, receive, send)
             return

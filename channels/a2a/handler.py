@@ -60,6 +60,7 @@ from channels.a2a.tasks import (
 )
 
 CALLER = "chatgate.a2a.caller"  # ServerCallContext.state key: the authenticated caller's name
+AGENT = "chatgate.a2a.agent"  # ... and the agent its URL named (`AgentListing`), if any
 _MAX_ID = 200
 _POLL = 0.2
 
@@ -69,6 +70,17 @@ def caller_of(context: ServerCallContext) -> str:
     if not caller:  # the route refuses unauthenticated requests before this
         raise InvalidRequestError(message="no authenticated caller")
     return str(caller)
+
+
+def agent_of(context: ServerCallContext) -> str | None:
+    """The non-default agent the request's URL named (None: the gateway's default agent);
+    refused when the agent names its users and the caller is not one of them."""
+    agent = context.state.get(AGENT)
+    if agent is None or agent.default:
+        return None
+    if agent.users and caller_of(context) not in agent.users:
+        raise InvalidRequestError(message=f"this caller may not use the agent {agent.name!r}")
+    return str(agent.name)
 
 
 class ChatgateRequestHandler(RequestHandler):
@@ -96,10 +108,17 @@ class ChatgateRequestHandler(RequestHandler):
     # --- sending ----------------------------------------------------------------------
 
     def _event(
-        self, caller: str, context_id: str, external_id: str, text: str, meta: dict[str, str]
+        self,
+        caller: str,
+        context_id: str,
+        external_id: str,
+        text: str,
+        meta: dict[str, str],
+        agent: str | None = None,
     ) -> InboundEvent:
         return InboundEvent(
             channel=self.channel,
+            agent=agent,
             chat_id=caller,
             sender_id=caller,
             thread_id=context_id,
@@ -110,7 +129,7 @@ class ChatgateRequestHandler(RequestHandler):
             metadata={"a2a": {"caller": caller, "context_id": context_id, **meta}},
         )
 
-    async def submit(self, message: Message, caller: str) -> str:
+    async def submit(self, message: Message, caller: str, agent: str | None = None) -> str:
         """Accept the message into the inbox; returns its task id (the event id)."""
         texts = [p.text for p in message.parts if p.WhichOneof("content") == "text"]
         if not texts:
@@ -122,7 +141,9 @@ class ChatgateRequestHandler(RequestHandler):
             raise InvalidParamsError(message=f"text is longer than {self.settings.max_text_chars} characters")
         if len(message.message_id) > _MAX_ID or len(message.context_id) > _MAX_ID:
             raise InvalidParamsError(message=f"messageId and contextId are at most {_MAX_ID} characters")
-        external_id = f"msg:{escape_key_component(caller)}:{message.message_id}"
+        # With a named agent its own: one message id sent to two agents is two messages.
+        to = f"{escape_key_component(agent)}@" if agent else ""
+        external_id = f"msg:{to}{escape_key_component(caller)}:{message.message_id}"
         seen = await self.context.events.find(external_id)
         if seen is not None:  # a retry of a message already accepted: the same task
             return seen
@@ -143,6 +164,7 @@ class ChatgateRequestHandler(RequestHandler):
             external_id,
             text,
             {"kind": KIND_MESSAGE, "message_id": message.message_id, "continues": message.task_id},
+            agent,
         )
         if await self.context.events.count(event.session_key) >= self.settings.max_turns_per_context:
             raise InvalidRequestError(
@@ -154,14 +176,16 @@ class ChatgateRequestHandler(RequestHandler):
             raise InvalidRequestError(message="this caller is not allowed here")
         return result.event_id
 
-    async def _submit_with_push(self, params: SendMessageRequest, caller: str) -> str:
+    async def _submit_with_push(
+        self, params: SendMessageRequest, caller: str, agent: str | None = None
+    ) -> str:
         """Submit the message; a push config sent with it is checked first, stored after,
         and told `submitted` at once."""
         config = None
         if params.configuration.HasField("task_push_notification_config"):
             config = params.configuration.task_push_notification_config
             await self.push.check(config)
-        task_id = await self.submit(params.message, caller)
+        task_id = await self.submit(params.message, caller, agent)
         if config is not None:
             task = await self._task(task_id, caller, 0)
             submitted = TaskStatusUpdateEvent(
@@ -181,7 +205,7 @@ class ChatgateRequestHandler(RequestHandler):
     @validate_request_params
     async def on_message_send(self, params: SendMessageRequest, context: ServerCallContext) -> Task | Message:
         caller = caller_of(context)
-        task_id = await self._submit_with_push(params, caller)
+        task_id = await self._submit_with_push(params, caller, agent_of(context))
         history = (
             params.configuration.history_length if params.configuration.HasField("history_length") else None
         )
@@ -194,7 +218,7 @@ class ChatgateRequestHandler(RequestHandler):
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> AsyncGenerator[Event]:
         caller = caller_of(context)
-        task_id = await self._submit_with_push(params, caller)
+        task_id = await self._submit_with_push(params, caller, agent_of(context))
         async for event in self._follow(task_id, caller):
             yield event
 

@@ -16,7 +16,13 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
 
 CHANNEL = "a2a"
-PATHS = {"/a2a": ["POST"], "/.well-known/agent-card.json": ["GET", "HEAD"]}
+PATHS = {
+    "/a2a": ["POST"],
+    "/.well-known/agent-card.json": ["GET", "HEAD"],
+    # One agent of several (`AGENTS_FILE`): its JSON-RPC URL and its card.
+    "/a2a/agents/{agent}": ["POST"],
+    "/a2a/agents/{agent}/.well-known/agent-card.json": ["GET", "HEAD"],
+}
 
 
 class _ToChannel:
