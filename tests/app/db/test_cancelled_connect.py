@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import SAWarning
+from sqlalchemy.pool import QueuePool
 
 from app.db.engine import autocommit, create_engine
 from tests.conftest import make_settings
@@ -31,6 +32,8 @@ pytestmark = pytest.mark.filterwarnings(
 async def test_a_cancel_at_any_point_of_connecting_leaves_nothing_checked_out(tmp_path: Path) -> None:
     engine = create_engine(make_settings(f"sqlite+aiosqlite:///{tmp_path / 'cancel.db'}"))
     single = autocommit(engine)
+    pool = engine.sync_engine.pool
+    assert isinstance(pool, QueuePool)
     try:
         async with single.connect() as conn:  # the pool now holds an open connection
             await conn.execute(text("select 1"))
@@ -47,7 +50,7 @@ async def test_a_cancel_at_any_point_of_connecting_leaves_nothing_checked_out(tm
             cut += task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-            assert engine.sync_engine.pool.checkedout() == 0, f"cut after {steps} steps"
+            assert pool.checkedout() == 0, f"cut after {steps} steps"
         assert cut > 0  # some of the cuts landed while the connection was being opened
         with warnings.catch_warnings():
             warnings.simplefilter("error", SAWarning)
