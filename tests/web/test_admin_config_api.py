@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import httpx
+import pytest
 from pydantic import SecretStr
 from pydantic_settings import BaseSettings
+from websockets.asyncio.client import connect
+from websockets.exceptions import InvalidStatus
 
 from app.config_view import REDACTED, settings_view
 from tests.conftest import ADMIN_TOKEN, WEBHOOK_SECRET, ServeApp
+from tests.support.webhook import post_webhook
 
 AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 GATEWAY_TOKEN = "gw-token-that-must-not-leak-123"
@@ -74,3 +79,17 @@ def test_secrets_are_found_by_type_field_marker_name_and_url_password() -> None:
     assert rows["signing"]["secret"] and rows["marked"]["secret"]
     assert rows["public_key"]["value"] == "not-a-secret"
     assert rows["signing"]["env"] == "EX_SIGNING"
+
+
+async def test_live_socket_needs_the_admin_token_and_says_change(serve: ServeApp) -> None:
+    async with serve() as srv, httpx.AsyncClient(timeout=30) as client:
+        url = "ws" + srv.url.removeprefix("http") + "/admin/api/live"
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {**AUTH, "Origin": "https://evil.example"}):
+            with pytest.raises(InvalidStatus):  # refused at the upgrade: nothing to read
+                async with connect(url, additional_headers=headers, open_timeout=10) as ws:
+                    await ws.recv()
+        async with connect(url, additional_headers=AUTH, open_timeout=10) as ws:
+            assert json.loads(await asyncio.wait_for(ws.recv(), 10)) == {"type": "hello"}
+            payload = {"chat_id": "c1", "sender_id": "u1", "text": "hello"}
+            assert (await post_webhook(client, srv.url, WEBHOOK_SECRET, payload)).status_code == 202
+            assert json.loads(await asyncio.wait_for(ws.recv(), 10)) == {"type": "change"}
