@@ -4,6 +4,8 @@ import { api, ApiError, Unauthorized } from "./api.js";
 import { barChart, lineChart } from "./charts.js";
 import { $, ago, clear, h, prettyJson } from "./dom.js";
 import { renderHistory } from "./history.js";
+import { link, ms, parseHash, sessionLink } from "./admin_links.js";
+import { approvalRow, approvalsTable, renderApprovals, renderRun, renderRuns, runRow, runsTable } from "./admin_runs.js";
 import { emptyGuide, renderConfig } from "./admin_extra.js";
 import { currentLang, setLang, t, translateStatic } from "./i18n.js";
 import { startLive } from "./live.js";
@@ -14,28 +16,6 @@ let refreshTimer = null;
 let renderToken = 0;
 
 // --- routing ---------------------------------------------------------------------------
-
-function parseHash() {
-  const raw = window.location.hash.replace(/^#\/?/, "");
-  const [path, query = ""] = raw.split("?");
-  const [route, ...rest] = path.split("/");
-  return {
-    route: route || "overview",
-    arg: rest.length ? decodeURIComponent(rest.join("/")) : null,
-    params: Object.fromEntries(new URLSearchParams(query)),
-  };
-}
-
-export function link(route, arg, params) {
-  let out = `#/${route}`;
-  if (arg !== undefined && arg !== null) out += `/${encodeURIComponent(arg)}`;
-  const q = new URLSearchParams(Object.entries(params || {}).filter(([, v]) => v !== "" && v != null));
-  if ([...q].length) out += `?${q}`;
-  return out;
-}
-
-const sessionLink = (key, generation) =>
-  h("a", { href: link("session", key, generation ? { generation } : null), class: "mono" }, key);
 
 const views = {
   overview: renderOverview,
@@ -188,8 +168,6 @@ function card(label, value, sub, bad = false) {
     sub ? h("div", { class: "sub" }, sub) : null,
   );
 }
-
-const ms = (v) => (v === null || v === undefined ? "—" : v >= 1000 ? `${(v / 1000).toFixed(1)} s` : `${v} ms`);
 
 async function renderOverview(_arg, params) {
   const minutes = Number(params.minutes) || 60;
@@ -448,147 +426,6 @@ async function doReopen(key, generation) {
     if (err instanceof Unauthorized) return showLogin();
     toast(`Reopen failed: ${err.message}`);
   }
-}
-
-// --- runs ------------------------------------------------------------------------------
-
-function outcomeBadge(outcome) {
-  const cls = outcome === "ok" ? "ok" : outcome === "running" ? "running" : "bad";
-  return h("span", { class: `badge ${cls}` }, outcome);
-}
-
-function runRow(r) {
-  return h(
-    "tr",
-    null,
-    h("td", null, h("a", { href: link("run", r.id) }, `#${r.id}`)),
-    h("td", null, sessionLink(r.session_key)),
-    h("td", null, outcomeBadge(r.outcome)),
-    h("td", null, ago(r.started_at)),
-    h("td", { class: "num" }, ms(r.duration_ms)),
-    h("td", { class: "num" }, r.iterations),
-    h("td", { class: "mono" }, (r.tool_calls || []).map((c) => c.name).join(", ") || "—"),
-    h("td", { class: "num" }, `${r.prompt_tokens} / ${r.completion_tokens}`),
-    h("td", { class: "small" }, r.model || r.provider),
-  );
-}
-
-function runsTable(rows) {
-  return h(
-    "table",
-    { class: "grid" },
-    h("thead", null, h("tr", null, ["Run", "Session", "Outcome", "Started", "Duration", "Steps", "Tool calls", "Tokens in / out", "Model"].map((t) => h("th", null, t)))),
-    h("tbody", null, rows),
-  );
-}
-
-async function renderRuns(_arg, params) {
-  const data = await api.runs({ outcome: params.outcome, session_key: params.session_key, before_id: params.before_id, limit: 100 });
-  const outcomes = ["ok", "running", "provider_error", "max_iterations", "cancelled", "error"];
-  const filter = h(
-    "form",
-    {
-      class: "filters",
-      onSubmit: (ev) => {
-        ev.preventDefault();
-        const d = new FormData(ev.target);
-        window.location.hash = link("runs", null, { outcome: d.get("outcome"), session_key: d.get("session_key").trim() });
-      },
-    },
-    h("input", { type: "text", name: "session_key", placeholder: "Session key", value: params.session_key || "" }),
-    h("select", { name: "outcome", "aria-label": "Outcome" }, h("option", { value: "" }, "Any outcome"),
-      outcomes.map((o) => h("option", { value: o, selected: o === params.outcome }, o))),
-    h("button", { class: "primary", type: "submit" }, "Filter"),
-  );
-  const last = data.runs[data.runs.length - 1];
-  return [
-    h("h1", null, t("Runs")),
-    filter,
-    data.runs.length ? runsTable(data.runs.map(runRow)) : emptyGuide("runs"),
-    data.runs.length === 100 && last
-      ? h("p", null, h("a", { href: link("runs", null, { ...params, before_id: last.id }) }, "Older runs →"))
-      : null,
-  ];
-}
-
-async function renderRun(id) {
-  const r = await api.run(id);
-  const fact = (k, v) => h("tr", null, h("th", null, k), h("td", null, v));
-  return [
-    h("div", { class: "session-head" }, h("h1", null, `Run #${r.id}`), outcomeBadge(r.outcome)),
-    h(
-      "table",
-      { class: "grid kv" },
-      h(
-        "tbody",
-        null,
-        fact("Session", sessionLink(r.session_key, r.generation)),
-        fact("Generation", r.generation ?? "—"),
-        fact("Provider / model", `${r.provider} / ${r.model || "—"}`),
-        fact("Started", ago(r.started_at)),
-        fact("Duration", ms(r.duration_ms)),
-        fact("Model calls", r.iterations),
-        fact("Tokens (prompt / completion)", `${r.prompt_tokens} / ${r.completion_tokens}`),
-        fact("Events", h("span", { class: "mono small" }, (r.event_ids || []).join(", "))),
-        r.error ? fact("Error", h("pre", null, r.error)) : null,
-      ),
-    ),
-    h("h2", null, "Tool calls"),
-    (r.tool_calls || []).length
-      ? h(
-          "table",
-          { class: "grid" },
-          h("thead", null, h("tr", null, h("th", null, "Call id"), h("th", null, "Tool"), h("th", null, "Time"))),
-          h("tbody", null, r.tool_calls.map((c) => h("tr", null, h("td", { class: "mono" }, c.id), h("td", { class: "mono" }, c.name), h("td", { class: "num" }, ms(c.ms))))),
-        )
-      : h("div", { class: "empty" }, "No tool calls."),
-    h("h2", null, "Messages appended by this run"),
-    r.messages.length
-      ? h("p", null, r.messages.map((m) => h("span", { class: "pill" }, `#${m.seq} ${m.role}${m.name ? ` · ${m.name}` : ""}`)))
-      : h("div", { class: "empty" }, "None."),
-    h("h2", null, "Approvals"),
-    r.approvals.length ? approvalsTable(r.approvals.map(approvalRow)) : h("div", { class: "empty" }, "No approval requests."),
-    Object.keys(r.details || {}).length ? [h("h2", null, "Details"), h("pre", null, prettyJson(r.details))] : null,
-  ];
-}
-
-// --- approvals -------------------------------------------------------------------------
-
-function approvalRow(a) {
-  return h(
-    "tr",
-    null,
-    h("td", { class: "num" }, a.id),
-    h("td", null, sessionLink(a.session_key)),
-    h("td", null, a.run_id ? h("a", { href: link("run", a.run_id) }, `#${a.run_id}`) : "—"),
-    h("td", { class: "mono" }, a.tool_name),
-    h("td", null, h("details", null, h("summary", { class: "small" }, "arguments"), h("pre", null, prettyJson(a.arguments)))),
-    h("td", null, h("span", { class: `badge ${a.status}` }, a.status)),
-    h("td", null, ago(a.requested_at)),
-    h("td", null, a.decided_by || "—", a.decided_at ? [" · ", ago(a.decided_at)] : null),
-  );
-}
-
-function approvalsTable(rows) {
-  return h(
-    "table",
-    { class: "grid" },
-    h("thead", null, h("tr", null, ["#", "Session", "Run", "Tool", "Arguments", "Status", "Requested", "Decided"].map((t) => h("th", null, t)))),
-    h("tbody", null, rows),
-  );
-}
-
-async function renderApprovals(_arg, params) {
-  const data = await api.approvals({ status: params.status, limit: 200 });
-  const statuses = ["pending", "approved", "denied", "expired"];
-  return [
-    h("h1", null, t("Approvals")),
-    h("div", { class: "filters" },
-      h("select", { "aria-label": "Status", onChange: (ev) => {
-        window.location.hash = link("approvals", null, { status: ev.target.value });
-      } }, h("option", { value: "" }, "Any status"), statuses.map((st) => h("option", { value: st, selected: st === params.status }, st)))),
-    data.approvals.length ? approvalsTable(data.approvals.map(approvalRow)) : emptyGuide("approvals"),
-  ];
 }
 
 // --- dead letters ----------------------------------------------------------------------

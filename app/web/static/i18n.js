@@ -14,6 +14,9 @@ const ZH = {
   "Channels": "渠道",
   "Configuration": "配置",
   "Log out": "退出登录",
+  "just now": "刚刚",
+  "{span} ago": "{span}前",
+  "in {span}": "{span}后",
   "Sign in": "登录",
   "Admin token": "管理令牌",
   "Enter the service's ADMIN_TOKEN. You stay signed in for 12 hours (an HttpOnly cookie).":
