@@ -19,6 +19,7 @@ from app.sessions.messages import ChatMessage, estimate_tokens, tool_call
 _TIME_WORDS = ("time", "date", "clock", "几点", "时间")
 _SESSION_WORDS = ("how many messages", "session info", "this session", "消息")
 # A CJK character alone, or a run of anything else up to and including its trailing spaces.
+_MAX_PIECES = 32
 _PIECE = re.compile(r"[\u3000-\u9fff\uff00-\uffef]|[^\s\u3000-\u9fff\uff00-\uffef]*\s*")
 
 
@@ -65,10 +66,15 @@ class OfflineProvider:
 
     async def _stream(self, text: str, on_delta: DeltaCallback | None) -> None:
         """Hand the answer out in pieces, as a real model streams it: a word (with the
-        space after it) or one CJK character at a time, `stream_delay` apart."""
+        space after it) or one CJK character at a time, `stream_delay` apart, in at most
+        `_MAX_PIECES` pieces."""
         if on_delta is None:
             return
-        for i, piece in enumerate(p for p in _PIECE.findall(text) if p):
+        pieces = [p for p in _PIECE.findall(text) if p]
+        if len(pieces) > _MAX_PIECES:  # a long answer comes in bigger pieces, not for longer
+            size = -(-len(pieces) // _MAX_PIECES)
+            pieces = ["".join(pieces[i : i + size]) for i in range(0, len(pieces), size)]
+        for i, piece in enumerate(pieces):
             if i and self.stream_delay:
                 await asyncio.sleep(self.stream_delay)
             await on_delta(piece)

@@ -41,3 +41,15 @@ async def test_an_answer_from_a_tool_result_streams_too() -> None:
     ]
     reply = await provider.complete(history, [TIME_TOOL], on_delta=collect)
     assert len(pieces) > 2 and "".join(pieces) == reply.content
+
+
+async def test_a_long_answer_streams_in_a_bounded_number_of_pieces() -> None:
+    provider = OfflineProvider()
+    pieces: list[str] = []
+
+    async def collect(piece: str) -> None:
+        pieces.append(piece)
+
+    text = "long " * 4000
+    reply = await provider.complete([ChatMessage(role="user", content=text)], [], on_delta=collect)
+    assert 1 < len(pieces) <= 32 and "".join(pieces) == reply.content
