@@ -88,6 +88,9 @@ def autocommit(engine: AsyncEngine) -> AsyncEngine:
     return found
 
 
+_START_GRACE_SECONDS = 1.0
+
+
 class _CancelSafeConnection(AsyncConnection):
     """An AsyncConnection whose start is not cut in half by a cancellation.
 
@@ -106,6 +109,12 @@ class _CancelSafeConnection(AsyncConnection):
         try:
             return await asyncio.shield(starting)
         except asyncio.CancelledError:
+            # The isolation-level round trip takes microseconds; a start still unfinished
+            # after a moment is waiting for a free pooled connection, which is safe to
+            # cancel, and a cancelled task should not wait out the pool's timeout.
+            await asyncio.wait({starting}, timeout=_START_GRACE_SECONDS)
+            if not starting.done():
+                starting.cancel()
             try:
                 await starting
             except BaseException:  # nothing was checked out: the cancellation wins
