@@ -20,7 +20,7 @@ class SessionBus(Protocol):
         """Deliver `event` (JSON-able, has a "type") to every subscriber of `key`.
 
         `remote=False`: the caller learned under the key's lease that no other replica
-        watches it (`app.gateway.pg_bus`): only this process's subscribers get it.
+        watches it (`app.pg_bus`): only this process's subscribers get it.
         """
         ...
 

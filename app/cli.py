@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from app.access.cli import add_parser as add_access_parser
 from app.config import Settings
 from app.dead_letters.cli import add_parser as add_dead_letters_parser
 from app.events import SessionScope
@@ -96,7 +97,7 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
 async def _reach_database(settings: Settings) -> None:
     """Fail fast, with the reason, on a database that waiting does not cure."""
     from app.db.engine import create_engine
-    from app.db.migrate import wait_for_database
+    from app.migrate import wait_for_database
 
     engine = create_engine(settings)
     try:
@@ -130,7 +131,7 @@ def _webhook_secret() -> str | None:
 
 
 def cmd_migrate(settings: Settings, _args: argparse.Namespace) -> int:
-    from app.db.migrate import upgrade_to_head
+    from app.migrate import upgrade_to_head
 
     asyncio.run(_reach_database(settings))
     upgrade_to_head(settings.database_url)
@@ -282,6 +283,12 @@ def cmd_dead_letters(settings: Settings, args: argparse.Namespace) -> int:
     return asyncio.run(run(settings, args))
 
 
+def cmd_access(settings: Settings, args: argparse.Namespace) -> int:
+    from app.access.cli import run
+
+    return asyncio.run(run(settings, args))
+
+
 def cmd_doctor(settings: Settings, args: argparse.Namespace) -> int:
     from app.doctor import doctor
     from app.firstrun import load_existing
@@ -372,6 +379,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_cron_parser(sub).set_defaults(func=cmd_cron)
     add_dead_letters_parser(sub).set_defaults(func=cmd_dead_letters)
+    add_access_parser(sub).set_defaults(func=cmd_access)
 
     channels = sub.add_parser("channels", help="platform set-up tasks")
     csub = channels.add_subparsers(dest="channel", required=True)
@@ -393,8 +401,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     a closed pipe end it with one line, never a traceback."""
     from pydantic import ValidationError
 
-    from app.db.migrate import DatabaseUnusable
     from app.doctor import format_validation_error
+    from app.migrate import DatabaseUnusable
 
     args = build_parser().parse_args(argv)
     try:

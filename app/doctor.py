@@ -38,7 +38,7 @@ class Check:
 
 async def _database(settings: Settings) -> list[Check]:
     from app.db.engine import create_engine
-    from app.db.migrate import current_revision, head_revision, permanent_failure
+    from app.migrate import current_revision, head_revision, permanent_failure
 
     engine = create_engine(settings)
     try:

@@ -107,6 +107,18 @@ def build_session_key(
     return ":".join(parts)
 
 
+DEFAULT_AGENT = "default"
+AGENT_MARK = "%agent="  # the key component naming a non-default agent (`InboundEvent`)
+
+
+def agent_in_key(key: str) -> str | None:
+    """The agent a session key names (None: the default agent)."""
+    for component in key.split(":"):
+        if component.startswith(AGENT_MARK):
+            return component[len(AGENT_MARK) :].replace("%3A", ":").replace("%25", "%")
+    return None
+
+
 MAX_EXTERNAL_ID_CHARS = 256  # inbox.external_id
 MAX_SESSION_KEY_CHARS = 512  # inbox.session_key, session_keys.key
 
@@ -202,7 +214,7 @@ class InboundEvent(BaseModel):
             return key
         # After the channel; `%agent=` is no escaped component's start (`%` is always `%25`).
         channel, rest = key.split(":", 1)
-        return f"{channel}:%agent={escape_key_component(self.agent)}:{rest}"
+        return f"{channel}:{AGENT_MARK}{escape_key_component(self.agent)}:{rest}"
 
     @property
     def text(self) -> str:

@@ -26,8 +26,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
 from app.db.engine import create_engine
-from app.db.migrate import upgrade
 from app.db.models import messages, utcnow
+from app.migrate import upgrade
 from app.sessions import lease as leases
 from app.sessions.messages import ChatMessage
 from app.sessions.store import Lifecycle, SessionState, SessionStore

@@ -14,7 +14,7 @@ from app.api.app import create_app
 from app.channel import ChannelSettings
 from app.config import Settings
 from app.db.engine import create_engine
-from app.db.migrate import upgrade
+from app.migrate import upgrade
 from channels.webhook import WebhookSettings
 from tests.support.db import database
 from tests.support.servers import RunningApp, serve_in_loop
@@ -25,7 +25,7 @@ ADMIN_TOKEN = "test-admin-token"
 
 @pytest.fixture(params=["sqlite", "postgres"])
 async def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
-    """A migrated-on-demand empty database, once on SQLite and once on PostgreSQL."""
+    """A database at head (no rows), once on SQLite and once on PostgreSQL."""
     async with database(request.param, tmp_path) as url:
         yield url
 

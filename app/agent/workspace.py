@@ -17,7 +17,7 @@ from urllib.parse import quote
 
 from app.agent.provider import ToolSpec
 from app.agent.tools import Risk, Tool, ToolContext, ToolError
-from app.agents.profiles import DEFAULT_AGENT, agent_in_key
+from app.events import DEFAULT_AGENT, agent_in_key
 
 KEY_FILE = ".session-key"  # in each per-session key directory
 

@@ -36,10 +36,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.agent.tools import ToolContext
 from app.db.models import agent_choices, utcnow
 from app.db.upsert import insert_for
-from app.events import InboundEvent
-
-DEFAULT_AGENT = "default"
-AGENT_MARK = "%agent="  # the key component naming a non-default agent (`InboundEvent`)
+from app.events import DEFAULT_AGENT, InboundEvent, agent_in_key
 
 
 @dataclass(frozen=True)
@@ -56,6 +53,11 @@ class AgentProfile:
     memory_namespace: str | None = None
     approvers: tuple[str, ...] = ()
     users: tuple[str, ...] = ()  # senders who may switch to it; empty: everyone
+    # Quotas of this agent's conversations (app.access), on top of the channel's.
+    quota_sender_messages_per_minute: int | None = None
+    quota_session_messages_per_minute: int | None = None
+    quota_sender_tokens_per_day: int | None = None
+    quota_session_tokens_per_day: int | None = None
 
     def usable_by(self, sender_id: str) -> bool:
         return not self.users or sender_id in self.users
@@ -190,11 +192,3 @@ class AgentRouter:
     async def persona(self, ctx: ToolContext) -> str | None:
         """Context source of the run: the serving agent's system prompt."""
         return self.book.get(agent_in_key(ctx.session_key)).system_prompt or None
-
-
-def agent_in_key(key: str) -> str | None:
-    """The agent a session key names (None: the default agent)."""
-    for component in key.split(":"):
-        if component.startswith(AGENT_MARK):
-            return component[len(AGENT_MARK) :].replace("%3A", ":").replace("%25", "%")
-    return None

@@ -14,7 +14,6 @@ from typing import Any
 
 from sqlalchemy import func, select, update
 
-from app.agents.history_marks import last_turn, mark, visible
 from app.agents.profiles import DEFAULT_AGENT, AgentProfile, AgentRouter
 from app.agents.skills import SKILLS, SkillLibrary, loaded_skills, set_loaded
 from app.db.models import approvals, memories, sessions, utcnow
@@ -27,6 +26,7 @@ from app.pipeline.storage.port import PipelineStore
 from app.pipeline.texts import say
 from app.pipeline.turn import TurnRunner
 from app.pipeline.turn_state import Handled
+from app.sessions.history_marks import last_turn, mark, visible
 from app.sessions.messages import ChatMessage
 from app.sessions.store import SessionState
 

@@ -30,8 +30,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.agent.provider import ToolSpec
 from app.agent.tools import Risk, ToolContext, ToolError
-from app.agents.profiles import AgentBook, agent_in_key
+from app.agents.profiles import AgentBook
 from app.db.models import sessions, utcnow
+from app.events import agent_in_key
 
 log = structlog.get_logger(__name__)
 

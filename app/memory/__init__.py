@@ -21,7 +21,7 @@ from app.memory.identity import IdentityLinks, identity_of
 from app.memory.recall import MemoryRecall, RecallTool, RememberTool
 from app.memory.store import MemoryStore, Scope
 from app.memory.summarize import ExtractiveSummarizer, ProviderSummarizer, Summarizer
-from app.pipeline.after_turn import AfterTurn
+from app.sessions.hooks import AfterTurn
 
 log = structlog.get_logger(__name__)
 

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import structlog
 
 from app.errors import LeaseLost
+from app.sessions.hooks import AfterTurn
 from app.sessions.lease import SessionLease
 from app.sessions.store import SessionState
 
 log = structlog.get_logger(__name__)
-
-AfterTurn = Callable[[SessionLease, SessionState], Awaitable[None]]
-"""Runs after a turn finished, still under the key's lease (e.g. memory consolidation)."""
 
 
 class AfterTurnHooks:

@@ -12,7 +12,7 @@ turn's answer); `/approve` or `/deny` continues it later through `resume`.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
@@ -23,13 +23,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.agent.loop import AgentRunner, Decision, RunHooks, RunRecord, StopRequest, open_calls
 from app.agent.policy import ToolPolicy
 from app.agent.tools import ToolContext
-from app.agents.heartbeat import heartbeat
-from app.agents.history_marks import hidden_ranges, visible
 from app.channel import ChannelSettings, WaitResult
 from app.db.models import utcnow
 from app.events import InboundEvent
 from app.memory.recall import RECALLED, MemoryRecall
-from app.pipeline.after_turn import AfterTurn, AfterTurnHooks
+from app.pipeline.after_turn import AfterTurnHooks
 from app.pipeline.approvals import (
     ApprovalRules,
     Decided,
@@ -44,6 +42,9 @@ from app.pipeline.run_trace import UPDATE_RUN, run_trace, run_values
 from app.pipeline.storage.inbox_queries import COUNT_ATTEMPT, MARK, reply_of
 from app.pipeline.storage.port import InboxRow, PipelineStore, Recall, TurnEnd, TurnPlan
 from app.pipeline.turn_state import Handled, HandOn, TurnState, WindowLimits
+from app.sessions.heartbeat import heartbeat
+from app.sessions.history_marks import hidden_ranges, visible
+from app.sessions.hooks import AfterTurn
 from app.sessions.lease import SessionLease
 from app.sessions.messages import ChatMessage
 from app.sessions.store import SessionState, message_from_row, message_values
@@ -91,6 +92,8 @@ class TurnRunner:
         # Set by the runtime: refresh last_active_at while a run works (0: off).
         self.heartbeat_engine: AsyncEngine | None = None
         self.heartbeat_seconds = 0.0
+        # Set by the runtime: add a turn's model tokens to the quota counters (app.access).
+        self.count_tokens: Callable[[InboundEvent, int], Awaitable[None]] | None = None
 
     # --- a new turn -----------------------------------------------------------------
 
@@ -145,7 +148,7 @@ class TurnRunner:
         record = RunRecord(provider=self.runner.provider.name, model=model)
         beat = heartbeat(self.heartbeat_engine, started.session.id, self.heartbeat_seconds)
         with self.midrun.running(lease.key):
-            async with beat:  # a long run keeps its session active (app.agents.heartbeat)
+            async with beat:  # a long run keeps its session active (app.sessions.heartbeat)
                 record = await self.runner.resume(
                     self._hooks(turn),
                     self._tool_context(turn),
@@ -154,6 +157,7 @@ class TurnRunner:
                     decisions={},
                     model=record.model,
                 )
+        await self._count_tokens(last, record, already=0)
         # A released lease means no after-turn hook was due (`_finish`).
         if record.outcome != "awaiting_approval" and not turn.released:
             await self.after_turn.run(lease, turn.session)
@@ -196,8 +200,21 @@ class TurnRunner:
                 decisions=decisions,
                 model=self._model(session, decided.origin),
             )
+        await self._count_tokens(
+            decided.origin, record, already=run["prompt_tokens"] + run["completion_tokens"]
+        )
         if record.outcome != "awaiting_approval":
             await self.after_turn.run(lease, turn.session)
+
+    async def _count_tokens(self, origin: InboundEvent, record: RunRecord, *, already: int) -> None:
+        """The run's tokens since `already` (counted before a pause), recorded with its usage."""
+        tokens = record.prompt_tokens + record.completion_tokens - already
+        if self.count_tokens is None or tokens <= 0:
+            return
+        try:
+            await self.count_tokens(origin, tokens)
+        except Exception:  # the turn is done; a missed count must not make it fail
+            log.exception("token_count_failed", session_key=origin.session_key)
 
     def _model(self, session: SessionState, event: InboundEvent) -> str | None:
         """/model's choice for the session, else the agent's model, else the channel's."""

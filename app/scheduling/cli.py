@@ -62,7 +62,7 @@ def _print(data: Any) -> None:
 
 async def run(settings: Settings, args: argparse.Namespace, scope_of: ScopeOf) -> int:
     from app.db.engine import create_engine
-    from app.db.migrate import upgrade
+    from app.migrate import upgrade
 
     if settings.auto_migrate:
         await upgrade(settings.database_url)

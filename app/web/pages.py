@@ -16,8 +16,8 @@ from fastapi import APIRouter, FastAPI, HTTPException, Request, Response
 from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 
-from app.api.deps import admin_failures
 from app.runtime import Runtime
+from app.web.admin_auth import admin_failures
 from app.web.admin_cookie import COOKIE_NAME, COOKIE_PATH, DEFAULT_TTL_SECONDS, sign_admin_cookie
 
 STATIC_DIR = Path(__file__).parent / "static"
@@ -34,6 +34,11 @@ _SECURITY_HEADERS = {
 }
 
 router = APIRouter()
+
+
+def security_headers() -> dict[str, str]:
+    """The headers every page is served with (for pages other modules serve)."""
+    return dict(_SECURITY_HEADERS)
 
 
 def _page(name: str) -> FileResponse:

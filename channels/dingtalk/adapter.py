@@ -8,6 +8,12 @@ message is committed to the inbox (deduplicated on `msgId`) before DingTalk is a
 
 Replies go through the message's `sessionWebhook` while it is valid, otherwise through
 the robot send API with a cached access token (`channels.dingtalk.openapi`).
+
+Pictures (also in rich text) are downloaded before the message is stored: the download
+code gives a temporary URL (`messageFiles/download`), read under `DINGTALK_MEDIA_MAX_BYTES`;
+a voice message's text is DingTalk's own transcript (`recognition`). Robot messages
+cannot be edited; `DINGTALK_STREAMING=native` streams into an AI card
+(`channels.dingtalk.card`).
 """
 
 from __future__ import annotations
@@ -28,11 +34,21 @@ from app.errors import (
     DeliveryError,
     InvalidPayload,
 )
-from app.events import OutboundMessage
+from app.events import FilePart, ImagePart, InboundEvent, OutboundMessage
+from app.streaming import StreamingMode
 from channels.common.chunks import ChunkProgress, send_chunks, split_text
+from channels.common.media import (
+    Media,
+    MediaTooLarge,
+    answer_to,
+    download_capped,
+    inline_media,
+    too_large_text,
+)
 from channels.dingtalk import signing
+from channels.dingtalk.card import DingTalkCardStreamer
 from channels.dingtalk.openapi import DingTalkApi
-from channels.dingtalk.parse import GROUP, SINGLE, parse_message
+from channels.dingtalk.parse import DOWNLOAD_PREFIX, GROUP, SINGLE, parse_message
 from channels.dingtalk.settings import DingTalkSettings
 
 log = structlog.get_logger(__name__)
@@ -108,13 +124,44 @@ class DingTalkChannel:
         parsed = parse_message(payload, self.settings)
         if parsed.event is None:
             return {"ok": True, "ignored": parsed.ignored}
-        [result] = await self.context.accept([parsed.event])
+        event = await self._with_media(parsed.event)
+        if event is None:
+            return {"ok": True, "ignored": "media too large"}
+        [result] = await self.context.accept([event])
         body: dict[str, Any] = {"ok": True, "event_id": result.event_id, "session_key": result.session_key}
         if result.duplicate:
             body["duplicate"] = True
         if result.skipped:
             body["skipped"] = True
         return body
+
+    async def _with_media(self, event: InboundEvent) -> InboundEvent | None:
+        """Pictures downloaded (download code → temporary URL → bytes); None when one is too
+        large (after a polite reply). Voice is not transcribed: DingTalk's `recognition` is."""
+        api, limit = self.api, self.settings.media_max_bytes
+        if api is None:
+            return event
+
+        async def fetch(part: ImagePart | FilePart) -> Media | None:
+            if not (part.url or "").startswith(DOWNLOAD_PREFIX):
+                return None
+            assert part.url is not None
+            code = part.url[len(DOWNLOAD_PREFIX) :]
+            url = await api.download_url(robot_code=self._robot_code(event.metadata), download_code=code)
+            return await download_capped(self.context.http, url, limit)
+
+        try:
+            return await inline_media(event, fetch, transcribe=None, channel=self.name)
+        except MediaTooLarge:
+            try:
+                await self._post(answer_to(event, ""), too_large_text(self.settings.locale, limit))
+            except DeliveryError as exc:  # best-effort: nothing is stored either way
+                log.warning("dingtalk_too_large_reply_failed", error=exc.detail)
+            return None
+
+    def _robot_code(self, metadata: dict[str, Any]) -> str:
+        robot_code = str(metadata.get("reply_robot_code") or self.settings.robot_code or "")
+        return robot_code or str(self.settings.client_id)
 
     # --- outbound -------------------------------------------------------------------
 
@@ -147,10 +194,8 @@ class DingTalkChannel:
             raise ChannelRejected(
                 "no valid session webhook (expired or disabled); the robot API cannot reach this sender"
             )
-        robot_code = str(message.metadata.get("reply_robot_code") or self.settings.robot_code or "")
-        robot_code = robot_code or str(self.settings.client_id)
         return await self.api.send_text(
-            robot_code=robot_code,
+            robot_code=self._robot_code(message.metadata),
             chat_id=message.chat_id,
             group=_is_group(message),
             text=text,
@@ -166,6 +211,13 @@ class DingTalkChannel:
         if time.time() * 1000 + WEBHOOK_MARGIN_MS >= expires:
             return None
         return url
+
+    # --- streaming (`app.streaming`) ------------------------------------------------------
+
+    def streamer(self) -> DingTalkCardStreamer | None:
+        if self.api is None or self.settings.streaming is not StreamingMode.NATIVE:
+            return None
+        return DingTalkCardStreamer(self)
 
 
 def _is_group(message: OutboundMessage) -> bool:

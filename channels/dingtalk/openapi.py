@@ -27,6 +27,7 @@ from app.errors import (
 TOKEN_PATH = "/v1.0/oauth2/accessToken"
 GROUP_SEND_PATH = "/v1.0/robot/groupMessages/send"
 SINGLE_SEND_PATH = "/v1.0/robot/oToMessages/batchSend"
+DOWNLOAD_PATH = "/v1.0/robot/messageFiles/download"
 TOKEN_HEADER = "x-acs-dingtalk-access-token"
 # A token is renewed this long before DingTalk says it expires (it lives 7,200 s).
 TOKEN_MARGIN_SECONDS = 300.0
@@ -100,6 +101,16 @@ class DingTalkApi:
         key = data.get("processQueryKey")
         return str(key) if key else None
 
+    async def download_url(self, *, robot_code: str, download_code: str) -> str:
+        """A received picture's or file's temporary URL (`messageFiles/download`)."""
+        data = await self._post(
+            DOWNLOAD_PATH, {"downloadCode": download_code, "robotCode": robot_code}, auth=True
+        )
+        url = data.get("downloadUrl")
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise ChannelUnavailable("DingTalk answered messageFiles/download without a downloadUrl")
+        return url
+
     async def send_by_webhook(self, url: str, text: str) -> None:
         """Answer through a message's `sessionWebhook` (it carries its own credential)."""
         body = {"msgtype": "text", "text": {"content": text}}
@@ -116,12 +127,18 @@ class DingTalkApi:
                 f"DingTalk session webhook answered errcode {errcode}: {data.get('errmsg')}"
             )
 
-    async def _post(self, path: str, body: dict[str, Any], *, auth: bool) -> dict[str, Any]:
+    async def call(self, method: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """An OpenAPI call with the access token (cards: `POST`/`PUT /v1.0/card/…`)."""
+        return await self._post(path, body, auth=True, method=method)
+
+    async def _post(
+        self, path: str, body: dict[str, Any], *, auth: bool, method: str = "POST"
+    ) -> dict[str, Any]:
         for attempt in (1, 2):
             headers = {TOKEN_HEADER: await self.access_token()} if auth else {}
             try:
-                resp = await self.http.post(
-                    self.base + path, json=body, headers=headers, timeout=self.timeout
+                resp = await self.http.request(
+                    method, self.base + path, json=body, headers=headers, timeout=self.timeout
                 )
             except httpx.HTTPError as exc:
                 raise ChannelUnavailable(f"DingTalk unreachable: {exc!r}") from exc

@@ -19,10 +19,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.errors import InvalidPayload
-from app.events import ChatType, InboundEvent, MentionPart, Part, TextPart
+from app.events import ChatType, FilePart, ImagePart, InboundEvent, MentionPart, Part, TextPart
 from channels.dingtalk.settings import DingTalkSettings
 
 CHANNEL = "dingtalk"
+# A picture or file as DingTalk gives it: a download code for the robot's
+# `messageFiles/download` API (`channels.dingtalk.openapi.DingTalkApi.download_url`).
+DOWNLOAD_PREFIX = "dingtalk-download:"
 SINGLE = "1"
 GROUP = "2"
 
@@ -58,11 +61,13 @@ def parse_message(payload: Any, settings: DingTalkSettings) -> Parsed:
 
     kind = payload.get("msgtype")
     text = _text_of(kind, payload)
-    if text is None:
+    media = _media_of(kind, payload)
+    if text is None and not media:
         return Parsed(ignored=f"message type {kind} is not supported")
-    if not text:
+    if not text and not media:
         return Parsed(ignored="no text")
-    parts: list[Part] = [TextPart(text=text)]
+    parts: list[Part] = [TextPart(text=text)] if text else []
+    parts += media
     bot_user_id = payload.get("chatbotUserId")
     if group and mentioned and isinstance(bot_user_id, str) and bot_user_id:
         parts.append(MentionPart(user_id=bot_user_id, is_self=True))
@@ -100,6 +105,30 @@ def parse_message(payload: Any, settings: DingTalkSettings) -> Parsed:
     )
 
 
+def _media_of(kind: Any, payload: dict[str, Any]) -> list[Part]:
+    """Pictures (also inside rich text) and files as download-code references; audio as its file."""
+    content = payload.get("content")
+    content = content if isinstance(content, dict) else {}
+
+    def ref(item: dict[str, Any]) -> str | None:
+        code = item.get("downloadCode")
+        return DOWNLOAD_PREFIX + code if isinstance(code, str) and code else None
+
+    parts: list[Part] = []
+    if kind == "picture" and (url := ref(content)):
+        parts.append(ImagePart(url=url))
+    elif kind == "richText":
+        items = content.get("richText")
+        for item in items if isinstance(items, list) else []:
+            if isinstance(item, dict) and item.get("type") == "picture" and (url := ref(item)):
+                parts.append(ImagePart(url=url))
+    elif kind in ("file", "audio", "video") and (url := ref(content)):
+        name = content.get("fileName")
+        mime = "audio/amr" if kind == "audio" else None
+        parts.append(FilePart(url=url, name=name if isinstance(name, str) else None, mime_type=mime))
+    return parts
+
+
 def _text_of(kind: Any, payload: dict[str, Any]) -> str | None:
     """The message's text (stripped), or None when the message type carries none we read."""
     if kind == "text":
@@ -116,4 +145,8 @@ def _text_of(kind: Any, payload: dict[str, Any]) -> str | None:
         # Pictures in rich text carry download codes only; their text pieces are the message.
         pieces = [i["text"] for i in items if isinstance(i, dict) and isinstance(i.get("text"), str)]
         return "".join(pieces).strip()
+    if kind == "audio":  # DingTalk's own transcript of a voice message
+        content = payload.get("content")
+        recognition = content.get("recognition") if isinstance(content, dict) else None
+        return recognition.strip() if isinstance(recognition, str) else ""
     return None

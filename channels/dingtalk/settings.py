@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from app.channel import ChannelSettings
+from app.streaming.protocol import StreamingMode
+from app.streaming.settings import StreamingSettings
+from channels.common.media import MediaSettings
 
 
-class DingTalkSettings(ChannelSettings):
+class DingTalkSettings(StreamingSettings, MediaSettings, ChannelSettings):
     model_config = SettingsConfigDict(env_prefix="DINGTALK_", env_file=".env", extra="ignore")
 
     client_id: str | None = Field(None, description="Client ID (AppKey) of the DingTalk app.")
@@ -34,3 +37,24 @@ class DingTalkSettings(ChannelSettings):
         3600, description="HTTP callbacks signed longer ago (DingTalk: 1 hour) are refused."
     )
     request_timeout_seconds: float = Field(15, description="Timeout of OpenAPI calls.")
+    # Robot messages cannot be edited: no `edit`; `native` is the streaming AI card.
+    streaming_modes: ClassVar[frozenset[StreamingMode]] = frozenset({StreamingMode.OFF, StreamingMode.NATIVE})
+    streaming: StreamingMode = Field(
+        StreamingMode.OFF,
+        description="off (one message at the end) or native (an AI card updated in place; needs "
+        "DINGTALK_CARD_TEMPLATE_ID). Robot messages cannot be edited, so there is no edit mode.",
+    )
+    card_template_id: str | None = Field(
+        None, description="AI card template id (developer console → card platform), for streaming=native."
+    )
+    card_content_key: str = Field(
+        "content", description="The template's streaming variable that shows the answer."
+    )
+
+    @model_validator(mode="after")
+    def _card_for_native(self) -> DingTalkSettings:
+        if self.streaming is StreamingMode.NATIVE and not self.card_template_id:
+            raise ValueError(
+                "DINGTALK_STREAMING=native needs DINGTALK_CARD_TEMPLATE_ID (an AI card template)"
+            )
+        return self

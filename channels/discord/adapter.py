@@ -8,13 +8,19 @@ Slash commands: `POST /channels/discord/interactions`, verified with Ed25519 ove
 PONG, a command is stored and answered "deferred" (type 5), and the turn's reply edits
 that deferred answer through the interaction webhook.
 Outbound: `POST /channels/{id}/messages` split at 2,000 characters; 429 → `retry_after`.
+Images and files of a reply are uploaded as attachments (multipart `files[0]` +
+`payload_json`), one outbox step each. Streaming (`DISCORD_STREAMING=edit`): a preview
+sent, then edited in place (`channels.discord.stream`).
+Inbound image attachments are downloaded from the CDN under `DISCORD_MEDIA_MAX_BYTES`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import hashlib
+import json
 import time
 from typing import Any
 
@@ -33,12 +39,17 @@ from app.errors import (
     ChannelRequestError,
     ChannelSendAuthError,
     ChannelUnavailable,
+    DeliveryError,
     InvalidPayload,
 )
-from app.events import OutboundMessage
+from app.events import FilePart, ImagePart, InboundEvent, OutboundMessage
+from app.streaming import StreamingMode
 from channels.common.chunks import ChunkProgress, send_chunks, split_text
+from channels.common.media import Media, MediaTooLarge, download_capped, inline_media, too_large_text
+from channels.discord.outbound import UnknownMessage, attachment_name, uploads
 from channels.discord.parse import parse_command, parse_message
 from channels.discord.settings import DiscordSettings
+from channels.discord.stream import DiscordStreamer
 
 log = structlog.get_logger(__name__)
 
@@ -58,6 +69,7 @@ class DiscordChannel:
             base_url=settings.api_base.rstrip("/"), timeout=settings.request_timeout_seconds
         )
         self._holder: asyncio.Future[None] | None = None
+        self._connection = "discord"  # the connection's name, once started
         self._progress = ChunkProgress(capacity=1000)
 
     # --- lifecycle ----------------------------------------------------------------------
@@ -67,7 +79,7 @@ class DiscordChannel:
             log.warning("discord_not_configured", detail="DISCORD_BOT_TOKEN is not set")
             return
         if self.settings.gateway:
-            name = f"discord:{fingerprint(self.settings.bot_token)}"
+            name = self._connection = f"discord:{fingerprint(self.settings.bot_token)}"
             self._holder = asyncio.ensure_future(self.context.hold_connection(name, self._run_gateway))
 
     async def stop(self) -> None:
@@ -85,14 +97,50 @@ class DiscordChannel:
 
         await run_gateway(self)
 
+    async def load_session(self) -> dict[str, Any] | None:
+        """The Gateway session the last holder saved (`channels.discord.gateway`)."""
+        return await self.context.connection_state.load_state(self._connection)
+
+    async def save_session(self, session: dict[str, Any]) -> None:
+        await self.context.connection_state.save_state(self._connection, session)
+
     async def on_message_create(self, data: dict[str, Any], parent_id: str | None) -> None:
         """A MESSAGE_CREATE from the Gateway (`parent_id`: the thread's parent channel)."""
         try:
             parsed = parse_message(data, self.settings, self.bot_id, parent_id=parent_id)
-            if parsed.event is not None:
-                await self.context.accept([parsed.event])
+            if parsed.event is None:
+                return
+            event = await self._with_media(parsed.event)
+            if event is not None:
+                await self.context.accept([event])
         except ChannelRequestError as exc:
             log.warning("discord_message_refused", detail=exc.detail)
+
+    async def _with_media(self, event: InboundEvent) -> InboundEvent | None:
+        """Image attachments (and, with speech to text, audio) downloaded from the CDN (signed
+        URLs, no token sent); None when one is too large (after a polite reply)."""
+        limit = self.settings.media_max_bytes
+        cdn = self.settings.cdn_base
+
+        async def fetch(part: ImagePart | FilePart) -> Media | None:
+            if not (part.url or "").startswith(cdn):
+                return None
+            assert part.url is not None
+            return await download_capped(self.context.http, part.url, limit)
+
+        try:
+            return await inline_media(event, fetch, transcribe=self.context.transcribe, channel=self.name)
+        except MediaTooLarge:
+            channel_id = str(event.metadata.get("reply_channel_id") or event.chat_id)
+            try:
+                await self._call(
+                    "POST",
+                    f"/channels/{channel_id}/messages",
+                    {"content": too_large_text(self.settings.locale, limit)},
+                )
+            except DeliveryError as exc:  # best-effort: the message is not stored either way
+                log.warning("discord_too_large_reply_failed", error=exc.detail)
+            return None
 
     # --- inbound: interactions ----------------------------------------------------------
 
@@ -138,30 +186,63 @@ class DiscordChannel:
         if not self.settings.bot_token:
             raise ChannelSendAuthError("DISCORD_BOT_TOKEN is not set", retryable=False)
         chunks = split_text(message.text, self.settings.max_message_chars)
-        if not chunks:
+        media = uploads(message)
+        if not chunks and not media:
             return SendResult()
+
+        async def deliver(index: int, _item: str) -> str:
+            return await self.deliver_step(message, index, chunks, media)
+
+        items = [*chunks, *(f"file:{i}" for i in range(len(media)))]
+        sent = await send_chunks(self._progress, message.message_id, items, deliver)
+        return SendResult(platform_message_id=next((m for m in sent if m), None))
+
+    async def deliver_step(
+        self, message: OutboundMessage, index: int, chunks: list[str], media: list[ImagePart | FilePart]
+    ) -> str:
+        """One step of a reply: text chunk `index`, or (after the text) one upload."""
         meta = message.metadata
         token, app_id = meta.get("reply_interaction_token"), meta.get("reply_application_id")
         channel_id = meta.get("reply_channel_id") or message.thread_id or message.chat_id
+        part = media[index - len(chunks)] if index >= len(chunks) else None
+        body: dict[str, Any] = {} if part is not None else {"content": chunks[index]}
+        if token and app_id:
+            if index == 0 and part is None:  # the deferred answer ("thinking…") becomes the reply
+                path = f"/webhooks/{app_id}/{token}/messages/@original"
+                return await self._call("PATCH", path, body, auth=False)
+            return await self._call("POST", f"/webhooks/{app_id}/{token}", body, auth=False, upload=part)
+        # A nonce Discord enforces: a retry after a lost answer (or by another replica
+        # after a crash) returns the message already created instead of a second one.
+        body.update(nonce=_nonce(message.message_id, index), enforce_nonce=True)
+        return await self._call("POST", f"/channels/{channel_id}/messages", body, upload=part)
 
-        async def deliver(index: int, chunk: str) -> str:
-            if token and app_id:
-                if index == 0:  # the deferred answer ("thinking…") becomes the reply
-                    path = f"/webhooks/{app_id}/{token}/messages/@original"
-                    return await self._call("PATCH", path, {"content": chunk}, auth=False)
-                return await self._call("POST", f"/webhooks/{app_id}/{token}", {"content": chunk}, auth=False)
-            # A nonce Discord enforces: a retry after a lost answer (or by another replica
-            # after a crash) returns the message already created instead of a second one.
-            body = {"content": chunk, "nonce": _nonce(message.message_id, index), "enforce_nonce": True}
-            return await self._call("POST", f"/channels/{channel_id}/messages", body)
-
-        sent = await send_chunks(self._progress, message.message_id, chunks, deliver)
-        return SendResult(platform_message_id=sent[0] if sent else None)
-
-    async def _call(self, method: str, path: str, body: dict[str, Any], *, auth: bool = True) -> str:
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None,
+        *,
+        auth: bool = True,
+        upload: ImagePart | FilePart | None = None,
+    ) -> str:
         headers = {"Authorization": f"Bot {self.settings.bot_token}"} if auth else {}
         try:
-            resp = await self._http.request(method, path, json=body, headers=headers)
+            if upload is not None:  # an attachment: multipart, the JSON body as payload_json
+                name = attachment_name(upload)
+                payload = {**(body or {}), "attachments": [{"id": 0, "filename": name}]}
+                assert upload.data_base64 is not None
+                files = {
+                    "files[0]": (
+                        name,
+                        base64.b64decode(upload.data_base64),
+                        upload.mime_type or "application/octet-stream",
+                    )
+                }
+                resp = await self._http.request(
+                    method, path, data={"payload_json": json.dumps(payload)}, files=files, headers=headers
+                )
+            else:
+                resp = await self._http.request(method, path, json=body, headers=headers)
         except httpx.HTTPError as exc:
             raise ChannelUnavailable(f"Discord unreachable: {exc!r}") from exc
         if resp.status_code == 429:
@@ -170,10 +251,19 @@ class DiscordChannel:
             raise ChannelSendAuthError(f"Discord refused the bot token: {resp.status_code}")
         if resp.status_code >= 500:
             raise ChannelUnavailable(f"Discord answered {resp.status_code}")
+        if resp.status_code == 404:
+            raise UnknownMessage(f"Discord: not found (404) {resp.text[:200]}")
         if resp.status_code >= 400:
             raise ChannelRejected(f"Discord rejected the message: {resp.status_code} {resp.text[:200]}")
         data = resp.json() if resp.content else {}
-        return str(data.get("id") or "")
+        return str(data.get("id") or "") if isinstance(data, dict) else ""
+
+    # --- streaming (`app.streaming`) ------------------------------------------------------
+
+    def streamer(self) -> DiscordStreamer | None:
+        if not self.settings.bot_token or self.settings.streaming is StreamingMode.OFF:
+            return None
+        return DiscordStreamer(self)
 
 
 def _nonce(message_id: str, index: int) -> str:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.errors import InvalidPayload
-from app.events import ChatType, InboundEvent, TextPart
+from app.events import ChatType, FilePart, ImagePart, InboundEvent, Part, TextPart
 from channels.discord.settings import DiscordSettings
 
 CHANNEL = "discord"
@@ -39,8 +39,10 @@ def parse_message(
         return Parsed(ignored="guild message without a mention of the bot")
     if bot_id is not None:
         text = re.sub(rf"<@!?{re.escape(bot_id)}>", "", text).strip()
-    if not text:
-        return Parsed(ignored="no text")
+    parts: list[Part] = [TextPart(text=text)] if text else []
+    parts += _attachment_parts(data.get("attachments"))
+    if not parts:
+        return Parsed(ignored="no text or attachments")
     # In a thread the conversation is the thread; its parent channel is the chat.
     chat_id, thread_id = (parent_id, str(channel_id)) if parent_id else (str(channel_id), None)
     metadata: dict[str, Any] = {"reply_channel_id": str(channel_id), "discord_message_id": str(message_id)}
@@ -52,12 +54,27 @@ def parse_message(
         sender_id=str(author["id"]),
         thread_id=thread_id,
         chat_type=chat_type,
-        parts=(TextPart(text=text),),
+        parts=tuple(parts),
         external_id=f"message:{message_id}",
         session_scope=settings.session_scope,
         metadata=metadata,
     )
     return Parsed(event=event)
+
+
+def _attachment_parts(attachments: Any) -> list[Part]:
+    """Attachments (`{id, filename, size, url, content_type}`): images to download, files as references."""
+    parts: list[Part] = []
+    for item in attachments if isinstance(attachments, list) else []:
+        if not isinstance(item, dict) or not isinstance(item.get("url"), str):
+            continue
+        mime = item.get("content_type") if isinstance(item.get("content_type"), str) else None
+        size = item.get("size") if isinstance(item.get("size"), int) else None
+        if mime and mime.startswith("image/"):
+            parts.append(ImagePart(url=item["url"], mime_type=mime))
+        else:
+            parts.append(FilePart(url=item["url"], name=item.get("filename"), mime_type=mime, size=size))
+    return parts
 
 
 def parse_command(data: dict[str, Any], settings: DiscordSettings) -> InboundEvent:

@@ -6,9 +6,11 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from app.channel import ChannelSettings
+from app.streaming.settings import StreamingSettings
+from channels.common.media import MediaSettings
 
 
-class DiscordSettings(ChannelSettings):
+class DiscordSettings(StreamingSettings, MediaSettings, ChannelSettings):
     model_config = SettingsConfigDict(env_prefix="DISCORD_", env_file=".env", extra="ignore")
 
     bot_token: str | None = Field(None, description="Bot token (Developer Portal → Bot).")
@@ -27,3 +29,11 @@ class DiscordSettings(ChannelSettings):
         300.0, description="Interactions whose X-Signature-Timestamp is further from now are refused."
     )
     request_timeout_seconds: float = Field(15.0, description="Timeout of REST calls.")
+    stream_edit_seconds: float = Field(
+        1.2,
+        ge=0.05,
+        description="Least time between two edits of a preview (Discord allows about 5 per 5 s per channel).",
+    )
+    cdn_base: str = Field(
+        "https://cdn.discordapp.com/", description="Only attachments under this URL are downloaded."
+    )

@@ -11,7 +11,11 @@ Outbound: `POST /open-apis/im/v1/messages?receive_id_type=chat_id`, or
 `/open-apis/im/v1/messages/{message_id}/reply` to answer a group message (in its thread
 when it has one), with a tenant access token (`api.FeishuApi`). Long replies are split;
 each piece carries a `uuid` made of the outbox message id, so Feishu itself drops a piece
-sent twice by a retry.
+sent twice by a retry. A reply's images and files are uploaded (`im/v1/images`,
+`im/v1/files`) and sent as image/file messages, one outbox step each
+(`channels.feishu.media`). Streaming (`FEISHU_STREAMING=edit`): a preview message edited in
+place (`channels.feishu.stream`). Inbound images are downloaded from the message's
+resources with the tenant token, under `FEISHU_MEDIA_MAX_BYTES`.
 """
 
 from __future__ import annotations
@@ -30,13 +34,24 @@ from app.errors import (
     DeliveryError,
     InvalidPayload,
 )
-from app.events import OutboundMessage
+from app.events import FilePart, ImagePart, InboundEvent, OutboundMessage
+from app.streaming import StreamingMode
 from channels.common.chunks import ChunkProgress, send_chunks, split_text
+from channels.common.media import (
+    Media,
+    MediaTooLarge,
+    answer_to,
+    download_capped,
+    inline_media,
+    too_large_text,
+)
 from channels.common.wechat_api import outbound_text
 from channels.feishu import crypto
 from channels.feishu.api import FeishuApi
+from channels.feishu.media import upload, uploads
 from channels.feishu.parse import MESSAGE_RECEIVED, Parsed, parse_message_event
 from channels.feishu.settings import FeishuSettings
+from channels.feishu.stream import FeishuStreamer
 
 log = structlog.get_logger(__name__)
 
@@ -119,7 +134,10 @@ class FeishuChannel:
         parsed = await self._parse(payload)
         if parsed.event is None:
             return ChannelResponse.json({"ok": True, "ignored": parsed.ignored})
-        [result] = await self.context.accept([parsed.event])
+        event = await self._with_media(parsed.event)
+        if event is None:
+            return ChannelResponse.json({"ok": True, "ignored": "media too large"})
+        [result] = await self.context.accept([event])
         body: dict[str, Any] = {"ok": True, "event_id": result.event_id, "session_key": result.session_key}
         if result.duplicate:
             body["duplicate"] = True
@@ -221,30 +239,83 @@ class FeishuChannel:
     # --- outbound ---------------------------------------------------------------------
 
     async def send(self, message: OutboundMessage) -> SendResult:
-        text = outbound_text(message.parts)
-        chunks = split_text(text, self.settings.max_message_bytes, units=_sent_bytes)
-        if not chunks:
+        chunks = self.chunks(message)
+        media = uploads(message)
+        if not chunks and not media:
             return SendResult()
-        reply_to, in_thread = _reply_target(message)
 
-        async def deliver(index: int, chunk: str) -> str | None:
-            body: dict[str, Any] = {
-                "msg_type": "text",
-                "content": json.dumps({"text": chunk}, ensure_ascii=False),
-                # Feishu sends at most one message per uuid within an hour.
-                "uuid": f"{message.message_id}-{index}",
-            }
-            if reply_to:
-                body["reply_in_thread"] = in_thread
-                data = await self.api.post(f"/open-apis/im/v1/messages/{reply_to}/reply", body)
-            else:
-                body["receive_id"] = message.chat_id
-                data = await self.api.post("/open-apis/im/v1/messages", body, {"receive_id_type": "chat_id"})
-            sent = data.get("message_id") if isinstance(data, dict) else None
-            return str(sent) if sent else None
+        async def deliver(index: int, _item: str) -> str | None:
+            return await self.deliver_step(message, index, chunks, media)
 
-        sent = await send_chunks(self._progress, message.message_id, chunks, deliver)
+        items = [*chunks, *(f"file:{i}" for i in range(len(media)))]
+        sent = await send_chunks(self._progress, message.message_id, items, deliver)
         return SendResult(platform_message_id=next((m for m in sent if m), None))
+
+    def chunks(self, message: OutboundMessage) -> list[str]:
+        return split_text(outbound_text(message.parts), self.settings.max_message_bytes, units=_sent_bytes)
+
+    async def deliver_step(
+        self, message: OutboundMessage, index: int, chunks: list[str], media: list[ImagePart | FilePart]
+    ) -> str | None:
+        """One step of a reply: text chunk `index`, or (after the text) one upload and its message."""
+        if index < len(chunks):
+            msg_type, content = "text", json.dumps({"text": chunks[index]}, ensure_ascii=False)
+        else:
+            msg_type, content = await upload(self.api, media[index - len(chunks)])
+        # Feishu sends at most one message per uuid within an hour.
+        return await self.post_message(message, msg_type, content, uuid=f"{message.message_id}-{index}")
+
+    async def post_message(
+        self, message: OutboundMessage, msg_type: str, content: str, *, uuid: str | None = None
+    ) -> str | None:
+        """Send one message where the reply goes (a reply to the message, or into the chat)."""
+        reply_to, in_thread = _reply_target(message)
+        body: dict[str, Any] = {"msg_type": msg_type, "content": content}
+        if uuid is not None:
+            body["uuid"] = uuid
+        if reply_to:
+            body["reply_in_thread"] = in_thread
+            data = await self.api.post(f"/open-apis/im/v1/messages/{reply_to}/reply", body)
+        else:
+            body["receive_id"] = message.chat_id
+            data = await self.api.post("/open-apis/im/v1/messages", body, {"receive_id_type": "chat_id"})
+        sent = data.get("message_id") if isinstance(data, dict) else None
+        return str(sent) if sent else None
+
+    # --- inbound media ------------------------------------------------------------------
+
+    async def _with_media(self, event: InboundEvent) -> InboundEvent | None:
+        """Images (and, with speech to text, audio) downloaded from the message's resources
+        with the tenant token; None when one is too large (after a polite reply)."""
+        limit = self.settings.media_max_bytes
+        prefix = self.settings.api_base.rstrip("/") + "/open-apis/im/v1/messages/"
+
+        async def fetch(part: ImagePart | FilePart) -> Media | None:
+            if not (part.url or "").startswith(prefix):
+                return None
+            assert part.url is not None
+            token = await self.api.tokens.get()
+            headers = {"Authorization": f"Bearer {token}"}
+            return await download_capped(self.context.http, part.url, limit, headers=headers)
+
+        try:
+            return await inline_media(event, fetch, transcribe=self.context.transcribe, channel=self.name)
+        except MediaTooLarge:
+            reply = answer_to(event, "")
+            text = json.dumps({"text": too_large_text(self.settings.locale, limit)}, ensure_ascii=False)
+            try:
+                await self.post_message(reply, "text", text)
+            except DeliveryError as exc:  # best-effort: nothing is stored either way
+                log.warning("feishu_too_large_reply_failed", error=exc.detail)
+            return None
+
+    # --- streaming (`app.streaming`) ------------------------------------------------------
+
+    def streamer(self) -> FeishuStreamer | None:
+        s = self.settings
+        if not s.app_id or not s.app_secret or s.streaming is StreamingMode.OFF:
+            return None
+        return FeishuStreamer(self)
 
 
 def _reply_target(message: OutboundMessage) -> tuple[str | None, bool]:

@@ -53,6 +53,20 @@ class FeishuApi:
         answer = await self._authorized("POST", path, body, params)
         return answer.get("data") or {}
 
+    async def put(self, path: str, body: dict[str, Any]) -> Any:
+        """PUT with the tenant token (editing a message); the answer's `data`."""
+        answer = await self._authorized("PUT", path, body, None)
+        return answer.get("data") or {}
+
+    async def delete(self, path: str) -> None:
+        """DELETE with the tenant token (recalling a message)."""
+        await self._authorized("DELETE", path, None, None)
+
+    async def upload(self, path: str, fields: dict[str, str], file: tuple[str, bytes, str]) -> Any:
+        """A multipart upload (`im/v1/images`, `im/v1/files`): `fields` and one file; the answer's `data`."""
+        answer = await self._authorized("POST", path, None, None, upload=(fields, file))
+        return answer.get("data") or {}
+
     async def get(self, path: str, *, timeout: float | None = None) -> dict[str, Any]:
         """GET with the tenant token; the whole answer (some endpoints answer beside `data`)."""
         return await self._authorized("GET", path, None, None, timeout)
@@ -64,11 +78,15 @@ class FeishuApi:
         body: dict[str, Any] | None,
         params: dict[str, str] | None,
         timeout: float | None = None,
+        *,
+        upload: tuple[dict[str, str], tuple[str, bytes, str]] | None = None,
     ) -> dict[str, Any]:
         """One call with the cached token; a token Feishu refuses is replaced once."""
         for attempt in (1, 2):
             token = await self.tokens.get()
-            answer = await self._request(method, path, token=token, body=body, params=params, timeout=timeout)
+            answer = await self._request(
+                method, path, token=token, body=body, params=params, timeout=timeout, upload=upload
+            )
             code = _code(answer)
             if code in TOKEN_INVALID:
                 self.tokens.invalidate(token)
@@ -92,20 +110,33 @@ class FeishuApi:
         body: dict[str, Any] | None = None,
         params: dict[str, str] | None = None,
         timeout: float | None = None,
+        upload: tuple[dict[str, str], tuple[str, bytes, str]] | None = None,
     ) -> dict[str, Any]:
-        headers = {"Content-Type": "application/json; charset=utf-8"}
+        headers = {} if upload else {"Content-Type": "application/json; charset=utf-8"}
         if token:
             headers["Authorization"] = f"Bearer {token}"
         try:
-            resp = await self.http.request(
-                method,
-                self.base_url + path,
-                params=params,
-                # Chinese as UTF-8, not \u escapes: Feishu's size limits count bytes.
-                content=None if body is None else json.dumps(body, ensure_ascii=False).encode(),
-                headers=headers,
-                timeout=timeout or self.settings.request_timeout_seconds,
-            )
+            if upload is not None:
+                fields, file = upload
+                field_name = "image" if path.endswith("/images") else "file"
+                resp = await self.http.request(
+                    method,
+                    self.base_url + path,
+                    data=fields,
+                    files={field_name: file},
+                    headers=headers,
+                    timeout=timeout or self.settings.request_timeout_seconds,
+                )
+            else:
+                resp = await self.http.request(
+                    method,
+                    self.base_url + path,
+                    params=params,
+                    # Chinese as UTF-8, not \u escapes: Feishu's size limits count bytes.
+                    content=None if body is None else json.dumps(body, ensure_ascii=False).encode(),
+                    headers=headers,
+                    timeout=timeout or self.settings.request_timeout_seconds,
+                )
         except httpx.HTTPError as exc:
             raise ChannelUnavailable(f"{path}: {type(exc).__name__}: {exc}") from exc
         try:

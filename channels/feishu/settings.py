@@ -6,9 +6,11 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from app.channel import ChannelSettings
+from app.streaming.settings import StreamingSettings
+from channels.common.media import MediaSettings
 
 
-class FeishuSettings(ChannelSettings):
+class FeishuSettings(StreamingSettings, MediaSettings, ChannelSettings):
     model_config = SettingsConfigDict(env_prefix="FEISHU_", env_file=".env", extra="ignore")
 
     app_id: str | None = Field(None, description="App ID (cli_…), Credentials & Basic Info.")
@@ -47,3 +49,9 @@ class FeishuSettings(ChannelSettings):
         1.0, description="Wait after a rate-limit answer that says nothing about how long."
     )
     request_timeout_seconds: float = Field(15.0, description="Timeout of Open API calls.")
+    stream_edit_seconds: float = Field(
+        1.5,
+        ge=0.05,
+        description="Least time between two edits of a preview (Feishu allows 20 edits of one message; "
+        "the last is kept for the answer).",
+    )

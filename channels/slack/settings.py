@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from app.channel import ChannelSettings
 from app.events import SessionScope
-from app.streaming.protocol import StreamingMode
+from app.streaming.settings import StreamingSettings
 
 
-class SlackSettings(ChannelSettings):
+class SlackSettings(StreamingSettings, ChannelSettings):
     model_config = SettingsConfigDict(env_prefix="SLACK_", env_file=".env", extra="ignore")
 
     # Slack conversations live in threads, so a thread is a session unless configured otherwise.
@@ -44,18 +44,6 @@ class SlackSettings(ChannelSettings):
     media_max_bytes: int = Field(
         10_000_000, ge=1, description="Larger shared images are refused with a polite reply."
     )
-    streaming: StreamingMode = Field(
-        StreamingMode.EDIT,
-        description="off (one message at the end), edit (chat.postMessage, then chat.update in place). "
-        "native (chat.startStream) is not implemented yet.",
-    )
     stream_edit_seconds: float = Field(
         1.5, ge=0.05, description="Least time between two chat.update calls of a preview (tier 3)."
     )
-
-    @field_validator("streaming")
-    @classmethod
-    def _streaming_implemented(cls, value: StreamingMode) -> StreamingMode:
-        if value is StreamingMode.NATIVE:
-            raise ValueError("native streaming (chat.startStream) is not implemented for Slack; use edit")
-        return value

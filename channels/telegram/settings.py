@@ -8,13 +8,13 @@ from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from app.channel import ChannelSettings
-from app.streaming.protocol import StreamingMode
+from app.streaming.settings import StreamingSettings
 
 # setWebhook's secret_token: 1-256 characters of A-Z a-z 0-9 _ - (Bot API).
 _SECRET_ALPHABET = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 
 
-class TelegramSettings(ChannelSettings):
+class TelegramSettings(StreamingSettings, ChannelSettings):
     model_config = SettingsConfigDict(env_prefix="TELEGRAM_", env_file=".env", extra="ignore")
 
     bot_token: str | None = Field(None, description="Bot token from @BotFather.")
@@ -48,21 +48,9 @@ class TelegramSettings(ChannelSettings):
         ge=1,
         description="Larger photos/images are refused with a polite reply (getFile allows 20 MB).",
     )
-    streaming: StreamingMode = Field(
-        StreamingMode.EDIT,
-        description="off (one message at the end), edit (a preview edited in place; typing while "
-        "a turn runs). native (draft messages) is not implemented yet.",
-    )
     stream_edit_seconds: float = Field(
         1.0, ge=0.05, description="Least time between two edits of a preview (Telegram: ~1/s per chat)."
     )
-
-    @field_validator("streaming")
-    @classmethod
-    def _streaming_implemented(cls, value: StreamingMode) -> StreamingMode:
-        if value is StreamingMode.NATIVE:
-            raise ValueError("native streaming (draft messages) is not implemented for Telegram; use edit")
-        return value
 
     @field_validator("webhook_secret")
     @classmethod

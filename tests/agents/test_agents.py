@@ -11,9 +11,9 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from app.agents.profiles import AgentBook, agent_in_key
+from app.agents.profiles import AgentBook
 from app.db.models import inbox, sessions
-from app.events import InboundEvent
+from app.events import InboundEvent, agent_in_key
 from tests.agents.test_session_commands import sent
 from tests.app.agent.test_agent_e2e import openai_settings
 from tests.conftest import WEBHOOK_SECRET, ServeApp, webhook_settings

@@ -8,8 +8,8 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
 from app.db.engine import create_engine
-from app.db.migrate import upgrade
 from app.db.models import metadata
+from app.migrate import upgrade
 from tests.conftest import make_settings
 
 

@@ -9,9 +9,16 @@ to, as it talks to api.dingtalk.com:
 - `GET /gateway/connect?ticket=…`: the Stream WebSocket. The fake pushes CALLBACK frames
   (topic `/v1.0/im/bot/messages/get`, `data` a JSON string) and SYSTEM `ping` frames, and
   records the ACK frames the client sends back (`{"code", "headers": {"messageId"}, …}`);
+  with `redeliver_unacked`, a CALLBACK nobody ACKed (none connected, or the client died
+  first) is pushed again to the next connection, as DingTalk retries unacknowledged pushes;
 - `POST /v1.0/robot/groupMessages/send` and `/v1.0/robot/oToMessages/batchSend` with the
   `x-acs-dingtalk-access-token` header;
-- `POST /robot/sendBySession?session=…`: a message's `sessionWebhook`.
+- `POST /robot/sendBySession?session=…`: a message's `sessionWebhook`;
+- `POST /v1.0/robot/messageFiles/download` (`downloadCode`, `robotCode`) → `downloadUrl`,
+  a temporary link to the bytes put in `files` (served at `GET /files/<code>`);
+- AI cards, as the SDK's `AICardReplier` calls them: `POST /v1.0/card/instances/createAndDeliver`
+  (a card in a chat, `cards`), `PUT /v1.0/card/streaming` (a streaming variable replaced
+  or appended to, `isFinalize`), `PUT /v1.0/card/instances` (card data merged).
 
 Every call is recorded, and answers can be scripted to fail. Also builds robot messages
 and signs HTTP callbacks with DingTalk's published rule (independently of the adapter).
@@ -42,6 +49,10 @@ OPEN_PATH = "/v1.0/gateway/connections/open"
 GROUP_SEND = "/v1.0/robot/groupMessages/send"
 SINGLE_SEND = "/v1.0/robot/oToMessages/batchSend"
 WEBHOOK_PATH = "/robot/sendBySession"
+DOWNLOAD_PATH = "/v1.0/robot/messageFiles/download"
+CARD_CREATE = "/v1.0/card/instances/createAndDeliver"
+CARD_STREAMING = "/v1.0/card/streaming"
+CARD_INSTANCES = "/v1.0/card/instances"
 
 
 @dataclass
@@ -51,6 +62,14 @@ class Call:
     headers: dict[str, str]
     query: dict[str, str]
     ok: bool = True
+
+
+@dataclass
+class Card:
+    template: str
+    space: str  # openSpaceId
+    params: dict[str, Any]
+    finalized: bool = False
 
 
 @dataclass
@@ -77,7 +96,10 @@ class FakeDingTalk(LocalServer):
     # Stream: ACK frames the client sent, in order
     acks: list[dict[str, Any]] = field(default_factory=list)
     tickets_used: list[str] = field(default_factory=list)
+    files: dict[str, bytes] = field(default_factory=dict)  # download code -> the bytes
+    cards: dict[str, Card] = field(default_factory=dict)  # outTrackId -> the card in its chat
     url: str = ""
+    redeliver_unacked: bool = False
 
     def __post_init__(self) -> None:
         self._changed = asyncio.Condition()
@@ -86,6 +108,7 @@ class FakeDingTalk(LocalServer):
         self._issued_tickets: set[str] = set()
         self._sockets: list[web.WebSocketResponse] = []
         self._frame_ids = itertools.count(1)
+        self._unacked: dict[str, dict[str, Any]] = {}  # CALLBACK frames by messageId
 
     def fail(self, path: str, *failures: Failure | None) -> None:
         self.script.setdefault(path, []).extend(failures)
@@ -134,6 +157,7 @@ class FakeDingTalk(LocalServer):
             },
             "data": json.dumps(data, ensure_ascii=False),
         }
+        self._unacked[message_id] = frame
         await self._broadcast(frame)
         return message_id
 
@@ -173,7 +197,10 @@ class FakeDingTalk(LocalServer):
 
     async def _broadcast(self, frame: dict[str, Any]) -> None:
         for ws in list(self._sockets):
-            await ws.send_str(json.dumps(frame))
+            try:
+                await ws.send_str(json.dumps(frame))
+            except ConnectionError:  # a client that died: the frame stays unacked
+                pass
 
     async def _connect(self, request: web.Request) -> web.StreamResponse:
         ticket = request.query.get("ticket", "")
@@ -186,11 +213,15 @@ class FakeDingTalk(LocalServer):
             self.tickets_used.append(ticket)
             self._sockets.append(ws)
             self._changed.notify_all()
+        if self.redeliver_unacked:
+            for frame in list(self._unacked.values()):
+                await ws.send_str(json.dumps(frame))
         try:
             async for msg in ws:
                 data = json.loads(msg.data) if isinstance(msg.data, str) else {}
                 async with self._changed:
                     self.acks.append(data)
+                    self._unacked.pop(str((data.get("headers") or {}).get("messageId")), None)
                     self._changed.notify_all()
         finally:
             async with self._changed:
@@ -240,7 +271,47 @@ class FakeDingTalk(LocalServer):
             )
         if path == WEBHOOK_PATH:
             return web.json_response({"errcode": 0, "errmsg": "ok"})
+        if path in (CARD_CREATE, CARD_STREAMING, CARD_INSTANCES):
+            return self._card(path, body)
+        if path == DOWNLOAD_PATH:
+            code = str(body.get("downloadCode") or "")
+            if code not in self.files:
+                return web.json_response({"code": "invalidParameter.downloadCode"}, status=400)
+            return web.json_response({"downloadUrl": f"http://{request.host}/files/{code}"})
         return web.json_response({"code": "NotFound"}, status=404)
+
+    def _card(self, path: str, body: dict[str, Any]) -> web.Response:
+        track_id = str(body.get("outTrackId") or "")
+        if path == CARD_CREATE:
+            space = str(body.get("openSpaceId") or "")
+            if not space.startswith(("dtv1.card//IM_GROUP.", "dtv1.card//IM_ROBOT.")) or not track_id:
+                return web.json_response({"code": "invalidParameter", "message": "openSpaceId"}, status=400)
+            params = dict((body.get("cardData") or {}).get("cardParamMap") or {})
+            self.cards[track_id] = Card(str(body.get("cardTemplateId")), space, params)
+            kind, _, space_id = space.removeprefix("dtv1.card//").partition(".")
+            delivered = [{"spaceType": kind, "spaceId": space_id, "success": True, "carrierId": "car-1"}]
+            return web.json_response(
+                {"success": True, "result": {"outTrackId": track_id, "deliverResults": delivered}}
+            )
+        card = self.cards.get(track_id)
+        if card is None:
+            return web.json_response({"code": "param.cardNotExist", "message": "card not exist"}, status=400)
+        if path == CARD_STREAMING:
+            key, content = str(body.get("key")), str(body.get("content") or "")
+            card.params[key] = content if body.get("isFull") else str(card.params.get(key, "")) + content
+            card.finalized = card.finalized or bool(body.get("isFinalize"))
+        else:
+            card.params.update((body.get("cardData") or {}).get("cardParamMap") or {})
+        return web.json_response({"success": True, "result": True})
+
+    async def _file(self, request: web.Request) -> web.Response:
+        code = request.match_info["code"]
+        async with self._changed:
+            self.calls.append(Call(request.path, {}, {}, {}, ok=code in self.files))
+            self._changed.notify_all()
+        if code not in self.files:
+            return web.Response(status=404)
+        return web.Response(body=self.files[code], content_type="image/png")
 
     def _auth_failure(
         self, path: str, body: dict[str, Any], headers: dict[str, str], query: dict[str, str]
@@ -251,9 +322,16 @@ class FakeDingTalk(LocalServer):
         elif path == OPEN_PATH:
             if (body.get("clientId"), body.get("clientSecret")) != (self.client_id, self.client_secret):
                 return Failure(401, "InvalidAuthentication", "bad clientId or clientSecret")
-        elif path in (GROUP_SEND, SINGLE_SEND):
+        elif path in (GROUP_SEND, SINGLE_SEND, DOWNLOAD_PATH, CARD_CREATE, CARD_STREAMING, CARD_INSTANCES):
             if headers.get("x-acs-dingtalk-access-token") not in self._tokens:
                 return Failure(401, "InvalidAuthentication", "bad access token")
+            if path in (CARD_STREAMING, CARD_INSTANCES):
+                return None
+            if path == CARD_CREATE:
+                model = body.get("imGroupOpenDeliverModel")
+                if isinstance(model, dict) and model.get("robotCode") != self.client_id:
+                    return Failure(400, "invalidParameter.robotCode", "robot does not exist")
+                return None
             if body.get("robotCode") != self.client_id:
                 return Failure(400, "invalidParameter.robotCode", "robot does not exist")
         elif path == WEBHOOK_PATH and not query.get("session"):
@@ -263,7 +341,9 @@ class FakeDingTalk(LocalServer):
     async def __aenter__(self) -> FakeDingTalk:
         app = web.Application()
         app.router.add_get("/gateway/connect", self._connect)
+        app.router.add_get("/files/{code}", self._file)
         app.router.add_post("/{tail:.*}", self._handle)
+        app.router.add_put("/{tail:.*}", self._handle)
         await self._serve(app, shutdown_timeout=0.5)
         return self
 

@@ -2,8 +2,10 @@
 
 The server is a real local HTTP server answering like open.feishu.cn: the tenant access
 token endpoint (tokens that really expire), `bot/v3/info`, sending a message to a chat and
-replying to a message, with Feishu's `{"code", "msg", "data"}` answers, its `uuid` dedup,
-and scriptable failures. Every call is recorded.
+replying to a message, editing a text message (`PUT`, at most 20 edits, as documented),
+uploading images and files (multipart), serving message resources (`resources`), with
+Feishu's `{"code", "msg", "data"}` answers, its `uuid` dedup, and scriptable failures.
+Every call is recorded; `texts` is what each sent text message shows now.
 
 Callbacks are built from Feishu's published rules, independently of the adapter's code:
 AES-256-CBC with key SHA-256(Encrypt Key) and a random IV in front, PKCS#7, base64; and
@@ -23,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiohttp import web
+from aiohttp import BodyPartReader, web
 from cryptography.hazmat.primitives import padding
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
@@ -41,7 +43,7 @@ TOKEN_PATH = "/open-apis/auth/v3/tenant_access_token/internal"
 
 @dataclass
 class Call:
-    kind: str  # "token", "bot_info", "create", "reply"
+    kind: str  # "token", "bot_info", "create", "reply", "update", "image", "file", "resource"
     path: str
     params: dict[str, str]
     body: dict[str, Any]
@@ -84,6 +86,10 @@ class FakeFeishu(LocalServer):
     script: dict[str, list[Failure | None]] = field(default_factory=dict)
     always: dict[str, Failure] = field(default_factory=dict)
     url: str = ""
+    texts: dict[str, str] = field(default_factory=dict)  # message id -> the text it shows now
+    edits: dict[str, int] = field(default_factory=dict)  # message id -> times edited
+    uploads: dict[str, tuple[str, bytes, dict[str, str]]] = field(default_factory=dict)  # key -> file
+    resources: dict[str, bytes] = field(default_factory=dict)  # file_key -> bytes of a message resource
 
     def __post_init__(self) -> None:
         self._changed = asyncio.Condition()
@@ -175,6 +181,8 @@ class FakeFeishu(LocalServer):
         if isinstance(uuid, str):
             self._by_uuid[uuid] = message_id
         self._sent.add(message_id)
+        if body.get("msg_type") == "text" and not duplicate:
+            self.texts[message_id] = str(json.loads(body["content"])["text"])
         data: dict[str, Any] = {
             "message_id": message_id,
             "chat_id": body.get("receive_id") or "oc_from_reply",
@@ -201,6 +209,72 @@ class FakeFeishu(LocalServer):
         item = {"message_id": message_id, "msg_type": "text", "sender": {**sender, "tenant_key": TENANT_KEY}}
         return web.json_response({"code": 0, "msg": "success", "data": {"items": [item]}})
 
+    async def _update(self, request: web.Request) -> web.Response:
+        message_id = request.match_info["message_id"]
+        body = await request.json()
+        call = Call("update", request.path, {}, body, _headers(request))
+        failure = self._auth_failure(request) or self._failure("update")
+        if failure is None and message_id not in self.texts:
+            failure = Failure(400, 230001, "Your request contains an invalid request parameter, message_id.")
+        elif failure is None and body.get("msg_type") != "text":
+            failure = Failure(400, 230001, "msg_type does not match the message")
+        elif failure is None and self.edits.get(message_id, 0) >= 20:
+            failure = Failure(400, 230072, "The message has reached the number of times it can be edited.")
+        call.ok = failure is None
+        await self._record(call)
+        if failure is not None:
+            return _fail(failure)
+        self.edits[message_id] = self.edits.get(message_id, 0) + 1
+        self.texts[message_id] = str(json.loads(body["content"])["text"])
+        return web.json_response({"code": 0, "msg": "success", "data": {"message_id": message_id}})
+
+    async def _recall(self, request: web.Request) -> web.Response:
+        message_id = request.match_info["message_id"]
+        failure = self._auth_failure(request) or self._failure("recall")
+        if failure is None and message_id not in self.texts:
+            failure = Failure(400, 230011, "The message was recalled.")
+        await self._record(Call("recall", request.path, {}, {}, _headers(request), ok=failure is None))
+        if failure is not None:
+            return _fail(failure)
+        del self.texts[message_id]
+        return web.json_response({"code": 0, "msg": "success", "data": {}})
+
+    async def _upload(self, request: web.Request) -> web.Response:
+        kind = "image" if request.path.endswith("/images") else "file"
+        fields: dict[str, str] = {}
+        name, data = "", b""
+        async for part in await request.multipart():
+            if not isinstance(part, BodyPartReader):
+                continue
+            if part.name in ("image", "file") and part.filename is not None:
+                name, data = part.filename, bytes(await part.read())
+            elif part.name:
+                fields[part.name] = await part.text()
+        call = Call(kind, request.path, {}, dict(fields), _headers(request), size=len(data))
+        failure = self._auth_failure(request) or self._failure(kind)
+        if failure is None and not data:
+            failure = Failure(400, 234001, "Invalid request param: no file")
+        call.ok = failure is None
+        await self._record(call)
+        if failure is not None:
+            return _fail(failure)
+        key = f"{'img_v3' if kind == 'image' else 'file_v3'}_{next(self._message_ids):04d}"
+        self.uploads[key] = (name, data, fields)
+        return web.json_response({"code": 0, "msg": "success", "data": {f"{kind}_key": key}})
+
+    async def _resource(self, request: web.Request) -> web.Response:
+        key = request.match_info["file_key"]
+        failure = self._auth_failure(request) or self._failure("resource")
+        if failure is None and request.query.get("type") not in ("image", "file"):
+            failure = Failure(400, 234001, "Invalid request param: type")
+        if failure is None and key not in self.resources:
+            failure = Failure(400, 234003, "File not in msg.")
+        call = Call("resource", request.path, dict(request.query), {}, _headers(request), ok=failure is None)
+        await self._record(call)
+        if failure is not None:
+            return _fail(failure)
+        return web.Response(body=self.resources[key], content_type="image/png")
+
     async def __aenter__(self) -> FakeFeishu:
         app = web.Application()
         app.router.add_post(TOKEN_PATH, self._token)
@@ -208,6 +282,11 @@ class FakeFeishu(LocalServer):
         app.router.add_post("/open-apis/im/v1/messages", self._send)
         app.router.add_post("/open-apis/im/v1/messages/{message_id}/reply", self._send)
         app.router.add_get("/open-apis/im/v1/messages/{message_id}", self._get_message)
+        app.router.add_put("/open-apis/im/v1/messages/{message_id}", self._update)
+        app.router.add_delete("/open-apis/im/v1/messages/{message_id}", self._recall)
+        app.router.add_post("/open-apis/im/v1/images", self._upload)
+        app.router.add_post("/open-apis/im/v1/files", self._upload)
+        app.router.add_get("/open-apis/im/v1/messages/{message_id}/resources/{file_key}", self._resource)
         await self._serve(app, shutdown_timeout=0.5)
         return self
 

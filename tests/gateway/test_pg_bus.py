@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db.models import session_keys, utcnow
 from app.events import InboundEvent
-from app.gateway.pg_bus import PgSessionBus, asyncpg_dsn, channel_for
+from app.pg_bus import PgSessionBus, asyncpg_dsn, channel_for
 from tests.conftest import ServeApp
 
 
@@ -123,7 +123,7 @@ async def test_marking_a_key_watched_waits_for_a_statement_holding_its_row(
     """A turn's fenced statement locks the key's row: subscribing is ordered with it.
 
     So either the statement sees the mark (and NOTIFYs), or the subscriber reads the
-    history only after the statement committed (see `app.gateway.pg_bus`).
+    history only after the statement committed (see `app.pg_bus`).
     """
     bus = PgSessionBus(pg_url)
     await bus.start()

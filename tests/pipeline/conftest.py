@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.api.app import create_app
 from app.channel import ChannelSettings
 from app.db.engine import create_engine
-from app.db.migrate import upgrade
+from app.migrate import upgrade
 from app.pipeline.storage import build_store
 from app.pipeline.storage.port import PipelineStore
 from app.sessions.store import Lifecycle, SessionStore

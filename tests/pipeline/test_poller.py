@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from sqlalchemy import func, select
 
 from app.agent.provider import ProviderReply, ToolSpec
-from app.db.migrate import upgrade
 from app.db.models import inbox, outbox
 from app.events import InboundEvent
+from app.migrate import upgrade
 from app.runtime import Runtime
 from app.sessions.messages import ChatMessage
 from tests.conftest import make_settings, webhook_settings

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from app.db.engine import create_engine
-from app.db.migrate import upgrade
+from app.migrate import upgrade
 from app.scheduling import JobStore
 from tests.conftest import make_settings
 

@@ -7,7 +7,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
 from app.api.deps import get_runtime
-from app.db.migrate import at_head
+from app.migrate import at_head
 from app.runtime import Runtime
 
 router = APIRouter(tags=["health"])

@@ -10,6 +10,7 @@ const ZH = {
   "Runs": "运行",
   "Approvals": "审批",
   "Dead letters": "死信",
+  "Access": "访问",
   "Cron jobs": "定时任务",
   "Channels": "渠道",
   "Configuration": "配置",

@@ -30,9 +30,9 @@ from sqlalchemy import func, select
 
 from app.agent.provider import ProviderReply, ToolSpec
 from app.agent.tools import Risk, ToolContext
-from app.db.migrate import upgrade
 from app.db.models import approvals, inbox, outbox, utcnow
 from app.events import InboundEvent
+from app.migrate import upgrade
 from app.pipeline.approvals import timeout_events
 from app.pipeline.builtin_commands import BuiltinCommands
 from app.pipeline.commands import CommandRegistry

@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 from sqlalchemy import select
 
-from app.db.migrate import upgrade
 from app.db.models import cron_jobs, inbox, outbox, utcnow
+from app.migrate import upgrade
 from app.runtime import Runtime
 from app.scheduling import Target
 from channels.cron import CronChannel, CronSettings

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from app.errors import ChannelAuthError, InvalidPayload
-from app.events import ChatType, MentionPart, SessionScope
+from app.events import ChatType, ImagePart, MentionPart, SessionScope
 from channels.dingtalk import DingTalkSettings
 from channels.dingtalk.parse import parse_message
 from channels.dingtalk.signing import verify
@@ -48,13 +48,18 @@ def test_people_outside_the_organisation_are_keyed_by_sender_id() -> None:
     assert event.chat_id == "$:LWCP_v1:$staff-alice"
 
 
-def test_rich_text_is_its_text_and_other_types_are_ignored() -> None:
+def test_rich_text_and_pictures_carry_download_codes_and_other_types_are_ignored() -> None:
     event = parse_message(dt.robot_message("rich words", rich=True), _settings()).event
     assert event is not None and event.text == "rich words"
+    assert [p.url for p in event.parts if isinstance(p, ImagePart)] == ["dingtalk-download:dc"]
     picture = dt.robot_message("x")
     picture["msgtype"] = "picture"
     picture["content"] = {"downloadCode": "dc"}
-    assert parse_message(picture, _settings()).ignored == "message type picture is not supported"
+    event = parse_message(picture, _settings()).event
+    assert event is not None and [p.type for p in event.parts] == ["image"]
+    card = dt.robot_message("x")
+    card["msgtype"] = "interactiveCard"
+    assert parse_message(card, _settings()).ignored == "message type interactiveCard is not supported"
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,139 @@
+"""Streamed replies on DingTalk as an AI card (`DINGTALK_STREAMING=native`).
+
+The same calls as the official SDK's `AICardReplier` (dingtalk-stream), made through the
+channel's own client: `POST /v1.0/card/instances/createAndDeliver` puts a card built from
+`DINGTALK_CARD_TEMPLATE_ID` into the chat (`openSpaceId` `dtv1.card//IM_GROUP.<cid>` or
+`dtv1.card//IM_ROBOT.<staff id>`), and `PUT /v1.0/card/streaming` replaces the card's
+streaming variable (`DINGTALK_CARD_CONTENT_KEY`) with the current view (`isFull`); the
+final answer is the last such update with `isFinalize`, then the card's `flowStatus` is
+set to finished (`PUT /v1.0/card/instances`). The template must be an AI card template
+whose content variable is a streaming variable; it is made in the developer console.
+
+A sender outside the organisation (no staff id) cannot get a card: no preview, the
+answer is a plain message. An answer longer than `DINGTALK_MAX_MESSAGE_CHARS` continues
+in plain messages after the card.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from typing import TYPE_CHECKING, Any, Protocol
+
+import structlog
+
+from app.channel import SendResult
+from app.errors import ChannelRejected, DeliveryError
+from app.events import OutboundMessage
+from channels.common.chunks import ChunkProgress, send_chunks, split_text
+
+if TYPE_CHECKING:
+    from channels.dingtalk.openapi import DingTalkApi
+    from channels.dingtalk.settings import DingTalkSettings
+
+log = structlog.get_logger(__name__)
+
+CREATE_PATH = "/v1.0/card/instances/createAndDeliver"
+STREAMING_PATH = "/v1.0/card/streaming"
+INSTANCES_PATH = "/v1.0/card/instances"
+FLOW_PROCESSING, FLOW_FINISHED = "1", "3"  # the SDK's AICardStatus
+
+
+class DingTalkChannel(Protocol):
+    """What the card streamer needs from the channel (`channels.dingtalk.adapter.DingTalkChannel`)."""
+
+    settings: DingTalkSettings
+    api: DingTalkApi | None
+    _progress: ChunkProgress
+
+    def _robot_code(self, metadata: dict[str, Any]) -> str: ...
+
+    async def _post(self, message: OutboundMessage, text: str) -> str | None: ...
+
+
+class DingTalkCardStreamer:
+    def __init__(self, channel: DingTalkChannel) -> None:
+        assert channel.api is not None and channel.settings.card_template_id
+        self.channel = channel
+        self.api = channel.api
+        self.template = channel.settings.card_template_id
+        self.key = channel.settings.card_content_key
+        self.edit_interval = channel.settings.stream_edit_seconds
+        self.max_preview_chars = channel.settings.max_message_chars
+
+    async def typing(self, message: OutboundMessage) -> None:
+        return None
+
+    async def open(self, message: OutboundMessage) -> str:
+        meta = message.metadata
+        if meta.get("reply_webhook_only"):
+            raise ChannelRejected("no staff id: DingTalk cannot deliver a card to this sender")
+        track_id = hashlib.sha256(f"{message.channel}:{message.chat_id}:{uuid.uuid4()}".encode()).hexdigest()
+        body: dict[str, Any] = {
+            "cardTemplateId": self.template,
+            "outTrackId": track_id,
+            "cardData": {"cardParamMap": {self.key: message.text, "flowStatus": FLOW_PROCESSING}},
+            "callbackType": "STREAM",
+            "imGroupOpenSpaceModel": {"supportForward": True},
+            "imRobotOpenSpaceModel": {"supportForward": True},
+        }
+        if _is_group(message):
+            body["openSpaceId"] = f"dtv1.card//IM_GROUP.{message.chat_id}"
+            body["imGroupOpenDeliverModel"] = {"robotCode": self.channel._robot_code(meta)}
+        else:
+            body["openSpaceId"] = f"dtv1.card//IM_ROBOT.{message.chat_id}"
+            body["imRobotOpenDeliverModel"] = {"spaceType": "IM_ROBOT"}
+        data = await self.api.call("POST", CREATE_PATH, body)
+        result = data.get("result")
+        delivered = result.get("deliverResults") if isinstance(result, dict) else None
+        if (
+            isinstance(delivered, list)
+            and delivered
+            and not all(isinstance(d, dict) and d.get("success") for d in delivered)
+        ):
+            raise ChannelRejected(f"DingTalk did not deliver the card: {json.dumps(delivered)[:200]}")
+        return track_id
+
+    async def edit(self, message: OutboundMessage, preview_id: str) -> None:
+        await self._stream(preview_id, message.text, final=False)
+
+    async def _stream(self, track_id: str, text: str, *, final: bool) -> None:
+        body = {
+            "outTrackId": track_id,
+            "guid": str(uuid.uuid4()),
+            "key": self.key,
+            "content": text,
+            "isFull": True,
+            "isFinalize": final,
+            "isError": False,
+        }
+        await self.api.call("PUT", STREAMING_PATH, body)
+
+    async def finish(self, message: OutboundMessage, preview_id: str) -> SendResult:
+        chunks = split_text(message.text, self.channel.settings.max_message_chars)
+
+        async def deliver(index: int, chunk: str) -> str | None:
+            if index > 0:
+                return await self.channel._post(message, chunk)
+            try:
+                await self._stream(preview_id, chunk, final=True)
+            except ChannelRejected:
+                # The card is gone (or was never created): the answer as a plain message.
+                return await self.channel._post(message, chunk)
+            # The card's state to "finished" (as the SDK's `finish`): best-effort, the answer
+            # is already final in the card and must not be sent again by a retry.
+            data = {"cardParamMap": {self.key: chunk, "flowStatus": FLOW_FINISHED}}
+            try:
+                await self.api.call("PUT", INSTANCES_PATH, {"outTrackId": preview_id, "cardData": data})
+            except DeliveryError as exc:
+                log.warning("dingtalk_card_finish_status_failed", error=exc.detail)
+            return preview_id
+
+        sent = await send_chunks(self.channel._progress, message.message_id, chunks, deliver)
+        return SendResult(platform_message_id=next((m for m in sent if m), preview_id))
+
+
+def _is_group(message: OutboundMessage) -> bool:
+    kind = message.metadata.get("reply_conversation_type")
+    return kind == "2" if kind in ("1", "2") else message.chat_id.startswith("cid")
