@@ -75,6 +75,9 @@ class Settings(BaseSettings):
     offline_latency_ms: int = Field(
         0, description="Simulated model latency of the offline provider (demos, benchmarks)."
     )
+    offline_stream_delay_ms: int = Field(
+        40, ge=0, description="Pause between the offline provider's streamed pieces (0: no pause)."
+    )
     system_prompt: str = "You are chatgate, a helpful assistant. Answer concisely."
     agent_max_iterations: int = Field(8, description="Model calls per turn before giving up.")
     llm_max_retries: int = Field(3, description="Retries of a model call on 429/5xx/connection errors.")

@@ -80,7 +80,9 @@ def default_owner() -> str:
 
 def build_provider(settings: Settings) -> ChatProvider:
     if settings.llm_provider == "offline":
-        return OfflineProvider(latency_ms=settings.offline_latency_ms)
+        return OfflineProvider(
+            latency_ms=settings.offline_latency_ms, stream_delay_ms=settings.offline_stream_delay_ms
+        )
     from app.agent.openai_provider import OpenAIProvider  # imported only when configured
 
     return OpenAIProvider.from_settings(settings)

@@ -68,6 +68,7 @@ def make_settings(db_url: str, **overrides: Any) -> Settings:
         lifecycle_sweep_seconds=3600,
         outbox_backoff_base_seconds=0.05,
         collect_debounce_seconds=0.2,
+        offline_stream_delay_ms=0,  # pieces still stream, without the demo's pauses
     )
     values.update(overrides)
     return Settings(_env_file=None, **values)  # type: ignore[call-arg]

@@ -20,6 +20,8 @@ from app.api.responses import SafeJSONResponse
 from app.api.routes import a2a as a2a_routes
 from app.api.routes import admin, admin_dashboard, admin_dead_letters, admin_memory, channels, health
 from app.api.routes import admin_access as access_routes
+from app.api.routes import admin_config as config_routes
+from app.api.routes import admin_live as live_routes
 from app.api.routes import cron as cron_routes
 from app.api.routes import gateway as gateway_routes
 from app.channel import ChannelSettings
@@ -111,6 +113,8 @@ def create_app(
     app.include_router(admin_memory.router)
     app.include_router(cron_routes.router)
     app.include_router(admin_dashboard.router)
+    app.include_router(config_routes.router)
+    app.include_router(live_routes.router)
     app.include_router(admin_dead_letters.router)
     app.include_router(access_routes.router)
     app.include_router(access_page.router)

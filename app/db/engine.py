@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import weakref
 from typing import Any
 
 from sqlalchemy import event, func, true
 from sqlalchemy.exc import DisconnectionError
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from app.config import Settings
 
@@ -81,8 +82,51 @@ def autocommit(engine: AsyncEngine) -> AsyncEngine:
     """
     found = _AUTOCOMMIT.get(engine)
     if found is None:
-        found = _AUTOCOMMIT[engine] = engine.execution_options(isolation_level="AUTOCOMMIT")
+        sync = engine.sync_engine.execution_options(isolation_level="AUTOCOMMIT")
+        found = _SqliteAutocommitEngine(sync) if engine.dialect.name == "sqlite" else AsyncEngine(sync)
+        _AUTOCOMMIT[engine] = found
     return found
+
+
+_START_GRACE_SECONDS = 1.0
+
+
+class _CancelSafeConnection(AsyncConnection):
+    """An AsyncConnection whose start is not cut in half by a cancellation.
+
+    With an isolation level among its execution options, a connection sets it on every
+    checkout, inside SQLAlchemy's `Connection.__init__`, after the pool handed the DBAPI
+    connection out. On aiosqlite that is a round trip to the driver's thread: a task
+    cancelled there (`/stop`, a lost lease, shutdown) left `__init__` with the pooled
+    connection checked out and referenced by nothing, and the garbage collector later
+    "cleaned up a non-checked-in connection" (SAWarning) instead of the pool getting it
+    back. Here the start runs to its end in its own task; a cancellation then closes the
+    connection (back to the pool) and propagates.
+    """
+
+    async def start(self, is_ctxmanager: bool = False) -> AsyncConnection:
+        starting = asyncio.ensure_future(super().start(is_ctxmanager))
+        try:
+            return await asyncio.shield(starting)
+        except asyncio.CancelledError:
+            # The isolation-level round trip takes microseconds; a start still unfinished
+            # after a moment is waiting for a free pooled connection, which is safe to
+            # cancel, and a cancelled task should not wait out the pool's timeout.
+            await asyncio.wait({starting}, timeout=_START_GRACE_SECONDS)
+            if not starting.done():
+                starting.cancel()
+            try:
+                await starting
+            except BaseException:  # nothing was checked out: the cancellation wins
+                pass
+            else:
+                await asyncio.shield(self.close())
+            raise
+
+
+class _SqliteAutocommitEngine(AsyncEngine):
+    __slots__ = ()
+    _connection_cls = _CancelSafeConnection
 
 
 def lax_commit() -> Any:

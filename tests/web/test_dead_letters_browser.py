@@ -39,7 +39,7 @@ async def test_dead_letters_page_lists_and_retries(serve: ServeApp, page: Page) 
         await boom.locator("button.retry").click()
         await expect(rows).to_have_count(1)
         await rows.first.locator("button.discard").click()
-        await expect(page.locator(".empty")).to_have_text("No dead letters.")
+        await expect(page.locator("[data-empty='dead-letters']")).to_contain_text("No dead letters")
 
         async with asyncio.timeout(15):
             while True:

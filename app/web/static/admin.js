@@ -4,34 +4,18 @@ import { api, ApiError, Unauthorized } from "./api.js";
 import { barChart, lineChart } from "./charts.js";
 import { $, ago, clear, h, prettyJson } from "./dom.js";
 import { renderHistory } from "./history.js";
+import { link, ms, parseHash, sessionLink } from "./admin_links.js";
+import { approvalRow, approvalsTable, renderApprovals, renderRun, renderRuns, runRow, runsTable } from "./admin_runs.js";
+import { emptyGuide, renderConfig } from "./admin_extra.js";
+import { currentLang, setLang, t, translateStatic } from "./i18n.js";
+import { startLive } from "./live.js";
+import { themeButton } from "./theme.js";
 
 const page = $("#page");
 let refreshTimer = null;
 let renderToken = 0;
 
 // --- routing ---------------------------------------------------------------------------
-
-function parseHash() {
-  const raw = window.location.hash.replace(/^#\/?/, "");
-  const [path, query = ""] = raw.split("?");
-  const [route, ...rest] = path.split("/");
-  return {
-    route: route || "overview",
-    arg: rest.length ? decodeURIComponent(rest.join("/")) : null,
-    params: Object.fromEntries(new URLSearchParams(query)),
-  };
-}
-
-export function link(route, arg, params) {
-  let out = `#/${route}`;
-  if (arg !== undefined && arg !== null) out += `/${encodeURIComponent(arg)}`;
-  const q = new URLSearchParams(Object.entries(params || {}).filter(([, v]) => v !== "" && v != null));
-  if ([...q].length) out += `?${q}`;
-  return out;
-}
-
-const sessionLink = (key, generation) =>
-  h("a", { href: link("session", key, generation ? { generation } : null), class: "mono" }, key);
 
 const views = {
   overview: renderOverview,
@@ -43,6 +27,7 @@ const views = {
   "dead-letters": renderDeadLetters,
   cron: renderCron,
   channels: renderChannels,
+  config: renderConfig,
 };
 
 async function route() {
@@ -64,12 +49,18 @@ async function route() {
     if (mine !== renderToken) return;
     if (err instanceof Unauthorized) return showLogin();
     clear(page).append(errorBox(err));
+    if (err instanceof ApiError && err.status === 503) return showDisabled();
     showApp();
   }
 }
 
 function errorBox(err) {
-  const text = err instanceof ApiError ? `The server answered ${err.status}: ${err.detail}` : String(err);
+  const text =
+    err instanceof ApiError && err.status === 503
+      ? t("The admin API is disabled on this server: set ADMIN_TOKEN and restart.")
+      : err instanceof ApiError
+        ? t("The server answered {s}: {d}", { s: err.status, d: err.detail })
+        : String(err);
   return h("div", { class: "empty", role: "alert" }, text);
 }
 
@@ -82,8 +73,17 @@ function toast(text) {
 
 // --- login -----------------------------------------------------------------------------
 
+// No ADMIN_TOKEN on the server (503): nothing to sign in to or out of.
+function showDisabled() {
+  $("#login").classList.add("hidden");
+  $("#nav").classList.add("hidden");
+  $("#logout").classList.add("hidden");
+  live.close();
+}
+
 function showLogin() {
   clearInterval(refreshTimer);
+  live.close();
   $("#login").classList.remove("hidden");
   $("#nav").classList.add("hidden");
   $("#logout").classList.add("hidden");
@@ -95,7 +95,42 @@ function showApp() {
   $("#login").classList.add("hidden");
   $("#nav").classList.remove("hidden");
   $("#logout").classList.remove("hidden");
+  live.open();
 }
+
+// --- live updates, language, theme -------------------------------------------------------
+
+const live = startLive({
+  onChange: () => route(),
+  onState: (on) => {
+    const el = $("#live");
+    el.classList.toggle("hidden", false);
+    el.classList.toggle("on", on);
+    el.dataset.on = on ? "1" : "0";
+    el.textContent = on ? t("live") : t("offline");
+  },
+});
+
+function showLanguage() {
+  translateStatic();
+  const button = $("#lang");
+  const other = currentLang() === "zh" ? "en" : "zh";
+  button.textContent = other === "zh" ? "中文" : "English";
+  button.lang = other === "zh" ? "zh" : "en";
+  button.dataset.switchTo = other;
+  showTheme();
+  const el = $("#live");
+  if (el.dataset.on) el.textContent = el.dataset.on === "1" ? t("live") : t("offline");
+}
+
+$("#lang").addEventListener("click", () => {
+  setLang($("#lang").dataset.switchTo);
+  showLanguage();
+  if (!$("#login").classList.contains("hidden")) return;
+  route();
+});
+
+const showTheme = themeButton($("#theme"), (next) => t(next === "dark" ? "Switch to dark theme" : "Switch to light theme"));
 
 $("#login-form").addEventListener("submit", async (ev) => {
   ev.preventDefault();
@@ -106,7 +141,7 @@ $("#login-form").addEventListener("submit", async (ev) => {
     $("#login-token").value = "";
     await route();
   } catch (err) {
-    error.textContent = err instanceof Unauthorized ? "Wrong token." : `Sign-in failed: ${err.message}`;
+    error.textContent = err instanceof Unauthorized ? t("Wrong token.") : `Sign-in failed: ${err.message}`;
   }
 });
 
@@ -128,13 +163,11 @@ function card(label, value, sub, bad = false) {
   return h(
     "div",
     { class: "card", dataset: { stat: label } },
-    h("div", { class: "k" }, label),
+    h("div", { class: "k" }, t(label)),
     h("div", { class: bad ? "v bad" : "v" }, value ?? "—"),
     sub ? h("div", { class: "sub" }, sub) : null,
   );
 }
-
-const ms = (v) => (v === null || v === undefined ? "—" : v >= 1000 ? `${(v / 1000).toFixed(1)} s` : `${v} ms`);
 
 async function renderOverview(_arg, params) {
   const minutes = Number(params.minutes) || 60;
@@ -144,50 +177,51 @@ async function renderOverview(_arg, params) {
   const picker = h(
     "select",
     {
-      "aria-label": "Window",
+      "aria-label": t("Window"),
       onChange: (ev) => {
         window.location.hash = link("overview", null, { minutes: ev.target.value });
       },
     },
-    WINDOWS.map(([m, label]) => h("option", { value: m, selected: m === minutes }, label)),
+    WINDOWS.map(([m, label]) => h("option", { value: m, selected: m === minutes }, t(label))),
   );
   const points = ts.points;
   const series = (key) => points.map((p) => ({ t: p.t, value: p[key] }));
   const failuresSeries = points.map((p) => ({ t: p.t, value: p.run_failures + p.send_failures }));
 
   if (!refreshTimer) {
+    // The charts move with the clock even when nothing changed: redraw each minute.
     refreshTimer = setInterval(() => {
       if (document.visibilityState === "visible" && parseHash().route === "overview") route();
-    }, 15000);
+    }, 60000);
   }
   return [
-    h("div", { class: "row" }, h("h1", null, "Overview"), h("span", { class: "spacer" }), picker),
+    h("div", { class: "row" }, h("h1", null, t("Overview")), h("span", { class: "spacer" }), picker),
     h(
       "div",
       { class: "cards" },
       card("Active sessions", s.active ?? 0),
       card("Suspended", s.suspended ?? 0),
-      card("Expired", s.expired ?? 0, `${s.archived ?? 0} archived`),
-      card("Events / min", ov.events_per_minute, `${ov.events_in_window} in window · ${ov.events_last_minute} this minute`),
-      card("Run latency p50", ms(ov.runs.latency_ms.p50), `p95 ${ms(ov.runs.latency_ms.p95)} · ${ov.runs.count} runs`),
-      card("Inbox backlog", ov.backlog.inbox_pending, "events not processed yet", ov.backlog.inbox_pending > 100),
-      card("Outbox backlog", ov.backlog.outbox_pending, "replies not delivered yet", ov.backlog.outbox_pending > 100),
+      card("Expired", s.expired ?? 0, t("{n} archived", { n: s.archived ?? 0 })),
+      card("Events / min", ov.events_per_minute, t("{a} in window · {b} this minute", { a: ov.events_in_window, b: ov.events_last_minute })),
+      card("Run latency p50", ms(ov.runs.latency_ms.p50), t("p95 {a} · {b} runs", { a: ms(ov.runs.latency_ms.p95), b: ov.runs.count })),
+      card("Inbox backlog", ov.backlog.inbox_pending, t("events not processed yet"), ov.backlog.inbox_pending > 100),
+      card("Outbox backlog", ov.backlog.outbox_pending, t("replies not delivered yet"), ov.backlog.outbox_pending > 100),
       card(
         "Failures",
         failures,
-        `${ov.failures.runs_failed} runs · ${ov.failures.inbox_failed} events · ${ov.failures.outbox_failed} deliveries`,
+        t("{a} runs · {b} events · {c} deliveries", { a: ov.failures.runs_failed, b: ov.failures.inbox_failed, c: ov.failures.outbox_failed }),
         failures > 0,
       ),
     ),
     h(
       "div",
       { class: "charts" },
-      barChart("Events per minute", series("events")),
-      lineChart("Run latency (avg per minute)", series("run_ms_avg"), { unit: " ms" }),
-      barChart("Replies delivered per minute", series("sent")),
-      barChart("Failures per minute", failuresSeries, { bad: true }),
+      barChart(t("Events per minute"), series("events")),
+      lineChart(t("Run latency (avg per minute)"), series("run_ms_avg"), { unit: " ms" }),
+      barChart(t("Replies delivered per minute"), series("sent")),
+      barChart(t("Failures per minute"), failuresSeries, { bad: true }),
     ),
-    h("p", { class: "small muted" }, `Updated ${new Date(ov.generated_at).toLocaleTimeString()} · refreshes every 15 s`),
+    h("p", { class: "small muted" }, t("Updated {t} · live", { t: new Date(ov.generated_at).toLocaleTimeString() })),
   ];
 }
 
@@ -224,52 +258,56 @@ async function renderSessions(_arg, params) {
         });
       },
     },
-    h("input", { type: "search", name: "q", placeholder: "Search key or message text", value: params.q || "" }),
-    h("input", { type: "text", name: "key_prefix", placeholder: "Key prefix", value: params.key_prefix || "" }),
+    h("input", { type: "search", name: "q", placeholder: t("Search key or message text"), value: params.q || "" }),
+    h("input", { type: "text", name: "key_prefix", placeholder: t("Key prefix"), value: params.key_prefix || "" }),
     h(
       "select",
-      { name: "channel", "aria-label": "Channel" },
-      h("option", { value: "" }, "All channels"),
+      { name: "channel", "aria-label": t("Channel") },
+      h("option", { value: "" }, t("All channels")),
       chans.channels.map((c) => h("option", { value: c.name, selected: c.name === params.channel }, c.name)),
     ),
     h(
       "select",
-      { name: "status", "aria-label": "Status" },
-      h("option", { value: "" }, "Any status"),
+      { name: "status", "aria-label": t("Status") },
+      h("option", { value: "" }, t("Any status")),
       STATUSES.map((st) => h("option", { value: st, selected: st === params.status }, st)),
     ),
     h(
       "label",
       { class: "row small" },
       h("input", { type: "checkbox", name: "include_archived", checked: Boolean(params.include_archived) }),
-      "include archived",
+      t("include archived"),
     ),
-    h("button", { class: "primary", type: "submit" }, "Filter"),
+    h("button", { class: "primary", type: "submit" }, t("Filter")),
   );
   const rows = list.sessions.map((x) =>
     h(
       "tr",
       { dataset: { key: x.key } },
-      h("td", null, sessionLink(x.key)),
-      h("td", null, x.channel),
-      h("td", null, h("span", { class: `badge ${x.status}` }, x.status)),
-      h("td", { class: "num" }, x.generation),
-      h("td", { class: "num" }, x.message_count),
-      h("td", null, ago(x.last_active_at)),
-      h("td", { class: "muted" }, x.title || ""),
+      h("td", { "data-label": t("Key") }, sessionLink(x.key)),
+      h("td", { "data-label": t("Channel") }, x.channel),
+      h("td", { "data-label": t("Status") }, h("span", { class: `badge ${x.status}` }, x.status)),
+      h("td", { class: "num", "data-label": t("Gen") }, x.generation),
+      h("td", { class: "num", "data-label": t("Messages") }, x.message_count),
+      h("td", { "data-label": t("Last active") }, ago(x.last_active_at)),
+      x.title ? h("td", { class: "muted", "data-label": t("Title") }, x.title) : h("td", { class: "muted" }),
     ),
   );
   return [
-    h("h1", null, "Sessions"),
+    h("h1", null, t("Sessions")),
     form,
     rows.length
       ? h(
-          "table",
-          { class: "grid", id: "sessions-table" },
-          h("thead", null, h("tr", null, ["Key", "Channel", "Status", "Gen", "Messages", "Last active", "Title"].map((t) => h("th", null, t)))),
-          h("tbody", null, rows),
+          "div",
+          { class: "table-wrap" },
+          h(
+            "table",
+            { class: "grid sessions-table", id: "sessions-table" },
+            h("thead", null, h("tr", null, ["Key", "Channel", "Status", "Gen", "Messages", "Last active", "Title"].map((x) => h("th", null, t(x))))),
+            h("tbody", null, rows),
+          ),
         )
-      : h("div", { class: "empty" }, "No sessions match."),
+      : emptyGuide(Object.values(params).some((v) => v) ? "sessions-filtered" : "sessions"),
   ];
 }
 
@@ -390,147 +428,6 @@ async function doReopen(key, generation) {
   }
 }
 
-// --- runs ------------------------------------------------------------------------------
-
-function outcomeBadge(outcome) {
-  const cls = outcome === "ok" ? "ok" : outcome === "running" ? "running" : "bad";
-  return h("span", { class: `badge ${cls}` }, outcome);
-}
-
-function runRow(r) {
-  return h(
-    "tr",
-    null,
-    h("td", null, h("a", { href: link("run", r.id) }, `#${r.id}`)),
-    h("td", null, sessionLink(r.session_key)),
-    h("td", null, outcomeBadge(r.outcome)),
-    h("td", null, ago(r.started_at)),
-    h("td", { class: "num" }, ms(r.duration_ms)),
-    h("td", { class: "num" }, r.iterations),
-    h("td", { class: "mono" }, (r.tool_calls || []).map((c) => c.name).join(", ") || "—"),
-    h("td", { class: "num" }, `${r.prompt_tokens} / ${r.completion_tokens}`),
-    h("td", { class: "small" }, r.model || r.provider),
-  );
-}
-
-function runsTable(rows) {
-  return h(
-    "table",
-    { class: "grid" },
-    h("thead", null, h("tr", null, ["Run", "Session", "Outcome", "Started", "Duration", "Steps", "Tool calls", "Tokens in / out", "Model"].map((t) => h("th", null, t)))),
-    h("tbody", null, rows),
-  );
-}
-
-async function renderRuns(_arg, params) {
-  const data = await api.runs({ outcome: params.outcome, session_key: params.session_key, before_id: params.before_id, limit: 100 });
-  const outcomes = ["ok", "running", "provider_error", "max_iterations", "cancelled", "error"];
-  const filter = h(
-    "form",
-    {
-      class: "filters",
-      onSubmit: (ev) => {
-        ev.preventDefault();
-        const d = new FormData(ev.target);
-        window.location.hash = link("runs", null, { outcome: d.get("outcome"), session_key: d.get("session_key").trim() });
-      },
-    },
-    h("input", { type: "text", name: "session_key", placeholder: "Session key", value: params.session_key || "" }),
-    h("select", { name: "outcome", "aria-label": "Outcome" }, h("option", { value: "" }, "Any outcome"),
-      outcomes.map((o) => h("option", { value: o, selected: o === params.outcome }, o))),
-    h("button", { class: "primary", type: "submit" }, "Filter"),
-  );
-  const last = data.runs[data.runs.length - 1];
-  return [
-    h("h1", null, "Runs"),
-    filter,
-    data.runs.length ? runsTable(data.runs.map(runRow)) : h("div", { class: "empty" }, "No runs."),
-    data.runs.length === 100 && last
-      ? h("p", null, h("a", { href: link("runs", null, { ...params, before_id: last.id }) }, "Older runs →"))
-      : null,
-  ];
-}
-
-async function renderRun(id) {
-  const r = await api.run(id);
-  const fact = (k, v) => h("tr", null, h("th", null, k), h("td", null, v));
-  return [
-    h("div", { class: "session-head" }, h("h1", null, `Run #${r.id}`), outcomeBadge(r.outcome)),
-    h(
-      "table",
-      { class: "grid kv" },
-      h(
-        "tbody",
-        null,
-        fact("Session", sessionLink(r.session_key, r.generation)),
-        fact("Generation", r.generation ?? "—"),
-        fact("Provider / model", `${r.provider} / ${r.model || "—"}`),
-        fact("Started", ago(r.started_at)),
-        fact("Duration", ms(r.duration_ms)),
-        fact("Model calls", r.iterations),
-        fact("Tokens (prompt / completion)", `${r.prompt_tokens} / ${r.completion_tokens}`),
-        fact("Events", h("span", { class: "mono small" }, (r.event_ids || []).join(", "))),
-        r.error ? fact("Error", h("pre", null, r.error)) : null,
-      ),
-    ),
-    h("h2", null, "Tool calls"),
-    (r.tool_calls || []).length
-      ? h(
-          "table",
-          { class: "grid" },
-          h("thead", null, h("tr", null, h("th", null, "Call id"), h("th", null, "Tool"), h("th", null, "Time"))),
-          h("tbody", null, r.tool_calls.map((c) => h("tr", null, h("td", { class: "mono" }, c.id), h("td", { class: "mono" }, c.name), h("td", { class: "num" }, ms(c.ms))))),
-        )
-      : h("div", { class: "empty" }, "No tool calls."),
-    h("h2", null, "Messages appended by this run"),
-    r.messages.length
-      ? h("p", null, r.messages.map((m) => h("span", { class: "pill" }, `#${m.seq} ${m.role}${m.name ? ` · ${m.name}` : ""}`)))
-      : h("div", { class: "empty" }, "None."),
-    h("h2", null, "Approvals"),
-    r.approvals.length ? approvalsTable(r.approvals.map(approvalRow)) : h("div", { class: "empty" }, "No approval requests."),
-    Object.keys(r.details || {}).length ? [h("h2", null, "Details"), h("pre", null, prettyJson(r.details))] : null,
-  ];
-}
-
-// --- approvals -------------------------------------------------------------------------
-
-function approvalRow(a) {
-  return h(
-    "tr",
-    null,
-    h("td", { class: "num" }, a.id),
-    h("td", null, sessionLink(a.session_key)),
-    h("td", null, a.run_id ? h("a", { href: link("run", a.run_id) }, `#${a.run_id}`) : "—"),
-    h("td", { class: "mono" }, a.tool_name),
-    h("td", null, h("details", null, h("summary", { class: "small" }, "arguments"), h("pre", null, prettyJson(a.arguments)))),
-    h("td", null, h("span", { class: `badge ${a.status}` }, a.status)),
-    h("td", null, ago(a.requested_at)),
-    h("td", null, a.decided_by || "—", a.decided_at ? [" · ", ago(a.decided_at)] : null),
-  );
-}
-
-function approvalsTable(rows) {
-  return h(
-    "table",
-    { class: "grid" },
-    h("thead", null, h("tr", null, ["#", "Session", "Run", "Tool", "Arguments", "Status", "Requested", "Decided"].map((t) => h("th", null, t)))),
-    h("tbody", null, rows),
-  );
-}
-
-async function renderApprovals(_arg, params) {
-  const data = await api.approvals({ status: params.status, limit: 200 });
-  const statuses = ["pending", "approved", "denied", "expired"];
-  return [
-    h("h1", null, "Approvals"),
-    h("div", { class: "filters" },
-      h("select", { "aria-label": "Status", onChange: (ev) => {
-        window.location.hash = link("approvals", null, { status: ev.target.value });
-      } }, h("option", { value: "" }, "Any status"), statuses.map((st) => h("option", { value: st, selected: st === params.status }, st)))),
-    data.approvals.length ? approvalsTable(data.approvals.map(approvalRow)) : h("div", { class: "empty" }, "No approval requests."),
-  ];
-}
-
 // --- dead letters ----------------------------------------------------------------------
 // Failed events and deliveries: retry once more or discard, one by one or all shown.
 
@@ -583,7 +480,7 @@ async function renderDeadLetters(_arg, params) {
   const all = filtered ? selection : { ...selection, all: true };
   const rows = data.dead_letters.map(deadLetterRow);
   return [
-    h("h1", null, "Dead letters"),
+    h("h1", null, t("Dead letters")),
     h("p", { class: "small" }, `Unresolved: ${data.counts.inbox} event(s), ${data.counts.outbox} delivery(ies). A retry gives exactly one more attempt.`),
     h(
       "form",
@@ -610,7 +507,7 @@ async function renderDeadLetters(_arg, params) {
             h("thead", null, h("tr", null, ["Id", "Channel", "Session", "Text", "Error", "Attempts", "Failed", ""].map((t) => h("th", null, t)))),
             h("tbody", null, rows)),
         ]
-      : h("div", { class: "empty" }, "No dead letters."),
+      : emptyGuide("dead-letters"),
   ];
 }
 
@@ -622,7 +519,7 @@ async function renderCron() {
     data = await api.cronJobs();
   } catch (err) {
     if (err instanceof ApiError && err.status === 404) {
-      return [h("h1", null, "Cron jobs"), h("div", { class: "empty", id: "cron-missing" }, "This server has no cron jobs API (/admin/api/cron-jobs answered 404).")];
+      return [h("h1", null, t("Cron jobs")), h("div", { class: "empty", id: "cron-missing" }, "This server has no cron jobs API (/admin/api/cron-jobs answered 404).")];
     }
     throw err;
   }
@@ -645,7 +542,7 @@ async function renderCron() {
     );
   });
   return [
-    h("h1", null, "Cron jobs"),
+    h("h1", null, t("Cron jobs")),
     rows.length
       ? h(
           "table",
@@ -653,7 +550,7 @@ async function renderCron() {
           h("thead", null, h("tr", null, ["#", "Name", "Schedule", "State", "Next", "Last", "Runs", "Session", "Target", "Last error"].map((t) => h("th", null, t)))),
           h("tbody", null, rows),
         )
-      : h("div", { class: "empty" }, "No cron jobs."),
+      : emptyGuide("cron"),
   ];
 }
 
@@ -685,16 +582,19 @@ async function renderChannels() {
     ),
   );
   return [
-    h("h1", null, "Channels"),
+    h("h1", null, t("Channels")),
     h("p", { class: "small muted" }, `Counts "recent" are the last ${data.window_minutes} minutes; in / out pairs are inbox / outbox.`),
-    h(
-      "table",
-      { class: "grid", id: "channels-table" },
-      h("thead", null, h("tr", null, ["Channel", "Health", "Adapter", "Scope · busy", "Last inbound", "Last outbound", "Recent in / out", "Pending in / out", "Failed in / out", "Last error", "Connection owner"].map((t) => h("th", null, t)))),
-      h("tbody", null, rows),
-    ),
+    rows.length
+      ? h(
+          "table",
+          { class: "grid", id: "channels-table" },
+          h("thead", null, h("tr", null, ["Channel", "Health", "Adapter", "Scope · busy", "Last inbound", "Last outbound", "Recent in / out", "Pending in / out", "Failed in / out", "Last error", "Connection owner"].map((x) => h("th", null, t(x))))),
+          h("tbody", null, rows),
+        )
+      : emptyGuide("channels"),
   ];
 }
 
 window.addEventListener("hashchange", route);
+showLanguage();
 route();

@@ -57,6 +57,7 @@ export const api = {
   run: (id) => request("GET", `/admin/api/runs/${id}`),
   approvals: (params) => request("GET", "/admin/api/approvals", { params }),
   channels: () => request("GET", "/admin/api/channels"),
+  config: () => request("GET", "/admin/api/config"),
   cronJobs: () => request("GET", "/admin/api/cron-jobs"),
   deadLetters: (params) => request("GET", "/admin/api/dead-letters", { params }),
   retryDeadLetters: (selection) => request("POST", "/admin/api/dead-letters/retry", { body: selection }),

@@ -2,6 +2,7 @@
 
 import { $, clear, h, prettyJson } from "./dom.js";
 import { GatewayClient } from "./gateway.js";
+import { renderMarkdown } from "./markdown.js";
 
 const TOKEN_KEY = "chatgate.gatewayToken";
 const NEW_KEY = "\u0000new";
@@ -20,6 +21,9 @@ const streaming = new Map(); // run_id -> bubble
 const toolCalls = new Map(); // tool_call_id -> {root, status, result}
 const approvalCards = new Map(); // approval_id -> card
 const afterReady = []; // notices to show once the next session is on screen
+const closing = new Set(); // client_message_id / event_id of a /new, /reset or /end sent here
+const liveText = new WeakMap(); // streaming bubble -> the text so far (rendered as Markdown)
+const CLOSING_COMMAND = /^\/(new|reset|end)(\s|$)/i;
 
 // --- token: from the URL fragment (#token=…&session=…), the tab, or the form ----------
 
@@ -83,6 +87,7 @@ function addPending(el) {
 }
 
 function bubble(role, text, extra = {}) {
+  if (role === "assistant") return renderMarkdown(h("div", { class: "msg assistant", ...extra }), text);
   return h("div", { class: `msg ${role}`, ...extra }, text ?? "");
 }
 
@@ -98,6 +103,7 @@ function resetView() {
   streaming.clear();
   toolCalls.clear();
   approvalCards.clear();
+  closing.clear();
 }
 
 function toolCallElement(call) {
@@ -141,7 +147,7 @@ function renderMessage(m) {
     }
     if (m.content || !(m.tool_calls && m.tool_calls.length)) {
       if (live && live.isConnected) {
-        live.textContent = m.content ?? "";
+        renderMarkdown(live, m.content ?? "");
         live.classList.remove("streaming");
         live.dataset.seq = m.seq;
       } else {
@@ -186,7 +192,9 @@ function renderDelta(frame) {
     streaming.set(frame.run_id, live);
   }
   const stick = nearBottom();
-  live.append(document.createTextNode(frame.text ?? ""));
+  const text = (liveText.get(live) ?? "") + (frame.text ?? "");
+  liveText.set(live, text);
+  renderMarkdown(live, text);
   if (stick) scroller.scrollTop = scroller.scrollHeight;
 }
 
@@ -292,7 +300,16 @@ function onFrame(frame) {
       for (const text of afterReady.splice(0)) notice(text, "notice error-text");
       fillSessions();
       history.replaceState(null, "", `${window.location.pathname}#session=${encodeURIComponent(frame.session_key)}`);
-      if (!frame.resumed && !frame.messages.length) notice(`This is ${frame.session_key}. Say hello.`);
+      const ended = frame.status === "expired" || frame.status === "archived";
+      if (!frame.resumed && (ended || !frame.messages.length)) {
+        // After /new (or an expiry) the key's newest generation is closed: its messages are
+        // history, not this conversation. The next message opens a new one.
+        notice(ended ? `The last conversation in ${frame.session_key} has ended. Say hello to start a new one.` : `This is ${frame.session_key}. Say hello.`);
+        if (ended) {
+          for (const a of frame.pending_approvals || []) renderApproval(a);
+          break;
+        }
+      }
       if (frame.truncated) notice("Some older messages are not shown.");
       for (const m of frame.messages || []) renderMessage({ session_id: frame.session_id, ...m });
       for (const a of frame.pending_approvals || []) renderApproval(a);
@@ -304,6 +321,7 @@ function onFrame(frame) {
         pendingByClientId.delete(frame.client_message_id);
         if (frame.event_id) pendingByEvent.set(frame.event_id, mine);
       }
+      if (closing.delete(frame.client_message_id) && frame.event_id) closing.add(frame.event_id);
       break;
     }
     case "message":
@@ -317,6 +335,12 @@ function onFrame(frame) {
       break;
     case "notice": {
       const text = frame.text || "";
+      if (frame.in_reply_to_event && closing.has(frame.in_reply_to_event)) {
+        // The answer to our /new (/reset, /end): the conversation on screen is over.
+        resetView();
+        notice(text);
+        break;
+      }
       const dup = [...approvalCards.keys()].some((id) => text.includes(`/approve ${id}`));
       if (!dup) notice(text);
       break;
@@ -324,6 +348,7 @@ function onFrame(frame) {
     case "new_session": {
       // The first message of a key opens its first generation: nothing to mark then.
       if (frame.previous_session_id === null || frame.previous_session_id === undefined) break;
+      if (!thread.querySelector(".msg:not(.pending), .tool, .approval")) break; // already cleared
       const divider = h("div", { class: "divider" }, "— new conversation —");
       const firstPending = [...pendingByClientId.values(), ...pendingByEvent.values()].find((el) => el.isConnected);
       if (firstPending) thread.insertBefore(divider, firstPending);
@@ -370,6 +395,7 @@ function sendCurrent() {
   const text = box.value.trim();
   if (!text || !client) return;
   const clientId = client.send(text);
+  if (CLOSING_COMMAND.test(text)) closing.add(clientId);
   const mine = addPending(bubble("user", text, { class: "msg user pending", dataset: { clientId } }));
   pendingByClientId.set(clientId, mine);
   box.value = "";
@@ -397,6 +423,18 @@ $("#text").addEventListener("keydown", (ev) => {
 $("#text").addEventListener("input", autosize);
 
 $("#stop").addEventListener("click", () => client && client.stop());
+
+// A link pasted into the address bar of an open page (say, a good token after a refused
+// one) changes only the fragment: no reload, so pick it up here.
+window.addEventListener("hashchange", () => {
+  const carriesToken = new URLSearchParams(window.location.hash.slice(1)).has("token");
+  const { token, session } = readFragment();
+  if (carriesToken) start(token, session);
+  else if (client && session && session !== client.sessionKey) {
+    resetView();
+    client.attach(session);
+  }
+});
 
 const initial = readFragment();
 if (initial.token) start(initial.token, initial.session);

@@ -1,6 +1,8 @@
 // Tiny DOM helpers. Text always goes in through text nodes, never innerHTML, so nothing a
 // message or a session key contains is ever parsed as markup.
 
+import { t } from "./i18n.js";
+
 const SVG_NS = "http://www.w3.org/2000/svg";
 
 function append(el, children) {
@@ -47,17 +49,17 @@ export function $(selector, root = document) {
 /** "3 min ago" / "in 2 h" with the exact time as a tooltip. */
 export function ago(iso) {
   if (!iso) return h("span", { class: "muted" }, "—");
-  const t = new Date(iso);
-  const delta = Math.round((Date.now() - t.getTime()) / 1000);
+  const when = new Date(iso);
+  const delta = Math.round((Date.now() - when.getTime()) / 1000);
   const secs = Math.abs(delta);
   let span;
-  if (secs < 5) return h("time", { datetime: iso, title: t.toISOString() }, "just now");
+  if (secs < 5) return h("time", { datetime: iso, title: when.toISOString() }, t("just now"));
   if (secs < 60) span = `${secs} s`;
   else if (secs < 3600) span = `${Math.floor(secs / 60)} min`;
   else if (secs < 86400) span = `${Math.floor(secs / 3600)} h`;
   else span = `${Math.floor(secs / 86400)} d`;
-  const text = delta >= 0 ? `${span} ago` : `in ${span}`;
-  return h("time", { datetime: iso, title: t.toISOString() }, text);
+  const text = delta >= 0 ? t("{span} ago", { span }) : t("in {span}", { span });
+  return h("time", { datetime: iso, title: when.toISOString() }, text);
 }
 
 export function prettyJson(value) {

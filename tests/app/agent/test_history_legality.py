@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import func, select
@@ -47,6 +48,12 @@ from app.sessions.window import is_legal_provider_input
 from tests.conftest import make_settings, webhook_settings
 
 _ids = itertools.count()
+
+# Cancelling a run while it opened a connection once left pooled SQLite connections for
+# the garbage collector (tests/app/db/test_cancelled_connect.py): any such warning fails.
+pytestmark = pytest.mark.filterwarnings(
+    "error::sqlalchemy.exc.SAWarning", "error::pytest.PytestUnraisableExceptionWarning"
+)
 
 
 def cutting_handler(runtime: Runtime, bus: Any, *, max_messages: int) -> Handler:

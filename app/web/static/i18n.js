@@ -1,0 +1,144 @@
+// English and Chinese for the dashboard. The language is the user's pick (remembered),
+// else the browser's (navigator.languages, which follows Accept-Language), else English.
+// Keys are the English texts, so a missing translation shows English, never a key.
+
+const KEY = "chatgate.lang";
+
+const ZH = {
+  "Overview": "概览",
+  "Sessions": "会话",
+  "Runs": "运行",
+  "Approvals": "审批",
+  "Dead letters": "死信",
+  "Access": "访问",
+  "Cron jobs": "定时任务",
+  "Channels": "渠道",
+  "Configuration": "配置",
+  "Log out": "退出登录",
+  "just now": "刚刚",
+  "{span} ago": "{span}前",
+  "in {span}": "{span}后",
+  "Sign in": "登录",
+  "Admin token": "管理令牌",
+  "Enter the service's ADMIN_TOKEN. You stay signed in for 12 hours (an HttpOnly cookie).":
+    "输入服务的 ADMIN_TOKEN。登录状态保持 12 小时（HttpOnly Cookie）。",
+  "Wrong token.": "令牌错误。",
+  "Switch to dark theme": "切换到深色主题",
+  "Switch to light theme": "切换到浅色主题",
+  "中文": "中文",
+  "English": "English",
+  "Window": "时间窗口",
+  "15 min": "15 分钟",
+  "1 hour": "1 小时",
+  "6 hours": "6 小时",
+  "24 hours": "24 小时",
+  "Active sessions": "活跃会话",
+  "Suspended": "已挂起",
+  "Expired": "已过期",
+  "{n} archived": "{n} 个已归档",
+  "Events / min": "事件 / 分钟",
+  "{a} in window · {b} this minute": "窗口内 {a} · 本分钟 {b}",
+  "Run latency p50": "运行延迟 p50",
+  "p95 {a} · {b} runs": "p95 {a} · {b} 次运行",
+  "Inbox backlog": "收件箱积压",
+  "events not processed yet": "尚未处理的事件",
+  "Outbox backlog": "发件箱积压",
+  "replies not delivered yet": "尚未送达的回复",
+  "Failures": "失败",
+  "{a} runs · {b} events · {c} deliveries": "{a} 次运行 · {b} 个事件 · {c} 次投递",
+  "Events per minute": "每分钟事件",
+  "Run latency (avg per minute)": "运行延迟（每分钟平均）",
+  "Replies delivered per minute": "每分钟送达回复",
+  "Failures per minute": "每分钟失败",
+  "Updated {t} · live": "更新于 {t} · 实时",
+  "live": "实时",
+  "offline": "离线",
+  "Search key or message text": "搜索键或消息内容",
+  "Key prefix": "键前缀",
+  "All channels": "全部渠道",
+  "Any status": "任意状态",
+  "include archived": "包括已归档",
+  "Filter": "筛选",
+  "Key": "键",
+  "Channel": "渠道",
+  "Status": "状态",
+  "Gen": "代",
+  "Messages": "消息",
+  "Last active": "最后活跃",
+  "Title": "标题",
+  "Name": "名称",
+  "Value": "值",
+  "Environment variable": "环境变量",
+  "secret": "机密",
+  "not set": "未设置",
+  "default": "默认",
+  "Read only. Settings come from the environment (or .env) at start-up; secrets are never shown.":
+    "只读。设置在启动时读取自环境变量（或 .env）；机密从不显示。",
+  "The server answered {s}: {d}": "服务器返回 {s}：{d}",
+  "The admin API is disabled on this server: set ADMIN_TOKEN and restart.":
+    "此服务器未启用管理 API：请设置 ADMIN_TOKEN 并重启。",
+  // empty states
+  "No sessions yet": "还没有会话",
+  "A session starts with the first message on any channel. Open the chat page (/) with a gateway token, or send a signed webhook, then come back.":
+    "任意渠道收到第一条消息时会创建会话。用网关令牌打开聊天页（/），或发送一个签名的 webhook，然后回到这里。",
+  "No sessions match": "没有匹配的会话",
+  "Clear the filters or search for part of a key.": "清除筛选条件，或搜索键的一部分。",
+  "No runs yet": "还没有运行记录",
+  "A run is one answer of the model. Send a message on any channel and its run appears here with model, tokens and tool calls.":
+    "一次运行就是模型的一次回答。在任意渠道发送消息，其运行（模型、令牌数、工具调用）会显示在这里。",
+  "No approval requests": "没有审批请求",
+  "Tools marked risky ask before they run. Their requests, and who approved or denied them, are listed here.":
+    "标记为有风险的工具在运行前会请求批准。请求以及批准或拒绝的人会列在这里。",
+  "No dead letters": "没有死信",
+  "Events and replies that failed every retry land here, to be retried or discarded. Nothing has failed.":
+    "所有重试都失败的事件和回复会进入这里，可重试或丢弃。目前没有失败。",
+  "No cron jobs": "没有定时任务",
+  "Ask the assistant to remind you of something (\"remind me in 10 minutes\"), or add CRON to CHANNELS; scheduled jobs are listed here.":
+    "让助手提醒你某件事（“10 分钟后提醒我”），或在 CHANNELS 中加入 cron；定时任务会列在这里。",
+  "No channels": "没有渠道",
+  "Enable channels with CHANNELS=webhook,browser,… and restart.": "用 CHANNELS=webhook,browser,… 启用渠道并重启。",
+};
+
+const DICTS = { en: {}, zh: ZH };
+
+export function detectLang() {
+  const stored = localStorage.getItem(KEY);
+  if (stored === "en" || stored === "zh") return stored;
+  const langs = navigator.languages && navigator.languages.length ? navigator.languages : [navigator.language || "en"];
+  for (const l of langs) {
+    const base = String(l).toLowerCase().split("-")[0];
+    if (base === "zh") return "zh";
+    if (base === "en") return "en";
+  }
+  return "en";
+}
+
+let lang = detectLang();
+
+export const currentLang = () => lang;
+
+export function setLang(next) {
+  lang = next === "zh" ? "zh" : "en";
+  localStorage.setItem(KEY, lang);
+  document.documentElement.lang = lang === "zh" ? "zh-CN" : "en";
+}
+
+/** t("{n} archived", {n: 3}) */
+export function t(text, params) {
+  let out = DICTS[lang][text] ?? text;
+  for (const [k, v] of Object.entries(params || {})) out = out.replaceAll(`{${k}}`, String(v));
+  return out;
+}
+
+/** Translate the static page: [data-i18n] text, [data-i18n-placeholder] placeholders. */
+export function translateStatic(root = document) {
+  for (const el of root.querySelectorAll("[data-i18n]")) {
+    el.dataset.i18nSource ??= el.dataset.i18n || el.textContent.trim();
+    el.textContent = t(el.dataset.i18nSource);
+  }
+  for (const el of root.querySelectorAll("[data-i18n-placeholder]")) {
+    el.placeholder = t(el.dataset.i18nPlaceholder);
+  }
+}
+
+document.documentElement.lang = lang === "zh" ? "zh-CN" : "en";
