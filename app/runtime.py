@@ -224,9 +224,9 @@ class Runtime:
             on_run_finished=self._observe_run,
             recall=self.memory.recall if self.memory.enabled else None,
         )
-        self.turns.agent_model = self.agents.model_of
-        self.turns.heartbeat_engine = self.engine
-        self.turns.heartbeat_seconds = settings.session_heartbeat_seconds
+        self.turns.window.agent_model = self.agents.model_of
+        self.turns.window.heartbeat_engine = self.engine
+        self.turns.window.heartbeat_seconds = settings.session_heartbeat_seconds
         for command in BuiltinCommands(self.store, self.replies, self.turns).commands(self.commands):
             self.commands.add(command)
         session_commands = SessionCommands(
