@@ -64,6 +64,7 @@ from app.pipeline.turn_state import WindowLimits
 from app.pipeline.waiters import Waiters
 from app.scheduling import JobStore, UsesJobStore
 from app.sessions.store import Lifecycle, SessionStore
+from app.sessions.tokens import ContextLimits
 from app.speech import SpeechToText
 from app.streaming import PreviewHub, StreamingChannel
 
@@ -223,7 +224,12 @@ class Runtime:
             approval_timeout=settings.approval_timeout_seconds,
             on_run_finished=self._observe_run,
             recall=self.memory.recall if self.memory.enabled else None,
+            context=ContextLimits(
+                settings.llm_context_tokens, settings.llm_context_tokens_by_model, settings.llm_reply_tokens
+            ),
         )
+        self.turns.fit.consolidator = self.memory.consolidator
+        self.turns.fit.agent_tokens = self.agents.context_tokens_of
         self.turns.window.agent_model = self.agents.model_of
         self.turns.window.heartbeat_engine = self.engine
         self.turns.window.heartbeat_seconds = settings.session_heartbeat_seconds

@@ -53,6 +53,8 @@ class AgentProfile:
     memory_namespace: str | None = None
     approvers: tuple[str, ...] = ()
     users: tuple[str, ...] = ()  # senders who may switch to it; empty: everyone
+    # Context windows of its models in tokens, over LLM_CONTEXT_TOKENS(_BY_MODEL).
+    context_tokens: Mapping[str, int] = field(default_factory=dict)
 
     def usable_by(self, sender_id: str) -> bool:
         return not self.users or sender_id in self.users
@@ -89,6 +91,9 @@ def _profile(raw: Mapping[str, Any]) -> AgentProfile:
     if unknown:
         raise ValueError(f"agent {raw['name']!r}: unknown fields {sorted(unknown)}")
     values: dict[str, Any] = {k: tuple(str(x) for x in v) if k in _LISTS else v for k, v in raw.items()}
+    tokens = values.get("context_tokens", {})
+    if not isinstance(tokens, Mapping) or not all(isinstance(n, int) and n > 0 for n in tokens.values()):
+        raise ValueError(f"agent {raw['name']!r}: context_tokens maps models to token counts")
     return AgentProfile(**values)
 
 
@@ -183,6 +188,9 @@ class AgentRouter:
 
     def model_of(self, event: InboundEvent) -> str | None:
         return self.book.get(event.agent).model
+
+    def context_tokens_of(self, event: InboundEvent) -> Mapping[str, int]:
+        return self.book.get(event.agent).context_tokens
 
     async def persona(self, ctx: ToolContext) -> str | None:
         """Context source of the run: the serving agent's system prompt."""

@@ -51,6 +51,7 @@ TEXTS: dict[str, dict[str, str]] = {
         "zh": "此处不可使用 {model}。可用模型：{models}",
     },
     "sessions.title": {"en": "Conversations in this chat (* current):", "zh": "此聊天中的对话（* 为当前）："},
+    "sessions.from": {"en": ", from {n}", "zh": "，接续自 {n}"},
     "sessions.line": {
         "en": "{n}. {title} — {messages} messages, {status}",
         "zh": "{n}. {title} — {messages} 条消息，{status}",
@@ -98,6 +99,10 @@ TEXTS: dict[str, dict[str, str]] = {
     },
     "skill.unloaded": {"en": "Skill {skill} unloaded.", "zh": "已卸载技能 {skill}。"},
     "skill.not_loaded": {"en": "Skill {skill} was not loaded.", "zh": "技能 {skill} 未加载。"},
+    "context.too_long": {
+        "en": "Your message is too long for this model's context. Please send a shorter one.",
+        "zh": "你的消息超出了此模型的上下文长度，请发送更短的消息。",
+    },
     "resume.done": {"en": "Continuing conversation {n}: {title}", "zh": "继续第 {n} 个对话：{title}"},
 }
 

@@ -17,6 +17,7 @@ import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 import structlog
@@ -40,12 +41,14 @@ from app.pipeline.replies import Replies, conversation_channel, reply_for, user_
 from app.pipeline.run_trace import UPDATE_RUN, record_of, run_trace, run_values
 from app.pipeline.storage.inbox_queries import COUNT_ATTEMPT, MARK, reply_of
 from app.pipeline.storage.port import InboxRow, PipelineStore, Recall, TurnEnd, TurnPlan
+from app.pipeline.turn_fit import ContextFit
 from app.pipeline.turn_state import Handled, HandOn, TurnState, WindowLimits
 from app.pipeline.turn_tools import TurnTools
 from app.pipeline.turn_window import TurnWindow
 from app.sessions.hooks import AfterTurn
 from app.sessions.lease import SessionLease
 from app.sessions.messages import ChatMessage
+from app.sessions.tokens import ContextLimits
 
 log = structlog.get_logger(__name__)
 
@@ -68,6 +71,7 @@ class TurnRunner:
         approval_timeout: float = 300.0,
         on_run_finished: Callable[[str, float, str], None] | None = None,
         recall: MemoryRecall | None = None,
+        context: ContextLimits | None = None,
     ) -> None:
         self.store = store
         self.runner = runner
@@ -78,6 +82,7 @@ class TurnRunner:
         self.feed = feed or SessionFeed(None)
         self.after_turn = AfterTurnHooks(after_turn)
         self.channel_settings = dict(channel_settings or {})
+        self.fit = ContextFit(store, self.window, context or ContextLimits(), self.channel_settings)
         self.tools = TurnTools(self.channel_settings, tools_allow=tools_allow, tools_deny=tools_deny)
         self.approval_timeout = approval_timeout
         self.on_run_finished = on_run_finished
@@ -132,7 +137,7 @@ class TurnRunner:
             hand_on=hand_on,
         )
         # A model chosen with /model is stored on the session (app.agents.session_commands).
-        model = self.window.model(started.session, last)
+        turn.model = model = self.window.model(started.session, last)
         record = RunRecord(provider=self.runner.provider.name, model=model)
         with self.midrun.running(lease.key):
             async with self.window.beat(started.session.id):
@@ -164,6 +169,7 @@ class TurnRunner:
             run_row=None,
             link_rows=False,
         )
+        turn.model = self.window.model(session, decided.origin)
         calls = open_calls(await self.store.sessions.tail(session.id, 64))
         decisions = {approval["tool_call_id"]: decided.decision}
         with self.midrun.running(lease.key):
@@ -173,7 +179,7 @@ class TurnRunner:
                 record,
                 calls=calls,
                 decisions=decisions,
-                model=self.window.model(session, decided.origin),
+                model=turn.model,
             )
         if record.outcome != "awaiting_approval":
             await self.after_turn.run(lease, turn.session)
@@ -181,16 +187,10 @@ class TurnRunner:
     # --- the hooks the run loop calls -----------------------------------------------
 
     def _tool_context(self, turn: TurnState) -> ToolContext:
-        return self.tools.context(turn, lambda: self._message_count(turn))
-
-    async def _message_count(self, turn: TurnState) -> int:
-        return await self.store.sessions.message_count(turn.session.id)
+        return self.tools.context(turn, lambda: self.store.sessions.message_count(turn.session.id))
 
     def _hooks(self, turn: TurnState) -> RunHooks:
         lease = turn.lease
-
-        async def load_window() -> list[ChatMessage]:
-            return await self.window.load(turn)
 
         async def append(new: list[ChatMessage]) -> None:
             # A tool result may be its group's last: the boundary after it looks at the
@@ -232,7 +232,7 @@ class TurnRunner:
             await self._pause(turn, call, record)
 
         return RunHooks(
-            load_window=load_window,
+            load_window=partial(self.window.load, turn),
             append=append,
             finish=finish,
             on_delta=on_delta if self.feed.streams else None,
@@ -241,6 +241,7 @@ class TurnRunner:
             stopped=stopped,
             gate=gate,
             pause=pause,
+            fit=partial(self.fit, turn),  # the request within the model's context
         )
 
     async def _appended(self, turn: TurnState, new: Sequence[ChatMessage], seqs: Sequence[int]) -> None:
