@@ -230,6 +230,8 @@ class Runtime:
         )
         self.turns.fit.consolidator = self.memory.consolidator
         self.turns.fit.agent_tokens = self.agents.context_tokens_of
+        self.turns.tools.agent_tools = self.agents.tools_of  # an agent's policies hold in its runs
+        self.turns.tools.approval_rules.agent_approvers = self.agents.approvers_of
         self.turns.window.agent_model = self.agents.model_of
         self.turns.window.heartbeat_engine = self.engine
         self.turns.window.heartbeat_seconds = settings.session_heartbeat_seconds

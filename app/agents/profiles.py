@@ -24,7 +24,7 @@ part of a conversation's session key unless it is the default agent
 from __future__ import annotations
 
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -191,6 +191,14 @@ class AgentRouter:
 
     def context_tokens_of(self, event: InboundEvent) -> Mapping[str, int]:
         return self.book.get(event.agent).context_tokens
+
+    def tools_of(self, key: str) -> tuple[Sequence[str], Sequence[str]]:
+        """The tool lists (allow, deny) of the agent serving session `key`."""
+        agent = self.book.get(agent_in_key(key))
+        return agent.tools_allow, agent.tools_deny
+
+    def approvers_of(self, key: str) -> Sequence[str]:
+        return self.book.get(agent_in_key(key)).approvers
 
     async def persona(self, ctx: ToolContext) -> str | None:
         """Context source of the run: the serving agent's system prompt."""

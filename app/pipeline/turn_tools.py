@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from app.agent.loop import Decision
-from app.agent.policy import ToolPolicy
+from app.agent.policy import PolicyLayer, ToolPolicy
 from app.agent.tools import ToolContext
 from app.channel import ChannelSettings
 from app.memory.recall import RECALLED
@@ -26,6 +26,8 @@ class TurnTools:
         self.tools_allow = list(tools_allow)
         self.tools_deny = list(tools_deny)
         self.approval_rules = ApprovalRules(channel_settings)
+        # Set by the runtime: the tool lists (allow, deny) of a session key's agent (app.agents).
+        self.agent_tools: Callable[[str], tuple[Sequence[str], Sequence[str]]] = lambda key: ((), ())
 
     def context(self, turn: TurnState, message_count: Callable[[], Awaitable[int]]) -> ToolContext:
         origin = turn.origin
@@ -44,13 +46,18 @@ class TurnTools:
         )
 
     def policy(self, turn: TurnState) -> ToolPolicy:
+        """The service's lists, the channel's (or the sender's there), and the agent's."""
         origin = turn.origin
-        return ToolPolicy.build(
+        policy = ToolPolicy.build(
             allow=self.tools_allow,
             deny=self.tools_deny,
             channel=self.channel_settings.get(origin.channel),
             sender_id=origin.sender_id,
         )
+        allow, deny = self.agent_tools(turn.lease.key)
+        if not allow and not deny:
+            return policy
+        return ToolPolicy((*policy.layers, PolicyLayer(tuple(allow), tuple(deny))))
 
     def gate(self, turn: TurnState) -> Decision:
-        return self.approval_rules.gate(turn.origin)
+        return self.approval_rules.gate(turn.origin, turn.lease.key)
