@@ -26,6 +26,7 @@ from app.agent.provider import ChatProvider
 from app.agent.reminder import reminder_tools
 from app.agent.tools import Tool, ToolRegistry, builtin_tools
 from app.agent.workspace import file_tools
+from app.agents.links import LinkCommands
 from app.agents.profiles import AgentBook, AgentRouter
 from app.agents.session_commands import SessionCommands
 from app.agents.skills import LoadSkillTool, SkillLibrary
@@ -251,6 +252,7 @@ class Runtime:
         )
         more = session_commands.agent_commands() if self.agents.book.several else []
         more += session_commands.skill_commands() if self.skills.any else []
+        more += LinkCommands(self.store, self.replies, self.engine).commands()  # /link, /unlink
         for command in [*session_commands.commands(), *session_commands.history_commands(), *more]:
             self.commands.add(command)
         self.handler = Handler(

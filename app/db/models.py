@@ -230,6 +230,16 @@ agent_choices = Table(
     Column("updated_at", UTCDateTime, nullable=False),
 )
 
+# One-time codes of /link (app.agents.links): who asked, until when. Only a hash is kept.
+link_codes = Table(
+    "link_codes",
+    metadata,
+    Column("code_hash", String(64), primary_key=True),
+    Column("identity", String(600), nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("expires_at", UTCDateTime, nullable=False),
+)
+
 memories = Table(
     "memories",
     metadata,

@@ -99,6 +99,25 @@ TEXTS: dict[str, dict[str, str]] = {
     },
     "skill.unloaded": {"en": "Skill {skill} unloaded.", "zh": "已卸载技能 {skill}。"},
     "skill.not_loaded": {"en": "Skill {skill} was not loaded.", "zh": "技能 {skill} 未加载。"},
+    "link.code": {
+        "en": "Your link code: {code}\nSend /link {code} from your other account within {minutes} minutes.",
+        "zh": "你的关联码：{code}\n请在 {minutes} 分钟内从你的另一个账号发送 /link {code}。",
+    },
+    "link.direct_only": {
+        "en": "Use /link in a direct chat with me.",
+        "zh": "请在与我的私聊中使用 /link。",
+    },
+    "link.bad_code": {
+        "en": "That code is unknown, used or expired. Send /link on your other account for a new one.",
+        "zh": "该关联码无效、已使用或已过期。请在另一个账号上发送 /link 获取新的关联码。",
+    },
+    "link.same": {"en": "That code came from this account itself.", "zh": "该关联码来自此账号本身。"},
+    "link.done": {
+        "en": "Linked: your accounts now share your memory. /unlink undoes it.",
+        "zh": "已关联：你的账号现在共享记忆。发送 /unlink 可取消。",
+    },
+    "unlink.done": {"en": "This account is no longer linked.", "zh": "此账号已取消关联。"},
+    "unlink.none": {"en": "This account is not linked.", "zh": "此账号没有关联。"},
     "context.too_long": {
         "en": "Your message is too long for this model's context. Please send a shorter one.",
         "zh": "你的消息超出了此模型的上下文长度，请发送更短的消息。",
