@@ -26,6 +26,7 @@ from app.agent.provider import ChatProvider
 from app.agent.reminder import reminder_tools
 from app.agent.tools import Tool, ToolRegistry, builtin_tools
 from app.agent.workspace import file_tools
+from app.agents.handoff import Handoffs, chained
 from app.agents.links import LinkCommands
 from app.agents.profiles import AgentBook, AgentRouter
 from app.agents.session_commands import SessionCommands
@@ -253,6 +254,8 @@ class Runtime:
         more = session_commands.agent_commands() if self.agents.book.several else []
         more += session_commands.skill_commands() if self.skills.any else []
         more += LinkCommands(self.store, self.replies, self.engine).commands()  # /link, /unlink
+        self.handoffs = Handoffs(self.store, self.replies, self.engine)
+        more += self.handoffs.commands()
         for command in [*session_commands.commands(), *session_commands.history_commands(), *more]:
             self.commands.add(command)
         self.handler = Handler(
@@ -280,7 +283,8 @@ class Runtime:
             self.waiters,
             self.channel_settings,
             counted=self._count_event,
-            assign=self.agents.assign if self.agents.book.several else None,
+            # the serving agent, then a /handoff redirect (app.agents.handoff)
+            assign=chained(self.agents.assign if self.agents.book.several else None, self.handoffs.redirect),
         )
         self.dead_letters = DeadLetters(
             self.engine,

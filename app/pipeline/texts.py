@@ -118,6 +118,28 @@ TEXTS: dict[str, dict[str, str]] = {
     },
     "unlink.done": {"en": "This account is no longer linked.", "zh": "此账号已取消关联。"},
     "unlink.none": {"en": "This account is not linked.", "zh": "此账号没有关联。"},
+    "handoff.usage": {
+        "en": "Usage: /handoff CHANNEL (e.g. /handoff telegram) or /handoff back",
+        "zh": "用法：/handoff 渠道（例如 /handoff telegram）或 /handoff back",
+    },
+    "handoff.done": {
+        "en": "This conversation now continues in your direct chat on {channel}.",
+        "zh": "当前对话将在你于 {channel} 上的私聊中继续。",
+    },
+    "handoff.back": {
+        "en": "Handed back: each chat has its own conversation again.",
+        "zh": "已交回：各聊天重新拥有各自的对话。",
+    },
+    "handoff.none": {"en": "This conversation is not handed off.", "zh": "当前对话没有转交。"},
+    "handoff.here": {"en": "You are on {channel} already.", "zh": "你已经在 {channel} 上了。"},
+    "handoff.not_linked": {
+        "en": "You have no account on {channel} linked to this one. Use /link first.",
+        "zh": "你没有与此账号关联的 {channel} 账号。请先使用 /link。",
+    },
+    "handoff.say_hi": {
+        "en": "Send me a direct message on {channel} first, then /handoff {channel} again.",
+        "zh": "请先在 {channel} 上给我发一条私信，然后再次发送 /handoff {channel}。",
+    },
     "context.too_long": {
         "en": "Your message is too long for this model's context. Please send a shorter one.",
         "zh": "你的消息超出了此模型的上下文长度，请发送更短的消息。",

@@ -1,4 +1,4 @@
-"""link_codes: the one-time codes of /link
+"""link_codes: the one-time codes of /link; handoffs: /handoff's redirects
 
 Revision ID: 0011_links
 Revises: 0007_agents
@@ -27,7 +27,18 @@ def upgrade() -> None:
         sa.Column("expires_at", UTCDateTime(timezone=True), nullable=False),
         sa.PrimaryKeyConstraint("code_hash", name="pk_link_codes"),
     )
+    op.create_table(
+        "handoffs",
+        sa.Column("from_key", sa.String(512), nullable=False),
+        sa.Column("to_key", sa.String(512), nullable=False),
+        sa.Column("identity", sa.String(600), nullable=False),
+        sa.Column("created_at", UTCDateTime(timezone=True), nullable=False),
+        sa.PrimaryKeyConstraint("from_key", name="pk_handoffs"),
+    )
+    op.create_index("ix_handoffs_to_key", "handoffs", ["to_key"])
 
 
 def downgrade() -> None:
+    op.drop_index("ix_handoffs_to_key", table_name="handoffs")
+    op.drop_table("handoffs")
     op.drop_table("link_codes")
