@@ -19,7 +19,7 @@ import httpx
 from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from app.connections import ConnectionRun, LocalConnections
+from app.connections import ConnectionRun, ConnectionStates, LocalConnections
 from app.errors import InvalidPayload, UnsupportedMediaType
 from app.events import BusyPolicy, InboundEvent, OutboundMessage, SessionScope
 
@@ -47,6 +47,28 @@ class ChannelSettings(BaseSettings):
     )
     answer_unknown_dm: bool = Field(
         False, description="With allowed_senders set, still answer direct messages from others."
+    )
+    # --- who may talk, and how much (app.access, docs/access.md) ---
+    access: Literal["open", "allowlist", "pairing"] | None = Field(
+        None,
+        description="open, allowlist or pairing (unknown direct senders get a one-time code); "
+        "unset: allowlist when allowed_senders is set, else open.",
+    )
+    pairing_code_ttl_seconds: float = Field(3600.0, gt=0, description="How long a pairing code is valid.")
+    pairing_max_pending: int = Field(
+        100, ge=1, description="Pending pairing codes at most; further unknown senders get none for now."
+    )
+    quota_sender_messages_per_minute: int | None = Field(
+        None, ge=1, description="Messages per minute per sender; unset: no limit."
+    )
+    quota_session_messages_per_minute: int | None = Field(
+        None, ge=1, description="Messages per minute per session; unset: no limit."
+    )
+    quota_sender_tokens_per_day: int | None = Field(
+        None, ge=1, description="Model tokens per UTC day per sender; unset: no limit."
+    )
+    quota_session_tokens_per_day: int | None = Field(
+        None, ge=1, description="Model tokens per UTC day per session; unset: no limit."
     )
     max_body_bytes: int = Field(1024 * 1024, description="Larger request bodies get 413.")
     locale: Literal["en", "zh"] = Field(
@@ -158,6 +180,9 @@ class AcceptResult(BaseModel):
     session_key: str
     duplicate: bool = False
     skipped: bool = False  # not stored: sender not allowed by the channel's policy
+    # Why it was skipped (not_allowed, pairing, quota) and what the sender was told, if anything.
+    reason: str | None = None
+    notice: str | None = None
 
 
 class Reply(BaseModel):
@@ -193,7 +218,7 @@ class EventStatus:
 
 
 class EventReader(Protocol):
-    """Reads stored events of one channel; nothing here writes."""
+    """Reads stored events of one channel; the one write is `cancel_pending`."""
 
     async def status(self, event_id: str) -> EventStatus | None: ...
     async def find(self, external_id: str) -> str | None:
@@ -202,6 +227,10 @@ class EventReader(Protocol):
 
     async def count(self, session_key: str) -> int:
         """How many events of this channel were stored for the session key."""
+        ...
+
+    async def cancel_pending(self, event_id: str) -> bool:
+        """Cancel the event if no turn has taken it yet (it then never runs); whether it was."""
         ...
 
 
@@ -215,6 +244,35 @@ class _NoEvents:
     async def count(self, session_key: str) -> int:
         return 0
 
+    async def cancel_pending(self, event_id: str) -> bool:
+        return False
+
+
+@dataclass(frozen=True)
+class ChannelRecord:
+    """One of a channel's own records (`RecordStore`)."""
+
+    key: str
+    owner: str | None
+    data: dict[str, Any]
+    open: bool  # still watched (e.g. a task not finished)
+
+
+class RecordStore(Protocol):
+    """A channel's own small durable records, and messages it hands the outbox itself
+    (`app.channel_records`); scoped to the channel."""
+
+    async def put(
+        self, kind: str, key: str, data: dict[str, Any], *, owner: str | None = None, open: bool = True
+    ) -> None: ...
+    async def get(self, kind: str, key: str) -> ChannelRecord | None: ...
+    async def with_prefix(self, kind: str, prefix: str, limit: int = 100) -> list[ChannelRecord]: ...
+    async def open_records(self, kind: str, limit: int = 500) -> list[ChannelRecord]: ...
+    async def remove(self, kind: str, key: str) -> bool: ...
+    async def deliver(self, messages: Sequence[OutboundMessage]) -> None:
+        """Into the outbox once per message id; sent through the channel's `send`."""
+        ...
+
 
 @dataclass
 class ChannelContext:
@@ -227,10 +285,15 @@ class ChannelContext:
     hold_connection: Callable[[str, ConnectionRun], Awaitable[None]] = field(
         default_factory=lambda: LocalConnections().hold_connection
     )
+    # State a connection's holder keeps for the next one (`app.connections.ConnectionStates`).
+    connection_state: ConnectionStates = field(default_factory=LocalConnections)
     # Read-only view of this channel's stored events (`app.event_reader`).
     events: EventReader = field(default_factory=_NoEvents)
     # Speech to text (audio bytes, file name, MIME type) → transcript; None when STT is off.
     transcribe: Callable[[bytes, str, str], Awaitable[str]] | None = None
+    # The channel's own durable records and outbox hand-off (`app.channel_records`); None
+    # where nothing is stored (tests building a bare context).
+    records: RecordStore | None = None
 
 
 @dataclass(frozen=True)

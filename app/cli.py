@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from app.access.cli import add_parser as add_access_parser
 from app.config import Settings
 from app.dead_letters.cli import add_parser as add_dead_letters_parser
 from app.events import SessionScope
@@ -282,6 +283,12 @@ def cmd_dead_letters(settings: Settings, args: argparse.Namespace) -> int:
     return asyncio.run(run(settings, args))
 
 
+def cmd_access(settings: Settings, args: argparse.Namespace) -> int:
+    from app.access.cli import run
+
+    return asyncio.run(run(settings, args))
+
+
 def cmd_doctor(settings: Settings, args: argparse.Namespace) -> int:
     from app.doctor import doctor
     from app.firstrun import load_existing
@@ -372,6 +379,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_cron_parser(sub).set_defaults(func=cmd_cron)
     add_dead_letters_parser(sub).set_defaults(func=cmd_dead_letters)
+    add_access_parser(sub).set_defaults(func=cmd_access)
 
     channels = sub.add_parser("channels", help="platform set-up tasks")
     csub = channels.add_subparsers(dest="channel", required=True)

@@ -18,6 +18,10 @@ by several replicas. For each connection name (`telegram:<fingerprint>`,
 A connection hands what it receives to `ChannelContext.accept` (the inbox, deduplicated
 on the platform's ids), and platforms redeliver what was not acknowledged: an event seen
 by both the old and the new holder around a takeover is stored once.
+
+The row also keeps a holder's `state` (`save_state`, fenced like a renewal) for the next
+holder (`load_state`): the Discord Gateway's session id, resume URL and last sequence,
+so a takeover RESUMEs and the platform replays what came during the gap.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ _TAKE_EXPIRED = (
 )
 _RENEW = update(connection_leases).where(_MINE).values(expires_at=bindparam("exp"))
 _RELEASE = update(connection_leases).where(_MINE).values(owner=None, expires_at=None)
+_SAVE_STATE = update(connection_leases).where(_MINE).values(state=bindparam("state"))
 
 
 def _take_free_or_own(dialect_name: str) -> Any:
@@ -131,7 +136,8 @@ async def release(engine: AsyncEngine, lease: ConnectionLease) -> None:
 async def list_holds(engine: AsyncEngine) -> list[ConnectionHold]:
     """Every connection lease ever taken, by name."""
     async with engine.connect() as conn:
-        rows = (await conn.execute(select(connection_leases).order_by(_C.name))).mappings().all()
+        shown = [c for c in connection_leases.c if c.name != "state"]  # kept for the holder only
+        rows = (await conn.execute(select(*shown).order_by(_C.name))).mappings().all()
     return [ConnectionHold(**dict(row)) for row in rows]
 
 
@@ -165,6 +171,20 @@ class DatabaseConnections:
             finally:
                 await self._let_go(lease)
             await asyncio.sleep(self.retry_seconds)
+
+    async def load_state(self, name: str) -> dict[str, Any] | None:
+        async with self.engine.connect() as conn:
+            state = (await conn.execute(select(_C.state).where(_C.name == name))).scalar()
+        return dict(state) if isinstance(state, dict) else None
+
+    async def save_state(self, name: str, state: dict[str, Any]) -> bool:
+        """Fenced by the lease this process holds: a holder that lost it writes nothing."""
+        lease = self.held.get(name)
+        if lease is None:
+            return False
+        async with autocommit(self.engine).connect() as conn:
+            saved = await conn.execute(_SAVE_STATE, {**_mine(lease), "state": state})
+        return saved.rowcount == 1
 
     async def _wait_for_lease(self, name: str) -> ConnectionLease:
         while True:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections.abc import Awaitable, Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import structlog
 
@@ -36,7 +36,20 @@ def fingerprint(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()[:16]
 
 
-class ConnectionHolder(Protocol):
+class ConnectionStates(Protocol):
+    """What a connection's holder keeps for the next holder (a Discord Gateway session to
+    RESUME instead of identifying afresh, so that what came meanwhile is replayed)."""
+
+    async def load_state(self, name: str) -> dict[str, Any] | None:
+        """The state the last holder of `name` saved, if any."""
+        ...
+
+    async def save_state(self, name: str, state: dict[str, Any]) -> bool:
+        """Save it while this process holds `name` (fenced); False when it does not."""
+        ...
+
+
+class ConnectionHolder(ConnectionStates, Protocol):
     async def hold_connection(self, name: str, run: ConnectionRun) -> None:
         """Run `run()` while this process holds connection `name`; never returns."""
         ...
@@ -47,6 +60,14 @@ class LocalConnections:
 
     def __init__(self, retry_seconds: float = 1.0) -> None:
         self.retry_seconds = retry_seconds
+        self._states: dict[str, dict[str, Any]] = {}
+
+    async def load_state(self, name: str) -> dict[str, Any] | None:
+        return self._states.get(name)
+
+    async def save_state(self, name: str, state: dict[str, Any]) -> bool:
+        self._states[name] = dict(state)
+        return True
 
     async def hold_connection(self, name: str, run: ConnectionRun) -> None:
         while True:

@@ -12,6 +12,7 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings
 
 from app.config import Settings
+from app.tracing import TracingSettings
 
 
 def _default(field: FieldInfo) -> str:
@@ -50,6 +51,7 @@ def settings_classes() -> list[tuple[str, type[BaseSettings]]]:
     from channels import available_channels, load_spec
 
     classes: list[tuple[str, type[BaseSettings]]] = [("service", Settings)]
+    classes.append(("tracing (OpenTelemetry; docs/observability.md)", TracingSettings))
     for name in available_channels():
         classes.append((f"channel {name}", load_spec(name).settings_class))
     return classes

@@ -3,18 +3,19 @@
 Channels whose callers ask about progress later (A2A's `tasks/get`) derive what they
 report from the inbox, outbox and approvals rows, so nothing of it is kept in memory and
 it survives a restart. Every read is scoped to one channel: an adapter never sees
-another channel's events.
+another channel's events. The one write, `cancel_pending`, cancels an event no turn has
+taken yet: the handling skips a canceled row (`PipelineStore.count_attempt`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.channel import EventStatus, Reply
-from app.db.models import approvals, inbox, outbox
+from app.db.models import CANCELED, approvals, inbox, outbox, utcnow
 
 
 def _text_of(payload: dict[str, Any]) -> str:
@@ -99,3 +100,16 @@ class ChannelEvents:
                 )
             ).scalar_one()
         return int(n)
+
+    async def cancel_pending(self, event_id: str) -> bool:
+        async with self.engine.begin() as conn:
+            canceled = await conn.execute(
+                update(inbox)
+                .where(
+                    inbox.c.event_id == event_id,
+                    inbox.c.channel == self.channel,
+                    inbox.c.status == "pending",
+                )
+                .values(status=CANCELED, updated_at=utcnow())
+            )
+        return bool(canceled.rowcount)

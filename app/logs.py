@@ -10,6 +10,8 @@ from typing import Any
 
 import structlog
 
+from app.tracing import add_trace_ids
+
 _SECRET_KEYS = re.compile(r"(token|secret|password|api_key|authorization|signature)", re.I)
 
 
@@ -27,6 +29,7 @@ def configure_logging(level: str = "INFO", fmt: str = "json") -> None:
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
+            add_trace_ids,  # trace_id/span_id of the active span (app.tracing)
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             redact_secrets,
             structlog.processors.format_exc_info,

@@ -19,6 +19,9 @@ import httpx
 import structlog
 from sqlalchemy import func, select
 
+from app import tracing
+from app.access import AccessGate, QuotaLimits
+from app.access.notices import Notices
 from app.agent.loop import AgentRunner
 from app.agent.mcp import McpToolSource
 from app.agent.offline import OfflineProvider
@@ -34,6 +37,7 @@ from app.agents.skills import LoadSkillTool, SkillLibrary
 from app.agents.workspaces import clean_workspaces
 from app.bus import LocalSessionBus, SessionBus
 from app.channel import AcceptResult, ChannelAdapter, ChannelContext, ChannelSettings
+from app.channel_records import ChannelRecords
 from app.config import Settings
 from app.connection_leases import DatabaseConnections
 from app.connections import ConnectionHolder
@@ -180,7 +184,8 @@ class Runtime:
             still_working_after=settings.stream_still_working_seconds,
         )
         self._delivery: dict[str, ChannelAdapter] = {}
-        self.http = httpx.AsyncClient(timeout=httpx.Timeout(15.0))
+        # Platform calls carry the delivery's `traceparent` when tracing is on (app.tracing).
+        self.http = httpx.AsyncClient(timeout=httpx.Timeout(15.0), event_hooks=tracing.httpx_hooks())
         self.speech = SpeechToText.from_settings(settings)  # voice messages, when STT_MODEL is set
         # Long-lived platform connections (polling, sockets): one holder (`app.connections`).
         # Fenced leases in the database: one holder across every replica on it.
@@ -277,11 +282,21 @@ class Runtime:
             poll_interval=settings.inbox_poll_seconds,
             on_takeover=self.metrics.lease_takeovers.inc,
         )
+        # Who may talk and how much (`app.access`): decided at ingest, tokens counted by turns.
+        self._agent_quotas = {name: QuotaLimits.of(p) for name, p in self.agents.book.agents.items()}
+        self.access = AccessGate(
+            self.engine,
+            self.channel_settings,
+            agent_limits=self._agent_limits,
+            notices=Notices(self.engine, delivers=self.sender.delivers, on_outbox=self.sender.notify),
+        )
+        self.turns.count_tokens = self.access.count_tokens
         self.ingest = Ingest(
             self.store,
             self.scheduler,
             self.waiters,
             self.channel_settings,
+            gate=self.access,
             counted=self._count_event,
             # the serving agent, then a /handoff redirect (app.agents.handoff)
             assign=chained(self.agents.assign if self.agents.book.several else None, self.handoffs.redirect),
@@ -372,6 +387,7 @@ class Runtime:
                     outbox_days=self.settings.outbox_retention_days,
                 )
                 pruned["stream_previews"] = await self.previews.prune(self.settings.outbox_retention_days)
+                pruned["access"] = await self.access.prune()
                 if any(pruned.values()):
                     log.info("pipeline_rows_pruned", **pruned)
                 await self.refresh_backlog_gauges()
@@ -400,6 +416,11 @@ class Runtime:
             return 0
         results = await self.ingest.submit(events)
         return sum(1 for r in results if not r.duplicate)
+
+    def _agent_limits(self, event: InboundEvent) -> tuple[str, QuotaLimits]:
+        """The serving agent's name and quotas (its profile's `quota_*` fields)."""
+        name = self.agents.agent_of(event).name
+        return name, self._agent_quotas[name]
 
     def _count_event(self, channel: str, outcome: str) -> None:
         counter = {
@@ -470,6 +491,8 @@ class Runtime:
             wait_for_replies=self.waiters.wait_for_replies,
             http=self.http,
             hold_connection=self.connections.hold_connection,
+            connection_state=self.connections,
             events=ChannelEvents(self.engine, name),
+            records=ChannelRecords(self.engine, name, on_outbox=self.sender.notify),
             transcribe=self.speech.transcribe if self.speech is not None else None,
         )

@@ -25,7 +25,7 @@ ADMIN_TOKEN = "test-admin-token"
 
 @pytest.fixture(params=["sqlite", "postgres"])
 async def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
-    """A migrated-on-demand empty database, once on SQLite and once on PostgreSQL."""
+    """A database at head (no rows), once on SQLite and once on PostgreSQL."""
     async with database(request.param, tmp_path) as url:
         yield url
 

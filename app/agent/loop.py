@@ -29,6 +29,7 @@ from typing import Any, TypeVar, cast
 
 import structlog
 
+from app import tracing
 from app.agent.provider import ChatProvider, DeltaCallback, ProviderReply, StreamingChatProvider
 from app.agent.tools import Risk, ToolContext, ToolRegistry
 from app.errors import LeaseLost, ProviderError
@@ -238,10 +239,12 @@ class AgentRunner:
                         )
                     )
                 started = time.monotonic()
-                reply = await self._guard(
-                    hooks,
-                    self._complete([system, *window], tool_ctx, model=model, on_delta=hooks.on_delta),
-                )
+                with tracing.model_call(self.provider, model) as span:
+                    reply = await self._guard(
+                        hooks,
+                        self._complete([system, *window], tool_ctx, model=model, on_delta=hooks.on_delta),
+                    )
+                    tracing.model_answered(span, reply)
                 record.add_usage(reply, round((time.monotonic() - started) * 1000))
                 if not reply.tool_calls:
                     record.outcome = "ok"
@@ -360,7 +363,8 @@ class AgentRunner:
                 entry["decision"] = "auto"
             if result is None:
                 started = time.monotonic()
-                result = await self._guard(hooks, self.tools.execute(call, tool_ctx))
+                with tracing.tool_call(name, call["id"]):
+                    result = await self._guard(hooks, self.tools.execute(call, tool_ctx))
                 entry["ms"] = round((time.monotonic() - started) * 1000)
                 record.tool_ms += entry["ms"]
             result = truncate_tool_result(result, self.max_tool_result_chars)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import openai
 import structlog
 
+from app import tracing
 from app.agent.provider import DeltaCallback, PartialReplyError, ProviderReply, ToolSpec, Usage
 from app.errors import ProviderError
 from app.sessions.messages import ChatMessage
@@ -305,7 +306,7 @@ class OpenAIProvider:
         return min(self.backoff_max, exp * (0.75 + random.random() / 2))
 
     async def _whole(self, request: dict[str, Any]) -> ProviderReply:
-        resp = await self.client.chat.completions.create(**request)
+        resp = await self.client.chat.completions.create(**request, extra_headers=tracing.headers())
         if not resp.choices:
             raise ProviderError("the model API answered without a choice", retryable=True)
         msg = resp.choices[0].message
@@ -327,6 +328,7 @@ class OpenAIProvider:
     async def _streamed(self, request: dict[str, Any], on_delta: DeltaCallback) -> ProviderReply:
         acc = _StreamAccumulator()
         extra: dict[str, Any] = {"stream_options": {"include_usage": True}} if self._stream_usage else {}
+        extra["extra_headers"] = tracing.headers()  # W3C traceparent of the model-call span
         stream = await self.client.chat.completions.create(**request, stream=True, **extra)
         async with stream:
             async for chunk in stream:

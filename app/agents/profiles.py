@@ -55,6 +55,11 @@ class AgentProfile:
     users: tuple[str, ...] = ()  # senders who may switch to it; empty: everyone
     # Context windows of its models in tokens, over LLM_CONTEXT_TOKENS(_BY_MODEL).
     context_tokens: Mapping[str, int] = field(default_factory=dict)
+    # Quotas of this agent's conversations (app.access), on top of the channel's.
+    quota_sender_messages_per_minute: int | None = None
+    quota_session_messages_per_minute: int | None = None
+    quota_sender_tokens_per_day: int | None = None
+    quota_session_tokens_per_day: int | None = None
 
     def usable_by(self, sender_id: str) -> bool:
         return not self.users or sender_id in self.users

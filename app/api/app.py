@@ -10,6 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 
+from app import tracing
 from app.agent.provider import ChatProvider
 from app.agent.tools import Tool
 from app.api import docs as api_docs
@@ -18,6 +19,7 @@ from app.api.limits import AdminAuthFirst, BodyLimit, UrlGuard
 from app.api.responses import SafeJSONResponse
 from app.api.routes import a2a as a2a_routes
 from app.api.routes import admin, admin_dashboard, admin_dead_letters, admin_memory, channels, health
+from app.api.routes import admin_access as access_routes
 from app.api.routes import cron as cron_routes
 from app.api.routes import gateway as gateway_routes
 from app.channel import ChannelSettings
@@ -26,6 +28,8 @@ from app.errors import ChannelRequestError
 from app.gateway.hub import GatewayHub
 from app.logs import configure_logging
 from app.runtime import Runtime
+from app.tracing import TracingSettings, configure_tracing
+from app.web import access_page
 from app.web import pages as web_pages
 from app.web.admin_auth import AdminLockout
 
@@ -41,7 +45,7 @@ class ChatgateApp(FastAPI):
         # The URL guard comes first, for the fast channel path too.
         guard = self.__dict__.get("_url_guard")
         if guard is None:
-            guard = self.__dict__["_url_guard"] = UrlGuard(self._dispatch)
+            guard = self.__dict__["_url_guard"] = UrlGuard(tracing.asgi(self._dispatch))
         await guard(scope, receive, send)
 
     async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -64,6 +68,7 @@ def create_app(
 ) -> FastAPI:
     """Build the app; nothing connects until the lifespan starts the runtime."""
     configure_logging(settings.log_level, settings.log_format)
+    configure_tracing(TracingSettings())  # on only with an OTLP endpoint (docs/observability.md)
     runtime = Runtime(settings, channel_settings=channel_settings, provider=provider, tools=tools)
     gateway = GatewayHub(runtime)
 
@@ -107,6 +112,8 @@ def create_app(
     app.include_router(cron_routes.router)
     app.include_router(admin_dashboard.router)
     app.include_router(admin_dead_letters.router)
+    app.include_router(access_routes.router)
+    app.include_router(access_page.router)
     app.include_router(gateway_routes.router)
     web_pages.install(app)
     a2a_routes.install(app)

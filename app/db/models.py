@@ -68,6 +68,8 @@ class UTCDateTime(TypeDecorator[datetime]):
 
 # Rows still owed work: unfinished inbox events, undelivered outbox replies.
 INBOX_UNFINISHED = ("pending", "processing")
+# An inbox row canceled while it was pending (A2A tasks/cancel): finished, never run.
+CANCELED = "canceled"
 OUTBOX_UNDELIVERED = ("pending", "sending")
 
 
@@ -107,6 +109,23 @@ connection_leases = Table(
     Column("expires_at", UTCDateTime, nullable=True),
     Column("acquired_at", UTCDateTime, nullable=True),
     Column("takeovers", BigInteger, nullable=False, default=0),
+    # What a holder keeps for the next one (a Discord Gateway session to RESUME): JSON.
+    Column("state", JSON, nullable=True),
+)
+
+# Small records a channel keeps for itself (`app.channel_records`): A2A push configs.
+channel_records = Table(
+    "channel_records",
+    metadata,
+    Column("channel", String(64), primary_key=True),
+    Column("kind", String(64), primary_key=True),
+    Column("key", String(400), primary_key=True),
+    Column("owner", String(200), nullable=True),
+    Column("data", JSON, nullable=False),
+    Column("open", Boolean, nullable=False, default=True),  # still watched (a task not finished)
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("updated_at", UTCDateTime, nullable=False),
+    Index("ix_channel_records_open", "channel", "kind", "open"),
 )
 
 sessions = Table(
@@ -163,6 +182,8 @@ inbox = Table(
     Column("run_id", Id, nullable=True),
     Column("created_at", UTCDateTime, nullable=False),
     Column("updated_at", UTCDateTime, nullable=False),
+    # The W3C trace context of the inbox commit, continued by the turn (app.tracing).
+    Column("trace_context", JSON(none_as_null=True), nullable=True),
     UniqueConstraint("channel", "external_id"),
     Index("ix_inbox_key_status_id", "session_key", "status", "id"),
     Index("ix_inbox_status_id", "status", "id"),
@@ -189,6 +210,8 @@ outbox = Table(
     Column("platform_message_id", String(256), nullable=True),
     Column("created_at", UTCDateTime, nullable=False),
     Column("sent_at", UTCDateTime, nullable=True),
+    # The W3C trace context of the turn, continued by the delivery (app.tracing).
+    Column("trace_context", JSON(none_as_null=True), nullable=True),
     Index("ix_outbox_status_next", "status", "next_attempt_at"),
     Index("ix_outbox_key_id", "session_key", "id"),
     Index("ix_outbox_run_id", "run_id"),
@@ -352,4 +375,51 @@ stream_previews = Table(
     Column("created_at", UTCDateTime, nullable=False),
     Column("updated_at", UTCDateTime, nullable=False),
     Index("ix_stream_previews_created_at", "created_at"),  # retention
+)
+
+# Who may talk to the bot (`app.access`): senders and group chats allowed at runtime, on
+# top of each channel's static `allowed_senders`/`allowed_chats`.
+access_entries = Table(
+    "access_entries",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("channel", String(64), nullable=False),
+    Column("kind", String(16), nullable=False),  # sender | chat
+    Column("subject", String(256), nullable=False),  # the sender's or chat's platform id
+    Column("note", String(200), nullable=True),
+    Column("added_by", String(256), nullable=True),  # cli, admin, pairing:<code>
+    Column("created_at", UTCDateTime, nullable=False),
+    UniqueConstraint("channel", "kind", "subject"),
+)
+
+# Pairing requests: one row per (channel, sender); a pending code is single-use and expires.
+access_pairings = Table(
+    "access_pairings",
+    metadata,
+    Column("id", Id, primary_key=True, autoincrement=True),
+    Column("channel", String(64), nullable=False),
+    Column("sender_id", String(256), nullable=False),
+    Column("chat_id", String(256), nullable=False),
+    Column("code", String(16), nullable=False, unique=True),
+    Column("status", String(16), nullable=False),  # pending | approved
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("expires_at", UTCDateTime, nullable=False),
+    Column("approved_at", UTCDateTime, nullable=True),
+    Column("approved_by", String(256), nullable=True),
+    Column("text", String(200), nullable=True),  # the first words of the message that asked
+    UniqueConstraint("channel", "sender_id"),
+    Index("ix_access_pairings_status_expires_at", "status", "expires_at"),
+)
+
+# Quota counters shared by every replica: one row per (metric, subject), a fixed window
+# (unix seconds of its start) that an increment in a later window restarts.
+access_counters = Table(
+    "access_counters",
+    metadata,
+    Column("metric", String(16), primary_key=True),  # messages | tokens
+    Column("subject", String(800), primary_key=True),  # sender:…, agent_sender:…, session:…
+    Column("window_start", BigInteger, nullable=False),
+    Column("count", BigInteger, nullable=False),
+    Column("notified", Boolean, nullable=False),  # the over-quota reply went out this window
+    Index("ix_access_counters_window_start", "window_start"),
 )

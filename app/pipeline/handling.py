@@ -13,6 +13,7 @@ from collections.abc import Mapping
 
 import structlog
 
+from app import tracing
 from app.channel import ChannelSettings
 from app.errors import LeaseLost
 from app.pipeline.busy import BusyPolicies
@@ -68,8 +69,17 @@ class Handler:
             await self._give_up(lease, spent, f"gave up after {self.max_attempts} attempts")
         if not live:
             return Handled()
+        counted = set(await self.store.count_attempt(lease, [r.id for r in live]))
+        live = [r for r in live if r.id in counted]  # a row canceled while it waited is skipped
+        if not live:
+            return Handled()
         ids = [r.id for r in live]
-        await self.store.count_attempt(lease, ids)
+        with tracing.handling(live, replica=lease.owner):  # continues the rows' stored traces
+            return await self._attempt(lease, live, ids, hand_on)
+
+    async def _attempt(
+        self, lease: SessionLease, live: list[InboxRow], ids: list[int], hand_on: HandOn | None
+    ) -> Handled:
         try:
             return await self._run(lease, live, hand_on)
         except LeaseLost:

@@ -1,8 +1,9 @@
 """Ingest: the first step of an event's way, after a channel verified and parsed it.
 
-admit (the channel's sender and chat policy; overrides only where allowed) → store (the
+admit (who may talk and how much: `app.access`; overrides only where allowed) → store (the
 inbox commit: durable, deduplicated) → hand the stored events to the scheduler → return
-what the store said, which the channel answers the platform with.
+what the store said, which the channel answers the platform with. A refused event is not
+stored; the gate may have answered its sender (a pairing code, a quota notice).
 
 Once the store was asked, the rest runs even if the caller goes away (a platform that
 hung up): an event that was stored is always handed on.
@@ -13,8 +14,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
+from app import tracing
+from app.access import AccessGate, Verdict
 from app.channel import AcceptResult, ChannelSettings
-from app.events import ChatType, InboundEvent
+from app.events import InboundEvent
 from app.pipeline.scheduler import Scheduler
 from app.pipeline.storage.port import PipelineStore
 from app.pipeline.waiters import Waiters
@@ -32,11 +35,13 @@ class Ingest:
         waiters: Waiters,
         channel_settings: Mapping[str, ChannelSettings],
         *,
+        gate: AccessGate,
         counted: Counted | None = None,
         assign: Callable[[InboundEvent], Awaitable[InboundEvent]] | None = None,
     ) -> None:
         self.assign = assign  # puts the serving agent on an event (app.agents)
         self.store = store
+        self.gate = gate
         self.scheduler = scheduler
         self.waiters = waiters
         self.channel_settings = channel_settings
@@ -44,6 +49,10 @@ class Ingest:
 
     async def accept(self, channel: str, events: Sequence[InboundEvent]) -> list[AcceptResult]:
         """A channel's events: admitted by its policy, then stored and handed on."""
+        with tracing.ingest(channel, len(events), replica=self.scheduler.owner):
+            return await self._accept(channel, events)
+
+    async def _accept(self, channel: str, events: Sequence[InboundEvent]) -> list[AcceptResult]:
         settings = self.channel_settings[channel]
         admitted: list[InboundEvent] = []
         results: list[AcceptResult | None] = []
@@ -52,15 +61,22 @@ class Ingest:
                 raise ValueError(f"channel {channel!r} produced an event for {event.channel!r}")
             if event.session_key_override and not settings.allow_session_override:
                 event = event.model_copy(update={"session_key_override": None})
-            if not admits(settings, event):
+            event, refused = await self._admit(settings, event)
+            if refused is not None:
                 self.counted(channel, "skipped")
                 results.append(
-                    AcceptResult(event_id=event.event_id, session_key=event.session_key, skipped=True)
+                    AcceptResult(
+                        event_id=event.event_id,
+                        session_key=event.session_key,
+                        skipped=True,
+                        reason=refused.reason,
+                        notice=refused.notice,
+                    )
                 )
                 continue
             admitted.append(event)
             results.append(None)
-        stored = iter(await self.submit(admitted) if admitted else [])
+        stored = iter(await self._submit(admitted) if admitted else [])
         out: list[AcceptResult] = []
         for result in results:
             if result is None:
@@ -69,18 +85,33 @@ class Ingest:
             out.append(result)
         return out
 
+    async def _admit(
+        self, settings: ChannelSettings, event: InboundEvent
+    ) -> tuple[InboundEvent, Verdict | None]:
+        """Who may talk, then the serving agent, then the quotas (which may be the agent's)."""
+        refused = await self.gate.check_access(settings, event)
+        if refused is not None:
+            return event, refused
+        if self.assign is not None:
+            event = await self.assign(event)
+        return event, await self.gate.check_quota(settings, event)
+
     async def submit(self, events: Sequence[InboundEvent]) -> list[AcceptResult]:
         """Store events the gateway itself made (no channel policy) and hand them on."""
-        # Shielded: a caller cancelled mid-statement must not leave a stored event, or a
-        # lease taken with it, without a worker.
         if self.assign is not None:
             events = [await self.assign(e) for e in events]
+        return await self._submit(events)
+
+    async def _submit(self, events: Sequence[InboundEvent]) -> list[AcceptResult]:
+        # Shielded: a caller cancelled mid-statement must not leave a stored event, or a
+        # lease taken with it, without a worker.
         return await asyncio.shield(self._store(events))
 
     async def _store(self, events: Sequence[InboundEvent]) -> list[AcceptResult]:
         owner = self.scheduler.offer(events[0].session_key) if len(events) == 1 else None
         try:
-            accepted = await self.store.accept(events, claim_for=owner)
+            with tracing.inbox_commit([e.event_id for e in events]):  # the rows store its context
+                accepted = await self.store.accept(events, claim_for=owner)
         except BaseException:
             if owner is not None:
                 self.scheduler.withdraw(events[0].session_key)
@@ -90,12 +121,3 @@ class Ingest:
                 self.waiters.accepted(result.event_id)
         self.scheduler.accepted(accepted.results, accepted.claim)
         return accepted.results
-
-
-def admits(settings: ChannelSettings, event: InboundEvent) -> bool:
-    """The channel's sender and chat policy."""
-    if event.chat_type is ChatType.GROUP and not settings.chat_allowed(event.chat_id):
-        return False
-    if settings.sender_allowed(event.sender_id):
-        return True
-    return event.chat_type is ChatType.DIRECT and settings.answer_unknown_dm

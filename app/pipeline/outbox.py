@@ -21,6 +21,7 @@ from sqlalchemy import and_, bindparam, exists, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.orm import aliased
 
+from app import tracing
 from app.channel import ChannelAdapter, delivers
 from app.db import direct
 from app.db.direct import Direct
@@ -178,7 +179,9 @@ class OutboxSender:
         adapter = self.adapters[row["channel"]]
         message = OutboundMessage.model_validate(row["payload"])
         try:
-            result = await adapter.send(message)
+            with tracing.delivery(row) as span:  # continues the trace of the turn that wrote it
+                result = await adapter.send(message)
+                tracing.delivered(span, result.platform_message_id)
         except ChannelRateLimited as exc:
             return await self._retry(row, str(exc), delay=exc.retry_after)
         except DeliveryError as exc:

@@ -14,6 +14,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app import tracing
 from app.channel import WaitResult
 from app.db.models import outbox, utcnow
 from app.events import InboundEvent, OutboundMessage, TextPart
@@ -74,6 +75,7 @@ def outbox_values(
         next_attempt_at=now,
         created_at=now,
         sent_at=now if sent else None,
+        trace_context=tracing.carrier(),
     )
 
 

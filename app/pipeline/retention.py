@@ -1,7 +1,7 @@
 """Finished inbox and outbox rows are deleted after a retention period; history never is.
 
 The inbox keeps one row per accepted event and the outbox one per reply; without pruning
-both grow with every message forever. Only finished rows go (inbox `done`/`discarded`,
+both grow with every message forever. Only finished rows go (inbox `done`/`discarded`/`canceled`,
 outbox `sent`/`discarded`), oldest first, in bounded batches so a sweep never holds long
 locks. A `failed` row is a dead letter nobody acted on yet: it is never deleted here,
 only after an operator retried or discarded it (`app.dead_letters`). Conversation
@@ -21,7 +21,7 @@ from sqlalchemy import bindparam, delete, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db.engine import autocommit
-from app.db.models import inbox, outbox, utcnow
+from app.db.models import CANCELED, inbox, outbox, utcnow
 
 BATCH = 5000
 MAX_BATCHES = 20  # per table and sweep: a large backlog is worked off over several sweeps
@@ -40,7 +40,7 @@ def _prune_statement(table: Any, statuses: tuple[str, ...], age_column: Any) -> 
 
 # Ages: an event counts from its acceptance (the dedup window starts there; indexed by
 # ix_inbox_created_at); a reply from its last scheduled attempt (ix_outbox_status_next).
-_PRUNE_INBOX = _prune_statement(inbox, ("done", "discarded"), inbox.c.created_at)
+_PRUNE_INBOX = _prune_statement(inbox, ("done", "discarded", CANCELED), inbox.c.created_at)
 _PRUNE_OUTBOX = _prune_statement(outbox, ("sent", "discarded"), outbox.c.next_attempt_at)
 
 

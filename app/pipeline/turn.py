@@ -5,8 +5,8 @@ final answer, its outbox row, the run trace and the inbox rows' status commit to
 so a crash either leaves the turn to be resumed or finished. Watchers (the browser
 gateway) learn about each commit on the session bus, after the commit.
 
-A run that asks for approval of a risky tool call pauses (`_pause`: the question is its
-turn's answer); `/approve` or `/deny` continues it later through `resume`. Which model and
+A run that asks for approval of a risky tool call pauses (`app.pipeline.turn_pause`: the
+question is its turn's answer); `/approve` or `/deny` continues it later through `resume`. Which model and
 which part of the history the run sees is `app.pipeline.turn_window`'s; what its tools may
 do, `app.pipeline.turn_tools`'.
 """
@@ -14,9 +14,8 @@ do, `app.pipeline.turn_tools`'.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
-from datetime import timedelta
 from functools import partial
 from typing import Any
 
@@ -31,17 +30,15 @@ from app.memory.recall import MemoryRecall
 from app.pipeline.after_turn import AfterTurnHooks
 from app.pipeline.approvals import (
     Decided,
-    call_name_and_arguments,
-    insert_request,
-    question_text,
 )
 from app.pipeline.feed import SessionFeed
 from app.pipeline.midrun import MidRun
 from app.pipeline.replies import Replies, conversation_channel, reply_for, user_message
-from app.pipeline.run_trace import UPDATE_RUN, record_of, run_trace, run_values
-from app.pipeline.storage.inbox_queries import COUNT_ATTEMPT, MARK, reply_of
+from app.pipeline.run_trace import record_of, run_trace, run_values
+from app.pipeline.storage.inbox_queries import COUNT_ATTEMPT, reply_of
 from app.pipeline.storage.port import InboxRow, PipelineStore, Recall, TurnEnd, TurnPlan
 from app.pipeline.turn_fit import ContextFit
+from app.pipeline.turn_pause import Pause
 from app.pipeline.turn_state import Handled, HandOn, TurnState, WindowLimits
 from app.pipeline.turn_tools import TurnTools
 from app.pipeline.turn_window import TurnWindow
@@ -87,6 +84,8 @@ class TurnRunner:
         self.approval_timeout = approval_timeout
         self.on_run_finished = on_run_finished
         self.recall = recall  # read with a turn's start where the store can
+        # Set by the runtime: add a turn's model tokens to the quota counters (app.access).
+        self.count_tokens: Callable[[InboundEvent, int], Awaitable[None]] | None = None
 
     # --- a new turn -----------------------------------------------------------------
 
@@ -149,6 +148,7 @@ class TurnRunner:
                     decisions={},
                     model=record.model,
                 )
+        await self._count_tokens(last, record, already=0)
         # A released lease means no after-turn hook was due (`_finish`).
         if record.outcome != "awaiting_approval" and not turn.released:
             await self.after_turn.run(lease, turn.session)
@@ -181,8 +181,21 @@ class TurnRunner:
                 decisions=decisions,
                 model=turn.model,
             )
+        await self._count_tokens(
+            decided.origin, record, already=run["prompt_tokens"] + run["completion_tokens"]
+        )
         if record.outcome != "awaiting_approval":
             await self.after_turn.run(lease, turn.session)
+
+    async def _count_tokens(self, origin: InboundEvent, record: RunRecord, *, already: int) -> None:
+        """The run's tokens since `already` (counted before a pause), recorded with its usage."""
+        tokens = record.prompt_tokens + record.completion_tokens - already
+        if self.count_tokens is None or tokens <= 0:
+            return
+        try:
+            await self.count_tokens(origin, tokens)
+        except Exception:  # the turn is done; a missed count must not make it fail
+            log.exception("token_count_failed", session_key=origin.session_key)
 
     # --- the hooks the run loop calls -----------------------------------------------
 
@@ -348,50 +361,9 @@ class TurnRunner:
     # --- approvals: a run that asks pauses; its question is the turn's answer ----------
 
     async def _pause(self, turn: TurnState, call: dict[str, Any], record: RunRecord) -> None:
-        lease, session = turn.lease, turn.session
-        name, arguments = call_name_and_arguments(call)
-        now = utcnow()
-        expires = now + timedelta(seconds=self.approval_timeout)
-        record.outcome = "awaiting_approval"
         if turn.run_row is None:
             turn.run_row = await self.store.run_row(turn.run_id)
-        trace = run_trace(turn.run_row, record, [r.event_id for r in turn.rows], finished=False, now=now)
-        async with self.store.fenced(lease) as conn:
-            approval_id = await insert_request(
-                conn,
-                session_id=session.id,
-                key=lease.key,
-                run_id=turn.run_id,
-                call_id=call["id"],
-                name=name,
-                arguments=arguments,
-                requested_at=now,
-                expires_at=expires,
-            )
-            question = question_text(name, arguments, approval_id, self.approval_timeout)
-            await self.replies.insert(
-                conn,
-                reply_for(turn.reply_to, question),
-                session_id=session.id,
-                run_id=turn.run_id,
-                event_id=turn.reply_to.event_id,
-            )
-            done = {"ids": [r.id for r in turn.rows], "status": "done", "updated_at": now}
-            if turn.link_rows:
-                done["run_id"] = turn.run_id
-            await conn.execute(MARK, done)
-            await conn.execute(UPDATE_RUN, {**trace, "run_id_": turn.run_id})
-        self._run_saved(turn, record, trace, finished=False)
-        self.replies.handled([r.event_id for r in turn.rows])
-        log.info("approval_requested", approval_id=approval_id, tool=name)
-        await self.feed.event(
-            lease.key,
-            "approval_request",
-            run_id=turn.run_id,
-            approval_id=approval_id,
-            tool=name,
-            arguments=arguments,
-            tool_call_id=call["id"],
-            expires_at=expires.isoformat(),
-            text=question,
+        pause = Pause(self.store, self.replies, self.feed, self.approval_timeout)
+        await pause(
+            turn, call, record, saved=lambda trace: self._run_saved(turn, record, trace, finished=False)
         )

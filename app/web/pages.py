@@ -36,6 +36,11 @@ _SECURITY_HEADERS = {
 router = APIRouter()
 
 
+def security_headers() -> dict[str, str]:
+    """The headers every page is served with (for pages other modules serve)."""
+    return dict(_SECURITY_HEADERS)
+
+
 def _page(name: str) -> FileResponse:
     return FileResponse(STATIC_DIR / name, media_type="text/html", headers=_SECURITY_HEADERS)
 

@@ -4,7 +4,8 @@
 <token>` with a token of `A2A_TOKENS`, which names the caller. The caller and the
 `contextId` make the session key (`a2a:<caller>:<contextId>`, components escaped), so a
 context belongs to its caller. Replies are read from the inbox and outbox rows
-(`delivers = False`): nothing is pushed to the caller.
+(`delivers = False`); a caller that gave a push config is also told each state change
+of its task by a signed POST (`channels.a2a.push`, through the outbox).
 """
 
 from __future__ import annotations
@@ -81,16 +82,21 @@ class A2AChannel:
         self._card_route = Route(AGENT_CARD_WELL_KNOWN_PATH, self._card, methods=["GET"])
 
     async def start(self) -> None:
-        return None
+        await self.handler.push.start(self.handler.status_event)
 
     async def stop(self) -> None:
-        return None
+        await self.handler.push.stop()
 
     async def send(self, message: OutboundMessage) -> SendResult:
-        return SendResult()  # read by the caller, never pushed
+        """Only push notifications come here; replies are read by the caller."""
+        if "a2a_push" in message.metadata:
+            await self.handler.push.send(message)
+        return SendResult()
 
     def card(self, base_url: str) -> AgentCard:
-        return agent_card(self.settings, self.settings.public_base_url or base_url)
+        return agent_card(
+            self.settings, self.settings.public_base_url or base_url, push=self.handler.push.offered
+        )
 
     async def _card(self, request: Request) -> JSONResponse:
         from a2a.server.request_handlers.response_helpers import agent_card_to_dict

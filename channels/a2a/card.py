@@ -20,7 +20,7 @@ RPC_PATH = "/a2a"
 SCHEME = "bearer"
 
 
-def agent_card(settings: A2ASettings, base_url: str) -> AgentCard:
+def agent_card(settings: A2ASettings, base_url: str, *, push: bool = False) -> AgentCard:
     """The card for `base_url` (PUBLIC_BASE_URL, or the URL the card was asked for)."""
     return AgentCard(
         name=settings.agent_name,
@@ -33,7 +33,7 @@ def agent_card(settings: A2ASettings, base_url: str) -> AgentCard:
                 protocol_version=PROTOCOL_VERSION_CURRENT,
             )
         ],
-        capabilities=AgentCapabilities(streaming=True, push_notifications=False),
+        capabilities=AgentCapabilities(streaming=True, push_notifications=push),
         security_schemes={
             SCHEME: SecurityScheme(
                 http_auth_security_scheme=HTTPAuthSecurityScheme(

@@ -33,6 +33,7 @@ from a2a.types.a2a_pb2 import (
     TaskArtifactUpdateEvent,
     TaskPushNotificationConfig,
     TaskState,
+    TaskStatus,
     TaskStatusUpdateEvent,
 )
 from a2a.utils.errors import (
@@ -40,7 +41,6 @@ from a2a.utils.errors import (
     ExtendedAgentCardNotConfiguredError,
     InvalidParamsError,
     InvalidRequestError,
-    PushNotificationNotSupportedError,
     TaskNotCancelableError,
     TaskNotFoundError,
     UnsupportedOperationError,
@@ -48,6 +48,7 @@ from a2a.utils.errors import (
 
 from app.channel import ChannelContext
 from app.events import ChatType, InboundEvent, SessionScope, TextPart, escape_key_component
+from channels.a2a.push import PushNotifications
 from channels.a2a.settings import A2ASettings
 from channels.a2a.tasks import (
     KIND_CANCEL,
@@ -75,6 +76,7 @@ class ChatgateRequestHandler(RequestHandler):
         self.settings = settings
         self.context = context
         self.channel = channel
+        self.push = PushNotifications(settings, context, channel)
 
     # --- reading tasks ----------------------------------------------------------------
 
@@ -152,6 +154,24 @@ class ChatgateRequestHandler(RequestHandler):
             raise InvalidRequestError(message="this caller is not allowed here")
         return result.event_id
 
+    async def _submit_with_push(self, params: SendMessageRequest, caller: str) -> str:
+        """Submit the message; a push config sent with it is checked first, stored after,
+        and told `submitted` at once."""
+        config = None
+        if params.configuration.HasField("task_push_notification_config"):
+            config = params.configuration.task_push_notification_config
+            await self.push.check(config)
+        task_id = await self.submit(params.message, caller)
+        if config is not None:
+            task = await self._task(task_id, caller, 0)
+            submitted = TaskStatusUpdateEvent(
+                task_id=task.id,
+                context_id=task.context_id,
+                status=TaskStatus(state=TaskState.TASK_STATE_SUBMITTED, timestamp=task.status.timestamp),
+            )
+            await self.push.store(task_id, caller, config, first=submitted)
+        return task_id
+
     async def _task(self, task_id: str, caller: str, history_length: int | None = None) -> Task:
         task = await self.load(task_id, caller, history_length)
         if task is None:  # stored a moment ago; gone only if retention pruned it
@@ -161,7 +181,7 @@ class ChatgateRequestHandler(RequestHandler):
     @validate_request_params
     async def on_message_send(self, params: SendMessageRequest, context: ServerCallContext) -> Task | Message:
         caller = caller_of(context)
-        task_id = await self.submit(params.message, caller)
+        task_id = await self._submit_with_push(params, caller)
         history = (
             params.configuration.history_length if params.configuration.HasField("history_length") else None
         )
@@ -174,7 +194,7 @@ class ChatgateRequestHandler(RequestHandler):
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> AsyncGenerator[Event]:
         caller = caller_of(context)
-        task_id = await self.submit(params.message, caller)
+        task_id = await self._submit_with_push(params, caller)
         async for event in self._follow(task_id, caller):
             yield event
 
@@ -218,8 +238,9 @@ class ChatgateRequestHandler(RequestHandler):
 
     @validate_request_params
     async def on_cancel_task(self, params: CancelTaskRequest, context: ServerCallContext) -> Task | None:
-        """Store a `/stop` for the task's session (it stops a running turn); the task is
-        canceled from then on. Finished tasks cannot be canceled."""
+        """A task still waiting for its turn is canceled in the inbox and never runs; a
+        working one gets a `/stop` for its session (it stops the running turn). The task
+        is canceled from then on. Finished tasks cannot be canceled."""
         caller = caller_of(context)
         task = await self.load(params.id, caller)
         if task is None:
@@ -228,6 +249,11 @@ class ChatgateRequestHandler(RequestHandler):
             return task
         if task.status.state in TERMINAL:
             raise TaskNotCancelableError(message=f"task {params.id} is already finished")
+        if task.status.state == TaskState.TASK_STATE_SUBMITTED and await self.context.events.cancel_pending(
+            task.id
+        ):
+            return await self._task(task.id, caller)
+        # Taken by a turn meanwhile (or working): stop the turn that runs it.
         stop = self._event(
             caller,
             task.context_id,
@@ -241,27 +267,57 @@ class ChatgateRequestHandler(RequestHandler):
     async def on_list_tasks(self, params: ListTasksRequest, context: ServerCallContext) -> ListTasksResponse:
         raise UnsupportedOperationError(message="tasks/list is not supported; use tasks/get")
 
-    # --- not offered --------------------------------------------------------------------
+    # --- push notifications (channels.a2a.push) ---------------------------------------
+
+    async def status_event(self, task_id: str, caller: str) -> TaskStatusUpdateEvent | None:
+        task = await self.load(task_id, caller, history_length=0)
+        if task is None:
+            return None
+        return TaskStatusUpdateEvent(task_id=task.id, context_id=task.context_id, status=task.status)
+
+    async def _own_task(self, task_id: str, caller: str) -> Task:
+        task = await self.load(task_id, caller, history_length=0)
+        if task is None:
+            raise TaskNotFoundError(message=f"task {task_id} not found")
+        return task
 
     async def on_create_task_push_notification_config(
         self, params: TaskPushNotificationConfig, context: ServerCallContext
     ) -> TaskPushNotificationConfig:
-        raise PushNotificationNotSupportedError
+        caller = caller_of(context)
+        await self.push.check(params)
+        task = await self._own_task(params.task_id, caller)
+        return await self.push.store(task.id, caller, params)
 
     async def on_get_task_push_notification_config(
         self, params: GetTaskPushNotificationConfigRequest, context: ServerCallContext
     ) -> TaskPushNotificationConfig:
-        raise PushNotificationNotSupportedError
+        caller = caller_of(context)
+        _ = self.push.records
+        task = await self._own_task(params.task_id, caller)
+        config = await self.push.get(task.id, params.id, caller)
+        if config is None:
+            raise TaskNotFoundError(message=f"no push config {params.id or task.id} for task {task.id}")
+        return config
 
     async def on_list_task_push_notification_configs(
         self, params: ListTaskPushNotificationConfigsRequest, context: ServerCallContext
     ) -> ListTaskPushNotificationConfigsResponse:
-        raise PushNotificationNotSupportedError
+        caller = caller_of(context)
+        _ = self.push.records
+        task = await self._own_task(params.task_id, caller)
+        return ListTaskPushNotificationConfigsResponse(configs=await self.push.list(task.id, caller))
 
     async def on_delete_task_push_notification_config(
         self, params: DeleteTaskPushNotificationConfigRequest, context: ServerCallContext
     ) -> None:
-        raise PushNotificationNotSupportedError
+        caller = caller_of(context)
+        _ = self.push.records
+        task = await self._own_task(params.task_id, caller)
+        if not await self.push.remove(task.id, params.id, caller):
+            raise TaskNotFoundError(message=f"no push config {params.id or task.id} for task {task.id}")
+
+    # --- not offered --------------------------------------------------------------------
 
     async def on_get_extended_agent_card(
         self, params: GetExtendedAgentCardRequest, context: ServerCallContext

@@ -38,6 +38,16 @@ class A2ASettings(ChannelSettings):
     wait_max_seconds: float = Field(60.0, description="How long a blocking message/send waits.")
     stream_max_seconds: float = Field(300.0, description="How long message/stream follows a task.")
     max_text_chars: int = Field(32_000, description="Longer messages are refused.")
+    push_secret: str | None = Field(
+        None,
+        description="Signs push notifications like webhook callbacks (X-Chatgate-Signature); "
+        "push notifications are offered only when set.",
+    )
+    push_allow_private_urls: bool = Field(
+        False, description="Allow push URLs on loopback/private addresses (tests, one host)."
+    )
+    push_poll_seconds: float = Field(0.5, description="How often task states are checked for push.")
+    push_max_configs_per_task: int = Field(10, description="Push configs one task may have.")
 
     @field_validator("tokens", mode="before")
     @classmethod

@@ -3,7 +3,8 @@
 Nothing about a task is kept in memory. Its state is read from the event's inbox row
 (pending → submitted, processing → working, failed → failed, done → completed, or
 input-required while a tool call of its turn waits for `/approve`), its answer from the
-event's outbox rows, and a cancel from the `/stop` event stored for it. So a task
+event's outbox rows, and a cancel from the row itself (`canceled`: canceled before its
+turn, it never runs) or from the `/stop` event stored for it (canceled while working). So a task
 survives a restart and reads the same on every replica.
 """
 
@@ -29,6 +30,8 @@ TERMINAL = frozenset(
 # States after which a task's stream ends: terminal, or waiting for the caller.
 SETTLED = TERMINAL | {TaskState.TASK_STATE_INPUT_REQUIRED}
 
+# The inbox status of an event canceled before its turn (`EventReader.cancel_pending`).
+CANCELED = "canceled"
 KIND_MESSAGE = "message"
 KIND_CANCEL = "cancel"
 
@@ -38,7 +41,7 @@ def cancel_external_id(task_id: str) -> str:
 
 
 def task_state(event: EventStatus, *, canceled: bool) -> TaskState:
-    if canceled:
+    if canceled or event.status == CANCELED:
         return TaskState.TASK_STATE_CANCELED
     if event.status == "pending":
         return TaskState.TASK_STATE_SUBMITTED

@@ -121,13 +121,27 @@ class TokenApi:
         self.rate_limit_retry_seconds = settings.rate_limit_retry_seconds
         self.channel = channel  # names the log events
 
-    async def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        """POST with the cached token; on an invalid/expired token refresh once and retry."""
+    async def post(
+        self,
+        path: str,
+        body: dict[str, Any] | None = None,
+        *,
+        params: dict[str, str] | None = None,
+        files: dict[str, tuple[str, bytes, str]] | None = None,
+    ) -> dict[str, Any]:
+        """POST JSON (or a multipart upload, `files`) with the cached token; on an
+        invalid/expired token refresh once and retry."""
         url = self.base_url + path
         for attempt in (1, 2):
             token = await self.tokens.get()
             data = await call_json(
-                self.http, "POST", url, what=path, params={"access_token": token}, json_body=body
+                self.http,
+                "POST",
+                url,
+                what=path,
+                params={**(params or {}), "access_token": token},
+                json_body=body,
+                files=files,
             )
             code = errcode_of(data)
             if code in self.errcodes.token_invalid:
@@ -174,6 +188,7 @@ async def call_json(
     what: str,
     params: dict[str, Any] | None = None,
     json_body: Any = None,
+    files: dict[str, tuple[str, bytes, str]] | None = None,
 ) -> dict[str, Any]:
     """One API call; transport and HTTP-level failures become delivery errors.
 
@@ -181,7 +196,9 @@ async def call_json(
     rate limit, other non-2xx answers are rejections.
     """
     try:
-        if json_body is None:
+        if files is not None:  # a multipart upload (the media APIs)
+            resp = await http.request(method, url, params=params, files=files)
+        elif json_body is None:
             resp = await http.request(method, url, params=params)
         else:
             # ensure_ascii=False: the platforms count Chinese text in UTF-8 bytes.

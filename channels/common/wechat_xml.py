@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from xml.parsers import expat
 
-from app.events import ImagePart, Part, TextPart
+from app.events import FilePart, ImagePart, Part, TextPart
 
 MAX_XML_BYTES = 256 * 1024
 
@@ -121,7 +121,8 @@ class WeChatMessage:
         """Event parts for the agent, or None for what is acknowledged but not handled.
 
         Text and images become text/image parts; a recognised voice message becomes its
-        transcript; a menu click becomes its EventKey as text (so a menu button can carry
+        transcript (the Official Account's `Recognition`), other voice messages an audio
+        part to fetch by `MediaId`; a menu click becomes its EventKey as text (so a menu button can carry
         a command such as /new); locations and links become short text descriptions.
         Other message types are stored with a placeholder so the agent can say it cannot
         read them. Subscriptions, enter-app and other notifications return None.
@@ -134,6 +135,9 @@ class WeChatMessage:
             return (ImagePart(url=f.get("PicUrl") or None),)
         if kind == "voice" and f.get("Recognition"):
             return (TextPart(text=f["Recognition"]),)
+        if kind == "voice":  # the audio itself, fetched by MediaId (speech to text, if on)
+            fmt = (f.get("Format") or "amr").lower()
+            return (FilePart(name=f"voice.{fmt}", mime_type=f"audio/{fmt}"),)
         if kind == "location":
             label = f.get("Label", "")
             where = f"{f.get('Location_X', '')},{f.get('Location_Y', '')}"

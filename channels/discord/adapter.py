@@ -58,6 +58,7 @@ class DiscordChannel:
             base_url=settings.api_base.rstrip("/"), timeout=settings.request_timeout_seconds
         )
         self._holder: asyncio.Future[None] | None = None
+        self._connection = "discord"  # the connection's name, once started
         self._progress = ChunkProgress(capacity=1000)
 
     # --- lifecycle ----------------------------------------------------------------------
@@ -67,7 +68,7 @@ class DiscordChannel:
             log.warning("discord_not_configured", detail="DISCORD_BOT_TOKEN is not set")
             return
         if self.settings.gateway:
-            name = f"discord:{fingerprint(self.settings.bot_token)}"
+            name = self._connection = f"discord:{fingerprint(self.settings.bot_token)}"
             self._holder = asyncio.ensure_future(self.context.hold_connection(name, self._run_gateway))
 
     async def stop(self) -> None:
@@ -84,6 +85,13 @@ class DiscordChannel:
         from channels.discord.gateway import run_gateway
 
         await run_gateway(self)
+
+    async def load_session(self) -> dict[str, Any] | None:
+        """The Gateway session the last holder saved (`channels.discord.gateway`)."""
+        return await self.context.connection_state.load_state(self._connection)
+
+    async def save_session(self, session: dict[str, Any]) -> None:
+        await self.context.connection_state.save_state(self._connection, session)
 
     async def on_message_create(self, data: dict[str, Any], parent_id: str | None) -> None:
         """A MESSAGE_CREATE from the Gateway (`parent_id`: the thread's parent channel)."""

@@ -2,7 +2,8 @@
 (reverse WebSocket) and `POST /channels/onebot` (HTTP POST mode)."""
 
 from app.channel import ChannelSpec
-from channels.onebot.adapter import OneBotChannel, OneBotSettings
+from channels.onebot.adapter import OneBotChannel
+from channels.onebot.settings import OneBotSettings
 
 CHANNEL = ChannelSpec(name="onebot", settings_class=OneBotSettings, factory=OneBotChannel)
 

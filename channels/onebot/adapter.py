@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import hmac
 import json
 from collections import OrderedDict
@@ -26,19 +25,15 @@ from typing import Any
 
 import httpx
 import structlog
-from pydantic import Field
-from pydantic_settings import SettingsConfigDict
 
 from app.channel import (
     ChannelContext,
     ChannelRequest,
     ChannelResponse,
-    ChannelSettings,
     ChannelWebSocket,
     SendResult,
 )
 from app.errors import (
-    ChannelAuthError,
     ChannelRateLimited,
     ChannelRejected,
     ChannelSendAuthError,
@@ -46,9 +41,21 @@ from app.errors import (
     DeliveryError,
     InvalidPayload,
 )
-from app.events import ChatType, InboundEvent, OutboundMessage, ReplyToPart
+from app.events import ChatType, FilePart, ImagePart, InboundEvent, OutboundMessage, ReplyToPart
+from channels.common.media import (
+    Media,
+    MediaTooLarge,
+    answer_to,
+    download_capped,
+    inline_media,
+    too_large_text,
+)
+from channels.common.progress import ProgressStreamer
+from channels.onebot.actions import action_result, batches, id_param, retry_after
+from channels.onebot.auth import presented_token, verify_signature
 from channels.onebot.connection import BotConnection
-from channels.onebot.message import Segment, normalize, parts_to_segments, segments_to_parts, split_text
+from channels.onebot.message import normalize, parts_to_segments, segments_to_parts
+from channels.onebot.settings import OneBotSettings
 
 log = structlog.get_logger(__name__)
 
@@ -60,22 +67,6 @@ CLOSE_NOT_CONFIGURED = 4503
 CLOSE_REPLACED = 4000
 
 _SENT_IDS_KEPT = 10_000
-
-
-class OneBotSettings(ChannelSettings):
-    model_config = SettingsConfigDict(env_prefix="ONEBOT_", env_file=".env", extra="ignore")
-
-    access_token: str | None = Field(
-        None, description="Token bridges must present on the reverse WebSocket; also sent to the HTTP API."
-    )
-    secret: str | None = Field(None, description="HMAC-SHA1 key of HTTP POST mode (X-Signature).")
-    http_api_url: str | None = Field(None, description="The bridge's HTTP API, e.g. http://127.0.0.1:3000.")
-    api_timeout_seconds: float = Field(10.0, description="How long an API call waits for the bridge.")
-    max_text_chars: int = Field(3000, description="Longer replies are sent as several messages.")
-    quote_in_groups: bool = Field(True, description="Group answers quote the message they answer.")
-    max_frame_bytes: int = Field(
-        1024 * 1024, ge=1, description="Largest reverse-WebSocket frame; larger ones close with 1009."
-    )
 
 
 class OneBotChannel:
@@ -172,7 +163,7 @@ class OneBotChannel:
         expected = self.settings.access_token
         if not expected:
             return CLOSE_NOT_CONFIGURED, "ONEBOT_ACCESS_TOKEN is not set on this server"
-        given = _presented_token(ws.headers.get("authorization"), ws.query.get("access_token"))
+        given = presented_token(ws.headers.get("authorization"), ws.query.get("access_token"))
         if given is None:
             return CLOSE_UNAUTHORIZED, "missing access token"
         if not hmac.compare_digest(given.encode(), expected.encode()):
@@ -189,7 +180,7 @@ class OneBotChannel:
         while (frame := await events.get()) is not None:
             try:
                 event = self.parse_event(frame, self_id)
-                if event is not None:
+                if event is not None and (event := await self._with_media(event)) is not None:
                     await self.context.accept([event])
             except InvalidPayload as exc:
                 log.warning("onebot_event_invalid", self_id=self_id, detail=exc.detail)
@@ -205,7 +196,7 @@ class OneBotChannel:
                 {"error": "not_found", "detail": "POST /channels/onebot or WS /channels/onebot/ws"}, 404
             )
         if self.settings.secret:
-            _verify_signature(self.settings.secret, request.headers.get("x-signature"), request.body)
+            verify_signature(self.settings.secret, request.headers.get("x-signature"), request.body)
         elif not self._warned_unsigned:
             self._warned_unsigned = True
             log.warning("onebot_http_post_unsigned", detail="ONEBOT_SECRET unset: reports not verified")
@@ -219,7 +210,9 @@ class OneBotChannel:
         if body_self_id is not None and str(body_self_id) != header_self_id:
             raise InvalidPayload("X-Self-ID does not match self_id of the event")
         event = self.parse_event(data, header_self_id)
-        if event is not None:
+        # Unsigned reports may come from anyone: their URLs are not fetched (no SSRF).
+        signed = bool(self.settings.secret)
+        if event is not None and (event := await self._with_media(event, fetch=signed)) is not None:
             await self.context.accept([event])
         return ChannelResponse(status=204)  # no quick operation: replies go through the API
 
@@ -273,6 +266,29 @@ class OneBotChannel:
             metadata=metadata,
         )
 
+    # --- inbound media -----------------------------------------------------------------
+
+    async def _with_media(self, event: InboundEvent, *, fetch: bool = True) -> InboundEvent | None:
+        """Images (and, with speech to text, voice records) downloaded from their URLs as
+        data; over `ONEBOT_MEDIA_MAX_BYTES` a polite reply and None (nothing is stored).
+        Without `fetch` (an unsigned HTTP POST report) the URLs stay references."""
+        if not fetch:
+            return event
+        limit = self.settings.media_max_bytes
+
+        async def download(part: ImagePart | FilePart) -> Media | None:
+            return await download_capped(self.context.http, part.url, limit) if part.url else None
+
+        try:
+            return await inline_media(event, download, transcribe=self.context.transcribe, channel=self.name)
+        except MediaTooLarge as exc:
+            reply = answer_to(event, too_large_text(self.settings.locale, exc.limit))
+            try:  # best-effort: the event itself is not stored
+                await self.send(reply)
+            except DeliveryError as error:
+                log.warning("onebot_too_large_reply_failed", error=error.detail)
+            return None
+
     # --- sending -----------------------------------------------------------------------
 
     async def send(self, message: OutboundMessage) -> SendResult:
@@ -295,12 +311,12 @@ class OneBotChannel:
         action = "send_group_msg" if kind == "group" else "send_private_msg"
         key = "group_id" if kind == "group" else "user_id"
         sent_id: str | None = None
-        for index, batch in enumerate(_batches(segments, self.settings.max_text_chars)):
+        for index, batch in enumerate(batches(segments, self.settings.max_text_chars)):
             done = (message.message_id, index)
             if done in self._delivered:
                 sent_id = self._delivered[done]
                 continue
-            data = await self._call(self_id, action, {key: _id_param(target), "message": batch})
+            data = await self._call(self_id, action, {key: id_param(target), "message": batch})
             sent_id = None
             if isinstance(data, dict) and data.get("message_id") is not None:
                 sent_id = str(data["message_id"])
@@ -310,6 +326,15 @@ class OneBotChannel:
             while len(self._delivered) > _SENT_IDS_KEPT:
                 self._delivered.popitem(last=False)
         return SendResult(platform_message_id=sent_id)
+
+    # --- progress (`app.streaming`) ---------------------------------------------------
+
+    def streamer(self) -> ProgressStreamer | None:
+        if self.settings.working_notice_seconds is None:
+            return None
+        return ProgressStreamer(
+            self.send, locale=self.settings.locale, notice_after=self.settings.working_notice_seconds
+        )
 
     def _remember_sent(self, self_id: str, message_id: str) -> None:
         self._sent[(self_id, message_id)] = None
@@ -325,7 +350,7 @@ class OneBotChannel:
         else:
             who = f"bot {self_id}" if self_id else "any bot"
             raise ChannelUnavailable(f"no OneBot connection for {who} and no ONEBOT_HTTP_API_URL")
-        return _result(action, response)
+        return action_result(action, response)
 
     def _connection_for(self, self_id: str | None) -> BotConnection | None:
         if self_id is not None:
@@ -349,7 +374,7 @@ class OneBotChannel:
         if resp.status_code in (401, 403):
             raise ChannelSendAuthError(f"OneBot HTTP API refused our access token ({resp.status_code})")
         if resp.status_code == 429:
-            raise ChannelRateLimited(_retry_after(resp), "OneBot HTTP API answered 429")
+            raise ChannelRateLimited(retry_after(resp), "OneBot HTTP API answered 429")
         if resp.status_code >= 500 or resp.status_code == 408:
             raise ChannelUnavailable(f"OneBot HTTP API answered {resp.status_code}")
         if resp.status_code >= 400:
@@ -360,76 +385,9 @@ class OneBotChannel:
             raise ChannelUnavailable("OneBot HTTP API answered with something that is not JSON") from exc
 
 
-def _result(action: str, response: Any) -> Any:
-    """The `data` of an OK response; a typed `DeliveryError` otherwise."""
-    if not isinstance(response, dict):
-        raise ChannelUnavailable(f"{action}: malformed response")
-    status, retcode = response.get("status"), response.get("retcode")
-    if status in ("ok", "async") or retcode in (0, 1):
-        return response.get("data")
-    detail = f"{action} failed: retcode {retcode} {response.get('wording') or response.get('msg') or ''}"
-    error: DeliveryError
-    if retcode in (1401, 1403):
-        error = ChannelSendAuthError(detail.strip())
-    elif retcode in (100, 1400, 1404):  # bad parameters, unknown action: retrying will not help
-        error = ChannelRejected(detail.strip())
-    else:  # bridge-side failures (network to QQ, risk control, timeouts): retry, bounded
-        error = ChannelUnavailable(detail.strip())
-    raise error
-
-
-def _batches(segments: list[Segment], limit: int) -> list[list[Segment]]:
-    """Group segments into messages whose text stays within `limit` characters."""
-    batches: list[list[Segment]] = [[]]
-    size = 0
-    for seg in segments:
-        if seg["type"] != "text":
-            batches[-1].append(seg)
-            continue
-        for piece in split_text(seg["data"]["text"], limit):
-            if size + len(piece) > limit and batches[-1]:
-                batches.append([])
-                size = 0
-            batches[-1].append({"type": "text", "data": {"text": piece}})
-            size += len(piece)
-    return [b for b in batches if b]
-
-
-def _verify_signature(secret: str, header: str | None, body: bytes) -> None:
-    if not header:
-        raise ChannelAuthError("missing X-Signature header")
-    algo, _, given = header.strip().partition("=")
-    if algo.lower() != "sha1" or not given:
-        raise ChannelAuthError("X-Signature must be sha1=<hex>")
-    expected = hmac.new(secret.encode(), body, hashlib.sha1).hexdigest()
-    if not hmac.compare_digest(expected.encode(), given.lower().encode()):
-        raise ChannelAuthError("signature does not match")
-
-
-def _presented_token(authorization: str | None, query_token: str | None) -> str | None:
-    if authorization:
-        scheme, _, token = authorization.strip().partition(" ")
-        if scheme.lower() in ("bearer", "token") and token.strip():  # go-cqhttp once sent "Token"
-            return token.strip()
-        return None
-    return query_token or None
-
-
 def _id(value: Any) -> str | None:
     if value is None or isinstance(value, bool) or (isinstance(value, str) and not value.strip()):
         return None
     if isinstance(value, int | str):
         return str(value).strip()
     raise InvalidPayload(f"unexpected id {value!r}")
-
-
-def _id_param(value: str) -> int | str:
-    """QQ ids are numbers on the wire; WeChat bridges use strings (wxid_…)."""
-    return int(value) if value.isdigit() else value
-
-
-def _retry_after(resp: httpx.Response) -> float:
-    try:
-        return max(0.0, float(resp.headers.get("retry-after", "1")))
-    except ValueError:
-        return 1.0

@@ -101,6 +101,15 @@ def _media_url(data: dict[str, Any]) -> str | None:
     return None
 
 
+_AUDIO_TYPES = {"amr": "audio/amr", "mp3": "audio/mpeg", "wav": "audio/wav", "ogg": "audio/ogg"}
+
+
+def _record_type(name: str | None) -> str:
+    """A voice record's MIME type by its file name; QQ and WeChat voice is SILK otherwise."""
+    ext = (name or "").rsplit(".", 1)[-1].lower()
+    return _AUDIO_TYPES.get(ext, "audio/silk")
+
+
 def segments_to_parts(segments: Sequence[Segment], self_id: str) -> ParsedMessage:
     """Turn segments into parts; `[face:N]` stands for a QQ face so it survives a round trip."""
     parts: list[Part] = []
@@ -138,7 +147,9 @@ def segments_to_parts(segments: Sequence[Segment], self_id: str) -> ParsedMessag
         elif kind in ("record", "video", "file"):
             flush()
             name = data.get("name") or data.get("file")
-            parts.append(FilePart(url=_media_url(data), name=str(name) if name else None))
+            name = str(name) if name else None
+            mime = _record_type(name) if kind == "record" else None
+            parts.append(FilePart(url=_media_url(data), name=name, mime_type=mime))
     flush()
     return ParsedMessage(parts=tuple(parts), mentions_self=mentions_self, reply_to=reply_to or None)
 

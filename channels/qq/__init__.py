@@ -1,7 +1,8 @@
 """The QQ official bot API (`POST /channels/qq`): Ed25519-signed callbacks, REST replies."""
 
 from app.channel import ChannelSpec
-from channels.qq.adapter import QQChannel, QQSettings
+from channels.qq.adapter import QQChannel
+from channels.qq.settings import QQSettings
 
 CHANNEL = ChannelSpec(name="qq", settings_class=QQSettings, factory=QQChannel)
 

@@ -24,10 +24,8 @@ from typing import Any
 
 import httpx
 import structlog
-from pydantic import Field
-from pydantic_settings import SettingsConfigDict
 
-from app.channel import ChannelContext, ChannelRequest, ChannelResponse, ChannelSettings, SendResult
+from app.channel import ChannelContext, ChannelRequest, ChannelResponse, SendResult
 from app.errors import (
     ChannelAuthError,
     ChannelNotConfigured,
@@ -35,6 +33,7 @@ from app.errors import (
     ChannelRejected,
     ChannelSendAuthError,
     ChannelUnavailable,
+    DeliveryError,
     InvalidPayload,
 )
 from app.events import (
@@ -47,7 +46,19 @@ from app.events import (
     Part,
     TextPart,
 )
+from channels.common.media import (
+    Media,
+    MediaTooLarge,
+    answer_to,
+    download_capped,
+    inline_media,
+    too_large_text,
+)
+from channels.common.progress import ProgressStreamer
 from channels.qq import signing
+from channels.qq.attachments import attachment_part
+from channels.qq.attachments import clean_str as _str
+from channels.qq.settings import QQSettings
 
 log = structlog.get_logger(__name__)
 
@@ -64,22 +75,6 @@ _DUPLICATE_MSG_SEQ = 40054005  # "消息被去重": this (msg_id, msg_seq) was d
 
 class _AlreadyDelivered(ChannelRejected):
     """The platform has this passive reply already (an earlier attempt got through)."""
-
-
-class QQSettings(ChannelSettings):
-    model_config = SettingsConfigDict(env_prefix="QQ_", env_file=".env", extra="ignore")
-
-    app_id: str | None = Field(None, description="The bot's AppID (QQ open platform).")
-    app_secret: str | None = Field(None, description="The bot's AppSecret: signs callbacks, gets tokens.")
-    api_base_url: str = Field("https://api.sgroup.qq.com", description="QQ bot OpenAPI base URL.")
-    token_url: str = Field(
-        "https://bots.qq.com/app/getAppAccessToken", description="Where app access tokens come from."
-    )
-    timestamp_tolerance_seconds: int = Field(
-        300, description="Refuse callbacks signed longer ago than this (0 turns the check off)."
-    )
-    max_text_chars: int = Field(2000, description="Longer replies are sent as several messages.")
-    api_timeout_seconds: float = Field(10.0, description="Timeout of one OpenAPI request.")
 
 
 class QQChannel:
@@ -135,8 +130,9 @@ class QQChannel:
             raise ChannelAuthError("missing X-Signature-Ed25519 header")
         kind = payload.get("t")
         if op == OP_DISPATCH and isinstance(kind, str) and kind in MESSAGE_EVENTS:
-            event = self.parse_message(payload)
-            await self.context.accept([event])
+            event = await self._with_media(self.parse_message(payload))
+            if event is not None:
+                await self.context.accept([event])
         return ChannelResponse.json({"op": OP_CALLBACK_ACK, "d": 0})
 
     def _answer_validation(self, payload: dict[str, Any], *, signed: bool) -> ChannelResponse:
@@ -182,7 +178,7 @@ class QQChannel:
             parts.append(TextPart(text=content.strip()))
         for att in d.get("attachments") or []:
             if isinstance(att, dict):
-                parts.append(_attachment_part(att))
+                parts.append(attachment_part(att))
         if not any(isinstance(p, TextPart | ImagePart | FilePart) for p in parts):
             parts.append(TextPart(text=""))
         event_id = _str(payload.get("id"))
@@ -202,6 +198,24 @@ class QQChannel:
             session_scope=self.settings.session_scope,
             metadata=metadata,
         )
+
+    async def _with_media(self, event: InboundEvent) -> InboundEvent | None:
+        """Images (and, with speech to text, voice without the platform's transcript)
+        downloaded from their URLs as data; over `QQ_MEDIA_MAX_BYTES` a polite reply and
+        None (nothing is stored)."""
+        limit = self.settings.media_max_bytes
+
+        async def fetch(part: ImagePart | FilePart) -> Media | None:
+            return await download_capped(self.context.http, part.url, limit) if part.url else None
+
+        try:
+            return await inline_media(event, fetch, transcribe=self.context.transcribe, channel=self.name)
+        except MediaTooLarge as exc:
+            try:  # best-effort: the event itself is not stored
+                await self.send(answer_to(event, too_large_text(self.settings.locale, exc.limit)))
+            except DeliveryError as error:
+                log.warning("qq_too_large_reply_failed", error=error.detail)
+            return None
 
     # --- outbound ----------------------------------------------------------------------
 
@@ -257,6 +271,16 @@ class QQChannel:
             while len(self._delivered) > _KEPT:
                 self._delivered.popitem(last=False)
         return SendResult(platform_message_id=sent)
+
+    # --- progress (`app.streaming`) ---------------------------------------------------
+
+    def streamer(self) -> ProgressStreamer | None:
+        """A 'working…' notice when configured; it uses one of the message's passive replies."""
+        if self.settings.working_notice_seconds is None:
+            return None
+        return ProgressStreamer(
+            self.send, locale=self.settings.locale, notice_after=self.settings.working_notice_seconds
+        )
 
     def _seq(self, msg_id: str, outbound_id: str, index: int) -> int:
         """The msg_seq of one chunk: new chunks count up; a retried chunk keeps its number."""
@@ -351,22 +375,6 @@ def _checked(resp: httpx.Response) -> Any:
     return data
 
 
-def _attachment_part(att: dict[str, Any]) -> Part:
-    url = _str(att.get("url"))
-    if url and not url.startswith(("http://", "https://")):
-        url = "https://" + url  # the platform reports attachment urls without a scheme
-    content_type = _str(att.get("content_type")) or ""
-    if content_type.startswith("image"):
-        return ImagePart(url=url, mime_type=content_type)
-    size = att.get("size")
-    return FilePart(
-        url=url,
-        name=_str(att.get("filename")),
-        mime_type=content_type or None,
-        size=size if isinstance(size, int) else None,
-    )
-
-
 def _split(text: str, limit: int) -> list[str]:
     chunks = []
     while len(text) > limit:
@@ -377,13 +385,6 @@ def _split(text: str, limit: int) -> list[str]:
         text = text[cut:].lstrip("\n")
     chunks.append(text)
     return chunks
-
-
-def _str(value: Any) -> str | None:
-    if value is None or isinstance(value, bool):
-        return None
-    text = str(value).strip()
-    return text or None
 
 
 def _retry_after(resp: httpx.Response) -> float:

@@ -8,22 +8,15 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from typing import Any
 
-import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from app.channel import ChannelContext, ChannelRequest, ChannelResponse, ChannelSettings, SendResult
-from app.errors import (
-    ChannelNotConfigured,
-    ChannelRateLimited,
-    ChannelRejected,
-    ChannelUnavailable,
-    InvalidPayload,
-)
+from app.errors import ChannelNotConfigured, InvalidPayload
 from app.events import ChatType, InboundEvent, OutboundMessage, TextPart
+from app.signed_callback import post_signed
 from channels.webhook import signing
 
 
@@ -54,6 +47,14 @@ class WebhookBody(BaseModel):
         if isinstance(value, int) and not isinstance(value, bool):
             return str(value)
         return value
+
+
+# Why an event was not taken (`AcceptResult.reason`, app.access), in the answer's `detail`.
+_SKIPPED = {
+    "not_allowed": "sender not allowed",
+    "pairing": "sender not paired yet: approve its pairing code first",
+    "quota": "over quota: nothing was run",
+}
 
 
 def _truthy(value: str | None) -> bool:
@@ -87,7 +88,11 @@ class WebhookChannel:
         if result.duplicate:
             body["duplicate"] = True
         if result.skipped:
-            return ChannelResponse.json({**body, "skipped": True, "detail": "sender not allowed"}, 202)
+            reason = result.reason or "not_allowed"
+            body.update(skipped=True, reason=reason, detail=_SKIPPED.get(reason, reason))
+            if result.notice:  # what the sender was told (a pairing code, a quota notice)
+                body["notice"] = result.notice
+            return ChannelResponse.json(body, 202)
         if not wait:
             return ChannelResponse.json(body, 200 if result.duplicate else 202)
         waited = await self.context.wait_for_replies(result.event_id, timeout)
@@ -172,28 +177,11 @@ class WebhookChannel:
             "parts": [p.model_dump(mode="json") for p in message.parts],
         }
         raw = json.dumps(payload, ensure_ascii=False).encode()
-        ts = str(int(time.time()))
-        headers = {
-            "Content-Type": "application/json",
-            signing.TIMESTAMP_HEADER: ts,
-            signing.SIGNATURE_HEADER: signing.sign(self.settings.secret, ts, raw),
-            "Idempotency-Key": message.message_id,
-        }
-        try:
-            resp = await self.context.http.post(self.settings.callback_url, content=raw, headers=headers)
-        except httpx.HTTPError as exc:
-            raise ChannelUnavailable(f"callback unreachable: {exc!r}") from exc
-        if resp.status_code == 429:
-            raise ChannelRateLimited(_retry_after(resp), "callback answered 429")
-        if resp.status_code >= 500 or resp.status_code == 408:
-            raise ChannelUnavailable(f"callback answered {resp.status_code}")
-        if resp.status_code >= 400:
-            raise ChannelRejected(f"callback answered {resp.status_code}: {resp.text[:200]}")
+        await post_signed(
+            self.context.http,
+            self.settings.callback_url,
+            raw,
+            secret=self.settings.secret,
+            headers={"Idempotency-Key": message.message_id},
+        )
         return SendResult(platform_message_id=None)
-
-
-def _retry_after(resp: httpx.Response) -> float:
-    try:
-        return max(0.0, float(resp.headers.get("retry-after", "1")))
-    except ValueError:
-        return 1.0

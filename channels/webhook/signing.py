@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import time
 
 from app.errors import ChannelAuthError
+from app.signed_callback import SIGNATURE_HEADER, TIMESTAMP_HEADER, sign
 
-SIGNATURE_HEADER = "x-chatgate-signature"
-TIMESTAMP_HEADER = "x-chatgate-timestamp"
-
-
-def sign(secret: str, timestamp: int | str, body: bytes) -> str:
-    mac = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256)
-    return "sha256=" + mac.hexdigest()
+__all__ = ["SIGNATURE_HEADER", "TIMESTAMP_HEADER", "sign", "verify"]
 
 
 def verify(

@@ -11,6 +11,14 @@ Inbound, in the mode chosen under 消息加解密方式:
 URL verification (GET) is always plaintext: `echostr` is returned as is. A message is
 committed to the inbox and answered at once with `success`; the agent's reply goes out
 later through `cgi-bin/message/custom/send` (客服消息), because WeChat only waits 5 s.
+
+Media: a voice message with WeChat's speech recognition arrives as its transcript
+(`Recognition`); an image (and, with speech to text, a voice message without one) is
+downloaded by its `MediaId` (`cgi-bin/media/get`) before the event is stored. Images of a
+reply are uploaded as temporary media (`cgi-bin/media/upload?type=image`) and sent as
+image messages; the Official Account has no file messages, so a file is named in the text.
+While a turn runs the user sees "typing" (`cgi-bin/message/custom/typing`,
+`WECHAT_MP_STREAMING=native`, the default), at most every 15 s as WeChat allows.
 """
 
 from __future__ import annotations
@@ -18,16 +26,27 @@ from __future__ import annotations
 from typing import Literal
 
 import structlog
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from app.channel import ChannelContext, ChannelRequest, ChannelResponse, ChannelSettings, SendResult
-from app.errors import ChannelAuthError, ChannelNotConfigured, ChannelSendAuthError, InvalidPayload
-from app.events import ChatType, InboundEvent, OutboundMessage
+from app.errors import (
+    ChannelAuthError,
+    ChannelNotConfigured,
+    ChannelSendAuthError,
+    DeliveryError,
+    InvalidPayload,
+)
+from app.events import ChatType, FilePart, ImagePart, InboundEvent, OutboundMessage
+from app.streaming.protocol import StreamingMode
 from channels.common.chunks import ChunkProgress, send_chunks
-from channels.common.wechat_api import Errcodes, TokenApi, call_json, outbound_text, split_utf8
+from channels.common.media import Media, MediaTooLarge, inline_media, too_large_text
+from channels.common.progress import ProgressStreamer, check_streaming
+from channels.common.wechat_api import Errcodes, TokenApi, call_json, split_utf8
 from channels.common.wechat_callback import message_of, open_encrypted, parse_callback, require_fresh
 from channels.common.wechat_crypto import WeChatCrypto, sha1_signature, signature_matches
+from channels.common.wechat_media import Upload, WeChatMedia, reply_text, uploads
+from channels.common.wechat_xml import WeChatMessage
 
 log = structlog.get_logger(__name__)
 
@@ -73,6 +92,25 @@ class WeChatMpSettings(ChannelSettings):
     )
     rate_limit_retry_seconds: float = Field(60.0, description="Wait after WeChat's quota errcodes.")
     max_body_bytes: int = Field(64 * 1024, description="Larger request bodies get 413.")
+    media_max_bytes: int = Field(
+        10_000_000, ge=1, description="Larger images/voice are refused with a polite reply (media/get)."
+    )
+    streaming: StreamingMode = Field(
+        StreamingMode.NATIVE,
+        description="native: the 'typing' state while a turn runs (custom/typing); off: none. "
+        "No previews: WeChat cannot edit a sent message.",
+    )
+    working_notice_seconds: float | None = Field(
+        None, gt=0, description="Send one short 'working…' notice when a turn runs longer; unset: none."
+    )
+
+    @field_validator("streaming")
+    @classmethod
+    def _no_previews(cls, value: StreamingMode) -> StreamingMode:
+        return check_streaming("The Official Account", value, (StreamingMode.NATIVE, StreamingMode.OFF))
+
+
+TYPING_SECONDS = 15.0  # a typing state lasts 15 s and cannot be renewed before (errcode 45081)
 
 
 class WeChatMpChannel:
@@ -84,6 +122,7 @@ class WeChatMpChannel:
         self._crypto: WeChatCrypto | None = None
         self._api = TokenApi(context.http, settings, self._fetch_token, ERRCODES, channel="wechat_mp")
         self.tokens = self._api.tokens
+        self._media = WeChatMedia(self._api)
         self._progress = ChunkProgress()
 
     async def start(self) -> None:
@@ -165,29 +204,91 @@ class WeChatMpChannel:
             session_scope=self.settings.session_scope,
             metadata={**message.metadata(), "account": message.to_user},
         )
+        try:
+            event = await self._with_media(event, message)
+        except MediaTooLarge as exc:
+            await self._too_large(event, exc.limit)
+            return _success()
         await self.context.accept([event])
         return _success()
+
+    async def _with_media(self, event: InboundEvent, message: WeChatMessage) -> InboundEvent:
+        media_id = message.fields.get("MediaId")
+        limit = self.settings.media_max_bytes
+
+        async def fetch(_part: ImagePart | FilePart) -> Media | None:
+            return await self._media.download(media_id, limit) if media_id else None
+
+        return await inline_media(event, fetch, transcribe=self.context.transcribe, channel=self.name)
+
+    async def _too_large(self, event: InboundEvent, limit: int) -> None:
+        text = too_large_text(self.settings.locale, limit)
+        try:  # best-effort: WeChat already has its answer
+            await self._custom_send(event.chat_id, "text", {"content": text})
+        except DeliveryError as exc:
+            log.warning("wechat_mp_too_large_reply_failed", error=exc.detail)
 
     # --- outbound ---------------------------------------------------------------------
 
     async def send(self, message: OutboundMessage) -> SendResult:
-        text = outbound_text(message.parts)
-        if not text.strip():
-            return SendResult()
-        pieces = split_utf8(text, self.settings.max_text_bytes)
+        """The text (split), then each image: uploaded, then sent by its media_id.
+
+        Each piece and each upload is one step of the outbox delivery: a retry resumes
+        at the step that failed. Images count against the five messages per user message.
+        """
+        text = reply_text(message.parts, files=False)
+        pieces = split_utf8(text, self.settings.max_text_bytes) if text.strip() else []
+        media = uploads(message.parts, files=False)
         limit = max(1, self.settings.max_messages_per_reply)
-        if len(pieces) > limit:
+        media = media[: max(0, limit - 1)] if pieces else media[:limit]
+        text_limit = limit - len(media)
+        if len(pieces) > text_limit:
             # WeChat refuses more (45047); say so rather than lose the cut silently.
-            pieces = [*pieces[: limit - 1], _truncated(pieces[limit - 1], self.settings.max_text_bytes)]
+            pieces = [
+                *pieces[: text_limit - 1],
+                _truncated(pieces[text_limit - 1], self.settings.max_text_bytes),
+            ]
+        if not pieces and not media:
+            return SendResult()
 
-        async def deliver(_index: int, piece: str) -> None:
-            await self._api.post(
-                "/cgi-bin/message/custom/send",
-                {"touser": message.chat_id, "msgtype": "text", "text": {"content": piece}},
-            )
+        async def deliver(index: int, piece: str) -> None:
+            if index >= len(pieces):
+                await self._send_image(message.chat_id, media[index - len(pieces)])
+            else:
+                await self._custom_send(message.chat_id, "text", {"content": piece})
 
-        await send_chunks(self._progress, message.message_id, pieces, deliver)
+        items = [*pieces, *(f"media:{i}" for i in range(len(media)))]
+        await send_chunks(self._progress, message.message_id, items, deliver)
         return SendResult()
+
+    async def _send_image(self, openid: str, item: Upload) -> None:
+        media_id = await self._media.upload(item)
+        await self._custom_send(openid, "image", {"media_id": media_id})
+
+    async def _custom_send(self, openid: str, msgtype: str, content: dict[str, str]) -> None:
+        await self._api.post(
+            "/cgi-bin/message/custom/send", {"touser": openid, "msgtype": msgtype, msgtype: content}
+        )
+
+    # --- progress (`app.streaming`) ---------------------------------------------------
+
+    def streamer(self) -> ProgressStreamer | None:
+        s = self.settings
+        typing = s.streaming is StreamingMode.NATIVE
+        if not typing and s.working_notice_seconds is None:
+            return None
+        return ProgressStreamer(
+            self.send,
+            locale=s.locale,
+            notice_after=s.working_notice_seconds,
+            show_typing=self._typing if typing else None,
+            typing_every=TYPING_SECONDS,
+        )
+
+    async def _typing(self, message: OutboundMessage) -> None:
+        await self._api.post(
+            "/cgi-bin/message/custom/typing", {"touser": message.chat_id, "command": "Typing"}
+        )
 
     async def _fetch_token(self) -> tuple[str, float]:
         s = self.settings

@@ -9,6 +9,12 @@ an empty body — WeCom's "no passive reply" — because the agent may need long
 Outbound: the reply is sent later through `cgi-bin/message/send` with an access token from
 `cgi-bin/gettoken`, cached until shortly before it expires and refreshed once when WeCom
 says it is no longer valid.
+
+Media: an inbound image (and, with speech to text, a voice message) is downloaded by its
+`MediaId` (`cgi-bin/media/get`) before the event is stored; images and files of a reply
+are uploaded as temporary media (`cgi-bin/media/upload`) and sent as image/file messages
+after its text. WeCom cannot edit a sent message: progress is at most one "working…"
+notice (`WECOM_WORKING_NOTICE_SECONDS`).
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 import structlog
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from app.channel import ChannelContext, ChannelRequest, ChannelResponse, ChannelSettings, SendResult
@@ -25,13 +31,19 @@ from app.errors import (
     ChannelForbidden,
     ChannelNotConfigured,
     ChannelSendAuthError,
+    DeliveryError,
     InvalidPayload,
 )
-from app.events import ChatType, InboundEvent, OutboundMessage
+from app.events import ChatType, FilePart, ImagePart, InboundEvent, OutboundMessage
+from app.streaming.protocol import StreamingMode
 from channels.common.chunks import ChunkProgress, send_chunks
-from channels.common.wechat_api import Errcodes, TokenApi, call_json, outbound_text, split_utf8
+from channels.common.media import Media, MediaTooLarge, inline_media, too_large_text
+from channels.common.progress import ProgressStreamer, check_streaming
+from channels.common.wechat_api import Errcodes, TokenApi, call_json, split_utf8
 from channels.common.wechat_callback import message_of, open_encrypted, parse_callback, require_fresh
 from channels.common.wechat_crypto import WeChatCrypto
+from channels.common.wechat_media import Upload, WeChatMedia, reply_text, uploads
+from channels.common.wechat_xml import WeChatMessage
 
 log = structlog.get_logger(__name__)
 
@@ -60,6 +72,20 @@ class WeComSettings(ChannelSettings):
     max_text_bytes: int = Field(2048, description="Longer replies are split (WeCom's text limit).")
     rate_limit_retry_seconds: float = Field(60.0, description="Wait after WeCom's rate-limit errcodes.")
     max_body_bytes: int = Field(64 * 1024, description="Larger request bodies get 413.")
+    media_max_bytes: int = Field(
+        10_000_000, ge=1, description="Larger images/voice are refused with a polite reply (media/get)."
+    )
+    streaming: StreamingMode = Field(
+        StreamingMode.OFF, description="off only: WeCom cannot edit a sent message (no previews)."
+    )
+    working_notice_seconds: float | None = Field(
+        None, gt=0, description="Send one short 'working…' notice when a turn runs longer; unset: none."
+    )
+
+    @field_validator("streaming")
+    @classmethod
+    def _no_previews(cls, value: StreamingMode) -> StreamingMode:
+        return check_streaming("WeCom", value, (StreamingMode.OFF,))
 
 
 class WeComChannel:
@@ -71,6 +97,7 @@ class WeComChannel:
         self._crypto: WeChatCrypto | None = None
         self._api = TokenApi(context.http, settings, self._fetch_token, ERRCODES, channel="wecom")
         self.tokens = self._api.tokens
+        self._media = WeChatMedia(self._api)
         self._progress = ChunkProgress()
 
     async def start(self) -> None:
@@ -136,8 +163,28 @@ class WeComChannel:
             session_scope=self.settings.session_scope,
             metadata={**message.metadata(), "agent_id": agent},
         )
+        try:
+            event = await self._with_media(event, message)
+        except MediaTooLarge as exc:
+            await self._too_large(event, exc.limit)
+            return _no_passive_reply()
         await self.context.accept([event])
         return _no_passive_reply()
+
+    async def _with_media(self, event: InboundEvent, message: WeChatMessage) -> InboundEvent:
+        media_id = message.fields.get("MediaId")
+        limit = self.settings.media_max_bytes
+
+        async def fetch(_part: ImagePart | FilePart) -> Media | None:
+            return await self._media.download(media_id, limit) if media_id else None
+
+        return await inline_media(event, fetch, transcribe=self.context.transcribe, channel=self.name)
+
+    async def _too_large(self, event: InboundEvent, limit: int) -> None:
+        try:  # best-effort: WeCom already has its answer
+            await self._send_text(event.chat_id, too_large_text(self.settings.locale, limit))
+        except DeliveryError as exc:
+            log.warning("wecom_too_large_reply_failed", error=exc.detail)
 
     def _require_crypto(self) -> WeChatCrypto:
         if self._crypto is None:
@@ -149,37 +196,54 @@ class WeComChannel:
     # --- outbound ---------------------------------------------------------------------
 
     async def send(self, message: OutboundMessage) -> SendResult:
-        text = outbound_text(message.parts)
-        if not text.strip():
-            return SendResult()
-        pieces = split_utf8(text, self.settings.max_text_bytes)
+        """The text (split), then each image or file: uploaded, then sent by its media_id.
 
-        async def deliver(_index: int, piece: str) -> str | None:
+        Each piece and each upload is one step of the outbox delivery: a retry resumes
+        at the step that failed.
+        """
+        text = reply_text(message.parts)
+        pieces = split_utf8(text, self.settings.max_text_bytes) if text.strip() else []
+        media = uploads(message.parts)
+        if not pieces and not media:
+            return SendResult()
+
+        async def deliver(index: int, piece: str) -> str | None:
+            if index >= len(pieces):
+                return await self._send_media(message.chat_id, media[index - len(pieces)])
             return await self._send_text(message.chat_id, piece)
 
-        sent = await send_chunks(self._progress, message.message_id, pieces, deliver)
-        return SendResult(platform_message_id=sent[-1] if sent else None)
+        items = [*pieces, *(f"media:{i}" for i in range(len(media)))]
+        sent = await send_chunks(self._progress, message.message_id, items, deliver)
+        return SendResult(platform_message_id=next((s for s in reversed(sent) if s), None))
 
     async def _send_text(self, chat_id: str, content: str) -> str | None:
+        return await self._send_message(chat_id, "text", {"content": content})
+
+    async def _send_media(self, chat_id: str, item: Upload) -> str | None:
+        media_id = await self._media.upload(item)
+        return await self._send_message(chat_id, item.kind, {"media_id": media_id})
+
+    async def _send_message(self, chat_id: str, msgtype: str, content: dict[str, Any]) -> str | None:
         if chat_id.startswith(APPCHAT_PREFIX):
             path = "/cgi-bin/appchat/send"
-            body: dict[str, Any] = {
-                "chatid": chat_id[len(APPCHAT_PREFIX) :],
-                "msgtype": "text",
-                "text": {"content": content},
-            }
+            body: dict[str, Any] = {"chatid": chat_id[len(APPCHAT_PREFIX) :], "msgtype": msgtype}
         else:
             if self.settings.agent_id is None:
                 raise ChannelSendAuthError("WECOM_AGENT_ID is not set; cannot send app messages")
             path = "/cgi-bin/message/send"
-            body = {
-                "touser": chat_id,
-                "msgtype": "text",
-                "agentid": self.settings.agent_id,
-                "text": {"content": content},
-            }
+            body = {"touser": chat_id, "msgtype": msgtype, "agentid": self.settings.agent_id}
+        body[msgtype] = content
         data = await self._api.post(path, body)
         return str(data["msgid"]) if data.get("msgid") else None
+
+    # --- progress (`app.streaming`) ---------------------------------------------------
+
+    def streamer(self) -> ProgressStreamer | None:
+        if self.settings.working_notice_seconds is None:
+            return None
+        return ProgressStreamer(
+            self.send, locale=self.settings.locale, notice_after=self.settings.working_notice_seconds
+        )
 
     async def _fetch_token(self) -> tuple[str, float]:
         s = self.settings

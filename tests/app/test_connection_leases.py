@@ -120,3 +120,23 @@ async def test_a_connection_that_ends_is_given_up_and_sought_again(engine: Async
     [hold] = await list_holds(engine)
     assert hold.owner is None  # released after each end, and at the shutdown
     assert hold.fence >= 3
+
+
+async def test_state_is_saved_by_the_holder_only_and_read_by_the_next(engine: AsyncEngine) -> None:
+    conn = Connection()
+    first = DatabaseConnections(engine, "replica-a", ttl=30, retry_seconds=0.05)
+    second = DatabaseConnections(engine, "replica-b", ttl=30, retry_seconds=0.05)
+    assert await first.load_state("test:bot") is None
+    async with holding(first, "test:bot", conn) as first_task:
+        await conn.wait(lambda: conn.running == {"replica-a"})
+        assert await first.save_state("test:bot", {"session_id": "s-1", "seq": 7})
+        assert not await second.save_state("test:bot", {"session_id": "forged"})  # not its lease
+        async with holding(second, "test:bot", conn):
+            first_task.cancel()
+            await conn.wait(lambda: conn.running == {"replica-b"}, timeout=5)
+            assert await second.load_state("test:bot") == {"session_id": "s-1", "seq": 7}
+            assert not await first.save_state("test:bot", {"seq": 1})  # a former holder writes nothing
+            assert await second.save_state("test:bot", {"session_id": "s-1", "seq": 9})
+    assert await first.load_state("test:bot") == {"session_id": "s-1", "seq": 9}
+    [hold] = await list_holds(engine)
+    assert not hasattr(hold, "state")  # kept for the holder, not shown

@@ -9,6 +9,8 @@ to, as it talks to api.dingtalk.com:
 - `GET /gateway/connect?ticket=…`: the Stream WebSocket. The fake pushes CALLBACK frames
   (topic `/v1.0/im/bot/messages/get`, `data` a JSON string) and SYSTEM `ping` frames, and
   records the ACK frames the client sends back (`{"code", "headers": {"messageId"}, …}`);
+  with `redeliver_unacked`, a CALLBACK nobody ACKed (none connected, or the client died
+  first) is pushed again to the next connection, as DingTalk retries unacknowledged pushes;
 - `POST /v1.0/robot/groupMessages/send` and `/v1.0/robot/oToMessages/batchSend` with the
   `x-acs-dingtalk-access-token` header;
 - `POST /robot/sendBySession?session=…`: a message's `sessionWebhook`.
@@ -78,6 +80,7 @@ class FakeDingTalk(LocalServer):
     acks: list[dict[str, Any]] = field(default_factory=list)
     tickets_used: list[str] = field(default_factory=list)
     url: str = ""
+    redeliver_unacked: bool = False
 
     def __post_init__(self) -> None:
         self._changed = asyncio.Condition()
@@ -86,6 +89,7 @@ class FakeDingTalk(LocalServer):
         self._issued_tickets: set[str] = set()
         self._sockets: list[web.WebSocketResponse] = []
         self._frame_ids = itertools.count(1)
+        self._unacked: dict[str, dict[str, Any]] = {}  # CALLBACK frames by messageId
 
     def fail(self, path: str, *failures: Failure | None) -> None:
         self.script.setdefault(path, []).extend(failures)
@@ -134,6 +138,7 @@ class FakeDingTalk(LocalServer):
             },
             "data": json.dumps(data, ensure_ascii=False),
         }
+        self._unacked[message_id] = frame
         await self._broadcast(frame)
         return message_id
 
@@ -173,7 +178,10 @@ class FakeDingTalk(LocalServer):
 
     async def _broadcast(self, frame: dict[str, Any]) -> None:
         for ws in list(self._sockets):
-            await ws.send_str(json.dumps(frame))
+            try:
+                await ws.send_str(json.dumps(frame))
+            except ConnectionError:  # a client that died: the frame stays unacked
+                pass
 
     async def _connect(self, request: web.Request) -> web.StreamResponse:
         ticket = request.query.get("ticket", "")
@@ -186,11 +194,15 @@ class FakeDingTalk(LocalServer):
             self.tickets_used.append(ticket)
             self._sockets.append(ws)
             self._changed.notify_all()
+        if self.redeliver_unacked:
+            for frame in list(self._unacked.values()):
+                await ws.send_str(json.dumps(frame))
         try:
             async for msg in ws:
                 data = json.loads(msg.data) if isinstance(msg.data, str) else {}
                 async with self._changed:
                     self.acks.append(data)
+                    self._unacked.pop(str((data.get("headers") or {}).get("messageId")), None)
                     self._changed.notify_all()
         finally:
             async with self._changed:

@@ -1,8 +1,11 @@
 """A fake Discord: the REST API and a Gateway WebSocket, one local aiohttp server.
 
 The Gateway speaks the published protocol: HELLO (op 10) → IDENTIFY (op 2) → READY
-(op 0), heartbeats (op 1 → ACK op 11), RESUME (op 6 → RESUMED), dispatches with a
-sequence number. discord.py is pointed at it (`DISCORD_API_BASE`, `DISCORD_GATEWAY_URL`).
+(op 0) with a new `session_id`, heartbeats (op 1 → ACK op 11), dispatches with a
+sequence number, RESUME (op 6) of the current session → the dispatches after the given
+`seq` replayed in order, then RESUMED; RESUME of an unknown session → INVALID_SESSION
+(op 9, `d: false`). Dispatches made while no socket is open wait in the session for a
+RESUME, as Discord keeps them. discord.py is pointed at it (`DISCORD_API_BASE`, `DISCORD_GATEWAY_URL`).
 REST calls are recorded and can be scripted to fail (429 with `retry_after`, 5xx).
 """
 
@@ -48,6 +51,10 @@ class FakeDiscord(LocalServer):
         self._changed = asyncio.Condition()
         self._sockets: list[web.WebSocketResponse] = []
         self._seq = 0
+        self._session_no = 0
+        self.session_id = ""  # the current Gateway session (the last IDENTIFY's)
+        self._log: list[tuple[int, str]] = []  # the session's dispatches: (seq, frame)
+        self.replayed = 0  # dispatches sent again on a RESUME
         self._ids = itertools.count(1300000000000000000)
         self._by_nonce: dict[str, dict[str, Any]] = {}
 
@@ -75,8 +82,12 @@ class FakeDiscord(LocalServer):
     async def dispatch(self, kind: str, data: dict[str, Any]) -> None:
         self._seq += 1
         frame = json.dumps({"op": 0, "t": kind, "s": self._seq, "d": data})
+        self._log.append((self._seq, frame))
         for ws in list(self._sockets):
-            await ws.send_str(frame)
+            try:
+                await ws.send_str(frame)
+            except ConnectionError:  # a peer that died: it RESUMEs, or its successor does
+                pass
 
     async def drop_connections(self) -> None:
         """Close the sockets with a resumable code (the client should RESUME)."""
@@ -101,24 +112,43 @@ class FakeDiscord(LocalServer):
                 elif op == 2:
                     await self._ready(ws, frame["d"])
                 elif op == 6:
-                    async with self._changed:
-                        self.resumes.append(frame["d"])
-                        self._sockets.append(ws)
-                        self._changed.notify_all()
-                    self._seq += 1
-                    await ws.send_str(json.dumps({"op": 0, "t": "RESUMED", "s": self._seq, "d": {}}))
+                    await self._resume(ws, frame["d"])
         finally:
             if ws in self._sockets:
                 self._sockets.remove(ws)
         return ws
 
+    async def _resume(self, ws: web.WebSocketResponse, resume: dict[str, Any]) -> None:
+        if not self.session_id or resume.get("session_id") != self.session_id:
+            async with self._changed:
+                self.resumes.append({**resume, "refused": True})
+                self._changed.notify_all()
+            await ws.send_str(json.dumps({"op": 9, "d": False}))
+            return
+        after = resume.get("seq") or 0
+        missed = [frame for seq, frame in self._log if seq > after]
+        for frame in missed:
+            await ws.send_str(frame)
+        self._seq += 1
+        await ws.send_str(json.dumps({"op": 0, "t": "RESUMED", "s": self._seq, "d": {}}))
+        async with self._changed:
+            self.replayed += len(missed)
+            self.resumes.append(resume)
+            self._sockets.append(ws)
+            self.most_sessions = max(self.most_sessions, len(self._sockets))
+            self._changed.notify_all()
+
     async def _ready(self, ws: web.WebSocketResponse, identify: dict[str, Any]) -> None:
+        self._session_no += 1
+        self.session_id = f"session-{self._session_no}"
+        self._log = []
+        self._seq = 0
         self._seq += 1
         ready = {
             "v": 10,
             "user": {"id": BOT_ID, "username": "gate", "discriminator": "0", "bot": True, "avatar": None},
             "guilds": [],
-            "session_id": "session-1",
+            "session_id": self.session_id,
             "resume_gateway_url": self.gateway_url,
             "application": {"id": APP_ID, "flags": 0},
             "private_channels": [],

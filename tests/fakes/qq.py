@@ -129,6 +129,8 @@ class QQPlatform(LocalServer):
         self.valid_tokens: set[str] = set()
         self.sent: list[SentMessage] = []
         self.uploads: list[SentMessage] = []
+        self.upload_failures = 0  # the first uploads answered 500
+        self.upload_attempts = 0
         self._seen_seq: set[tuple[str, int]] = set()
         self._changed = asyncio.Condition()
 
@@ -173,6 +175,9 @@ class QQPlatform(LocalServer):
         return web.json_response({"id": f"sent-{len(self.sent)}", "timestamp": int(time.time())})
 
     async def _upload(self, request: web.Request) -> web.Response:
+        self.upload_attempts += 1
+        if self.upload_attempts <= self.upload_failures:
+            return web.json_response({"code": 500000, "message": "internal error"}, status=500)
         auth = request.headers.get("Authorization", "")
         if auth.removeprefix("QQBot ") not in self.valid_tokens:
             return web.json_response({"code": 11244, "message": "token not exist or expire"}, status=401)

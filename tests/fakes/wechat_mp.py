@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -105,6 +105,19 @@ class WeChatMpCallbacks:
             }
         )
 
+    def image(self, openid: str, media_id: str, msg_id: int) -> str:
+        return cdata_xml(
+            {
+                "ToUserName": self.account,
+                "FromUserName": openid,
+                "CreateTime": int(time.time()),
+                "MsgType": "image",
+                "PicUrl": f"http://mmbiz.qpic.cn/{media_id}",
+                "MediaId": media_id,
+                "MsgId": msg_id,
+            }
+        )
+
     def event(self, openid: str, event: str, create_time: int, event_key: str = "") -> str:
         return cdata_xml(
             {
@@ -120,17 +133,32 @@ class WeChatMpCallbacks:
 
 @dataclass
 class FakeWeChatMpApi(TokenApiFake):
-    """`GET /cgi-bin/token`, `POST /cgi-bin/stable_token`, `POST /cgi-bin/message/custom/send`."""
+    """`GET /cgi-bin/token`, `POST /cgi-bin/stable_token`, `POST /cgi-bin/message/custom/send`,
+    `POST /cgi-bin/message/custom/typing` (recorded in `typing`), temporary media."""
 
     app_id: str = "wx-test-app"
     app_secret: str = "app-secret"
+    upload_answers_errcode: bool = False
+    typing: list[dict[str, Any]] = field(default_factory=list)
 
     def routes(self) -> list[web.RouteDef]:
         return [
             web.get("/cgi-bin/token", self._token),
             web.post("/cgi-bin/stable_token", self._stable_token),
             web.post("/cgi-bin/message/custom/send", self.guarded_send),
+            web.post("/cgi-bin/message/custom/typing", self._typing),
+            web.get("/cgi-bin/media/get", self.media_get),
+            web.post("/cgi-bin/media/upload", self.media_upload),
         ]
+
+    async def _typing(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.calls.append(ApiCall(request.path, dict(request.query), body))
+        refused = self._token_error(request)
+        if refused is not None:
+            return refused
+        self.typing.append(body)
+        return web.json_response({"errcode": 0, "errmsg": "ok"})
 
     def _check(self, appid: Any, secret: Any) -> dict[str, Any]:
         if appid != self.app_id:

@@ -145,7 +145,7 @@ class WeComCallbacks:
             }
         )
 
-    def image(self, user: str, pic_url: str, msg_id: int) -> str:
+    def image(self, user: str, pic_url: str, msg_id: int, *, media_id: str = "media-1") -> str:
         return cdata_xml(
             {
                 "ToUserName": self.corp_id,
@@ -153,7 +153,21 @@ class WeComCallbacks:
                 "CreateTime": int(time.time()),
                 "MsgType": "image",
                 "PicUrl": pic_url,
-                "MediaId": "media-1",
+                "MediaId": media_id,
+                "MsgId": msg_id,
+                "AgentID": self.agent_id,
+            }
+        )
+
+    def voice(self, user: str, media_id: str, msg_id: int) -> str:
+        return cdata_xml(
+            {
+                "ToUserName": self.corp_id,
+                "FromUserName": user,
+                "CreateTime": int(time.time()),
+                "MsgType": "voice",
+                "MediaId": media_id,
+                "Format": "amr",
                 "MsgId": msg_id,
                 "AgentID": self.agent_id,
             }
@@ -184,12 +198,25 @@ class ApiCall:
 
 
 @dataclass
+class MediaUpload:
+    kind: str  # the upload's `type`
+    filename: str
+    content_type: str
+    data: bytes
+
+
+@dataclass
 class TokenApiFake(LocalServer):
     """What the WeCom and Official Account fakes share: tokens, outages, a call log.
 
     `outage=True` (or `outage_after=n`, once n sends went through) answers sends with 503;
     `revoke_tokens(errcode)` makes every token issued so far answer `errcode` (42001
     expired, 40014 invalid) on use; `send_errcode` makes sends answer that errcode.
+
+    Temporary media: `media[media_id] = (bytes, content type)` is what `GET
+    cgi-bin/media/get` serves (an unknown id answers errcode 40007 as JSON);
+    `POST cgi-bin/media/upload` records each multipart upload in `uploads` and answers
+    a new media id; the first `upload_failures` uploads answer 503.
     """
 
     token_lifetime: int = 7200
@@ -200,6 +227,12 @@ class TokenApiFake(LocalServer):
     calls: list[ApiCall] = field(default_factory=list)
     sent: list[ApiCall] = field(default_factory=list)
     url: str = ""
+    media: dict[str, tuple[bytes, str]] = field(default_factory=dict)
+    media_gets: list[str] = field(default_factory=list)
+    uploads: list[MediaUpload] = field(default_factory=list)
+    upload_failures: int = 0
+    upload_attempts: int = 0
+    upload_answers_errcode: bool = True  # WeCom answers errcode 0; the Official Account omits it
     _tokens: dict[str, int] = field(default_factory=dict)  # token -> errcode on use (0 = valid)
     _serial: itertools.count = field(default_factory=lambda: itertools.count(1))  # type: ignore[type-arg]
     _changed: asyncio.Condition = field(default_factory=asyncio.Condition)
@@ -216,6 +249,56 @@ class TokenApiFake(LocalServer):
     def revoke_tokens(self, errcode: int = 42001) -> None:
         for token in self._tokens:
             self._tokens[token] = errcode
+
+    def _token_error(self, request: web.Request) -> web.Response | None:
+        state = self._tokens.get(request.query.get("access_token", ""))
+        if state is None:
+            return web.json_response({"errcode": 40014, "errmsg": "invalid access_token"})
+        if state:
+            return web.json_response({"errcode": state, "errmsg": "access_token expired or invalid"})
+        return None
+
+    async def media_get(self, request: web.Request) -> web.StreamResponse:
+        self.calls.append(ApiCall(request.path, dict(request.query), None))
+        refused = self._token_error(request)
+        if refused is not None:
+            return refused
+        media_id = request.query.get("media_id", "")
+        if media_id not in self.media:
+            # An error is JSON, as text/plain (so the client must look at the body).
+            return web.Response(
+                text='{"errcode":40007,"errmsg":"invalid media_id"}', content_type="text/plain"
+            )
+        self.media_gets.append(media_id)
+        data, content_type = self.media[media_id]
+        return web.Response(
+            body=data,
+            content_type=content_type,
+            headers={"Content-Disposition": f'attachment; filename="{media_id}"'},
+        )
+
+    async def media_upload(self, request: web.Request) -> web.StreamResponse:
+        self.calls.append(ApiCall(request.path, dict(request.query), None))
+        self.upload_attempts += 1
+        if self.upload_attempts <= self.upload_failures:
+            return web.Response(status=503, text="service unavailable")
+        refused = self._token_error(request)
+        if refused is not None:
+            return refused
+        kind = request.query.get("type", "")
+        form = await request.post()
+        media = form.get("media")
+        if not isinstance(media, web.FileField):
+            return web.json_response({"errcode": 41005, "errmsg": "media data missing"})
+        upload = MediaUpload(kind, media.filename, media.content_type, media.file.read())
+        media_id = f"uploaded-{len(self.uploads) + 1}"
+        async with self._changed:
+            self.uploads.append(upload)
+            self._changed.notify_all()
+        answer: dict[str, Any] = {"type": kind, "media_id": media_id, "created_at": str(int(time.time()))}
+        if self.upload_answers_errcode:
+            answer = {"errcode": 0, "errmsg": "ok", **answer}
+        return web.json_response(answer)
 
     @property
     def send_attempts(self) -> int:
@@ -247,6 +330,11 @@ class TokenApiFake(LocalServer):
             await asyncio.wait_for(self._changed.wait_for(lambda: len(self.sent) >= count), timeout)
         return list(self.sent)
 
+    async def wait_for_uploads(self, count: int, timeout: float = 15) -> list[MediaUpload]:
+        async with self._changed:
+            await asyncio.wait_for(self._changed.wait_for(lambda: len(self.uploads) >= count), timeout)
+        return list(self.uploads)
+
     async def wait_for_attempts(self, count: int, timeout: float = 15) -> None:
         async with self._changed:
             await asyncio.wait_for(self._changed.wait_for(lambda: self.send_attempts >= count), timeout)
@@ -270,6 +358,8 @@ class FakeWeComApi(TokenApiFake):
             web.get("/cgi-bin/gettoken", self._gettoken),
             web.post("/cgi-bin/message/send", self.guarded_send),
             web.post("/cgi-bin/appchat/send", self.guarded_send),
+            web.get("/cgi-bin/media/get", self.media_get),
+            web.post("/cgi-bin/media/upload", self.media_upload),
         ]
 
     async def _gettoken(self, request: web.Request) -> web.Response:

@@ -11,10 +11,11 @@ import pytest
 from sqlalchemy import select, update
 
 from app.agent.loop import INTERRUPTED_RESULT
-from app.db.models import inbox, runs, sessions, utcnow
+from app.db.models import CANCELED, inbox, runs, sessions, utcnow
 from app.errors import LeaseLost
 from app.pipeline.storage.port import PipelineStore
 from app.sessions.messages import ChatMessage, tool_call
+from tests.pipeline.conftest import engine_of
 from tests.pipeline.support import KEY, accept, end, lease_of, plan, reply_row, state, turn
 from tests.support.pg_probe import asyncpg_dsn, while_another_worker_finishes
 
@@ -33,6 +34,19 @@ async def test_an_attempt_is_counted_in_a_commit_of_its_own(store: PipelineStore
     [again] = await store.next_rows(KEY, 1)
     assert again.attempts == 1
     assert (await state(store))["inbox"] == [("processing", 1, "RuntimeError: something nobody expected")]
+
+
+async def test_a_row_canceled_after_it_was_read_is_not_counted(store: PipelineStore) -> None:
+    """The handling reads rows, then counts them: one canceled in between must not run."""
+    await accept(store, "first")
+    await accept(store, "second")
+    lease = await lease_of(store)
+    first, second = await store.next_rows(KEY, 2)
+    async with engine_of(store).begin() as conn:
+        await conn.execute(update(inbox).where(inbox.c.id == second.id).values(status=CANCELED))
+    assert await store.count_attempt(lease, [first.id, second.id]) == [first.id]
+    assert [r.id for r in await store.next_rows(KEY, 5)] == [first.id]
+    assert sorted((await state(store))["inbox"]) == [("canceled", 0, None), ("processing", 1, None)]
 
 
 async def test_a_turn_writes_its_messages_reply_run_and_status(store: PipelineStore) -> None:

@@ -2,11 +2,19 @@
 
 PostgreSQL tests never skip: if the server is not reachable they fail, so CI cannot
 pass without them. `TEST_POSTGRES_URL` points at the server (default: local, trust auth).
+
+Each database is a copy of one migrated at head once per test process (PostgreSQL:
+`CREATE DATABASE … TEMPLATE`; SQLite: a copy of the file), so a test pays for a copy
+instead of the whole migration history; `migrated=False` gives an empty one.
 """
 
 from __future__ import annotations
 
+import asyncio
+import atexit
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -14,7 +22,12 @@ from pathlib import Path
 
 import asyncpg
 
+from app.migrate import upgrade
+
 ADMIN_URL = os.environ.get("TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+_templates: dict[str, str] = {}  # kind -> template database name / file path
+_template_lock = asyncio.Lock()
 
 
 def _with_database(url: str, name: str) -> str:
@@ -22,35 +35,70 @@ def _with_database(url: str, name: str) -> str:
     return f"{base}/{name}"
 
 
-@asynccontextmanager
-async def postgres_database() -> AsyncIterator[str]:
-    """Create an empty database; yield its SQLAlchemy URL; drop it afterwards."""
-    name = f"chatgate_test_{uuid.uuid4().hex[:12]}"
+def _sqlalchemy_url(name: str) -> str:
+    return _with_database(ADMIN_URL, name).replace("postgresql://", "postgresql+asyncpg://", 1)
+
+
+async def _admin(sql: str) -> None:
     conn = await asyncpg.connect(ADMIN_URL)
     try:
-        await conn.execute(f'CREATE DATABASE "{name}"')
+        await conn.execute(sql)
     finally:
         await conn.close()
+
+
+def _drop_templates_at_exit() -> None:
+    name = _templates.get("postgres")
+    if name:
+        asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    path = _templates.get("sqlite")
+    if path:
+        shutil.rmtree(Path(path).parent, ignore_errors=True)
+
+
+async def _template(kind: str) -> str:
+    async with _template_lock:
+        if kind in _templates:
+            return _templates[kind]
+        if not _templates:
+            atexit.register(_drop_templates_at_exit)
+        if kind == "postgres":
+            name = f"chatgate_template_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+            await _admin(f'CREATE DATABASE "{name}"')
+            _templates[kind] = name
+            await upgrade(_sqlalchemy_url(name))
+        else:
+            path = Path(tempfile.mkdtemp(prefix="chatgate-template-")) / "chatgate.db"
+            _templates[kind] = str(path)
+            await upgrade(f"sqlite+aiosqlite:///{path}")
+        return _templates[kind]
+
+
+@asynccontextmanager
+async def postgres_database(*, migrated: bool = True) -> AsyncIterator[str]:
+    """Create a database (at head unless `migrated=False`); yield its URL; drop it afterwards."""
+    name = f"chatgate_test_{uuid.uuid4().hex[:12]}"
+    template = f' TEMPLATE "{await _template("postgres")}"' if migrated else ""
+    await _admin(f'CREATE DATABASE "{name}"{template}')
     try:
-        yield _with_database(ADMIN_URL, name).replace("postgresql://", "postgresql+asyncpg://", 1)
+        yield _sqlalchemy_url(name)
     finally:
-        conn = await asyncpg.connect(ADMIN_URL)
-        try:
-            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await conn.close()
+        await _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @asynccontextmanager
-async def sqlite_database(directory: Path) -> AsyncIterator[str]:
-    yield f"sqlite+aiosqlite:///{directory / 'chatgate.db'}"
+async def sqlite_database(directory: Path, *, migrated: bool = True) -> AsyncIterator[str]:
+    path = directory / "chatgate.db"
+    if migrated:
+        shutil.copyfile(await _template("sqlite"), path)
+    yield f"sqlite+aiosqlite:///{path}"
 
 
 @asynccontextmanager
-async def database(kind: str, directory: Path) -> AsyncIterator[str]:
+async def database(kind: str, directory: Path, *, migrated: bool = True) -> AsyncIterator[str]:
     if kind == "postgres":
-        async with postgres_database() as url:
+        async with postgres_database(migrated=migrated) as url:
             yield url
     else:
-        async with sqlite_database(directory) as url:
+        async with sqlite_database(directory, migrated=migrated) as url:
             yield url

@@ -10,7 +10,7 @@ from app.channel import Reply
 from app.db.models import INBOX_UNFINISHED, inbox, one_of, outbox, session_keys
 
 # What an `InboxRow` is made of.
-ROW_COLUMNS = ("id", "event_id", "channel", "session_key", "attempts", "payload")
+ROW_COLUMNS = ("id", "event_id", "channel", "session_key", "attempts", "payload", "trace_context")
 
 
 def unfinished_rows(key: Any = None) -> Any:
@@ -33,6 +33,9 @@ NEXT_ROWS = unfinished_rows().limit(bindparam("limit"))
 # The other columns to set come with the parameters.
 MARK = update(inbox).where(inbox.c.id.in_(bindparam("ids", expanding=True)))
 COUNT_ATTEMPT = MARK.values(attempts=inbox.c.attempts + 1)
+# A turn's rows counted before it runs: a row no longer unfinished (canceled) is not.
+COUNT_UNFINISHED = COUNT_ATTEMPT.where(one_of(inbox.c.status, INBOX_UNFINISHED)).returning(inbox.c.id)
+
 # An attempt's error, kept with the rows until one succeeds or they are failed.
 NOTE_ERROR = MARK.values(error=bindparam("note"))
 # Give up on rows: the reason, and the last attempt's error if one was noted.
@@ -100,6 +103,7 @@ INGESTED = (
     "attempts",
     "created_at",
     "updated_at",
+    "trace_context",
 )
 INSERT_VALUES = {name: bindparam(name, type_=inbox.c[name].type) for name in INGESTED}
 

@@ -23,6 +23,7 @@ an event twice.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -31,6 +32,7 @@ from typing import Any
 import asyncpg
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app import tracing
 from app.db import direct
 from app.events import InboundEvent
 from app.pipeline.storage.pg_inbox import INSERT_MANY
@@ -49,6 +51,7 @@ class _Waiting:
     event: InboundEvent
     now: datetime
     stored: asyncio.Future[bool]  # False: a duplicate
+    trace: dict[str, Any] | None = None  # the caller's trace context (app.tracing)
 
 
 class GroupInsert:
@@ -75,7 +78,7 @@ class GroupInsert:
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def insert(self, event: InboundEvent, now: datetime) -> bool:
-        waiting = _Waiting(event, now, asyncio.get_running_loop().create_future())
+        waiting = _Waiting(event, now, asyncio.get_running_loop().create_future(), tracing.carrier())
         self._waiting.append(waiting)
         if self._running < self.max_statements:
             self._running += 1
@@ -145,4 +148,5 @@ def _arrays(group: list[_Waiting]) -> dict[str, list[Any]]:
         "k": [e.session_key for e in events],
         "p": [e.model_dump_json() for e in events],
         "t": [w.now for w in group],
+        "j": [json.dumps(w.trace) if w.trace else None for w in group],
     }

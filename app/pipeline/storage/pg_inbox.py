@@ -81,15 +81,17 @@ FIND_ORIGINAL = Direct(ORIGINAL)
 INSERT_MANY = Direct(
     text(
         "INSERT INTO inbox"
-        " (event_id, channel, external_id, session_key, payload, status, attempts, created_at, updated_at)"
-        " SELECT e, c, x, k, p::json, 'pending', 0, t, t"
-        " FROM unnest(:e, :c, :x, :k, :p, :t) WITH ORDINALITY AS given(e, c, x, k, p, t, n)"
+        " (event_id, channel, external_id, session_key, payload, status, attempts, created_at, updated_at,"
+        " trace_context)"
+        " SELECT e, c, x, k, p::json, 'pending', 0, t, t, j::json"
+        " FROM unnest(:e, :c, :x, :k, :p, :t, :j) WITH ORDINALITY AS given(e, c, x, k, p, t, j, n)"
         " ORDER BY n"
         " ON CONFLICT (channel, external_id) DO NOTHING"
         " RETURNING event_id"
     ).bindparams(
         *(bindparam(name, type_=ARRAY(String)) for name in ("e", "c", "x", "k")),
         bindparam("p", type_=ARRAY(Text)),
+        bindparam("j", type_=ARRAY(Text)),
         bindparam("t", type_=ARRAY(DateTime(timezone=True))),
     )
 )

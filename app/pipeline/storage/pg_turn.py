@@ -40,7 +40,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from app.db.direct import Direct
 from app.db.engine import lax_commit
-from app.db.models import inbox, messages, outbox, runs, session_keys, sessions
+from app.db.models import INBOX_UNFINISHED, inbox, messages, one_of, outbox, runs, session_keys, sessions
 from app.pipeline.storage.inbox_queries import unfinished_rows
 from app.pipeline.storage.pg_inbox import (
     LIMIT,
@@ -103,6 +103,7 @@ OUTBOX_FIELDS = (
     "next_attempt_at",
     "created_at",
     "sent_at",
+    "trace_context",
 )
 RUN_FIELDS = (
     "session_id",
@@ -268,16 +269,22 @@ APPEND = {(lax, pending): Direct(_append_statement(lax, pending)) for lax in _BO
 
 def _count_attempt_statement() -> Any:
     """Rows `processing` with one more attempt, under the lease; committed without a WAL
-    flush (`lax_commit`: only a database crash could lose the count, never our own)."""
+    flush (`lax_commit`: only a database crash could lose the count, never our own).
+    Rows no longer unfinished (canceled meanwhile) are left alone; `ids`: those counted."""
     fence = _fence()
     counted = (
         update(inbox)
-        .where(inbox.c.id == func.any(_INBOX_IDS), select(fence.c.key).exists())
+        .where(
+            inbox.c.id == func.any(_INBOX_IDS),
+            one_of(inbox.c.status, INBOX_UNFINISHED),
+            select(fence.c.key).exists(),
+        )
         .values(status="processing", attempts=inbox.c.attempts + 1, updated_at=func.now())
         .returning(inbox.c.id)
         .cte("counted")
     )
-    return select(count(fence, "held"), count(counted, "counted"), lax_commit())
+    ids = select(func.array_agg(counted.c.id)).scalar_subquery().label("ids")
+    return select(count(fence, "held"), count(counted, "counted"), ids, lax_commit())
 
 
 COUNT_ATTEMPT = Direct(_count_attempt_statement())

@@ -49,6 +49,7 @@ class InboxRow:
     # Why the stored payload is no event (then `event` is a stand-in to reply to): such a
     # row is failed at once, never retried, and never holds its session up.
     unreadable: str | None = None
+    trace_context: Mapping[str, Any] | None = None  # where its trace continues (app.tracing)
 
     @classmethod
     def of(cls, row: Mapping[Any, Any]) -> InboxRow:
@@ -68,6 +69,7 @@ class InboxRow:
             attempts=row["attempts"],
             event=event,
             unreadable=unreadable,
+            trace_context=row.get("trace_context"),
         )
 
 
@@ -225,8 +227,11 @@ class PipelineStore(Protocol):
         """A transaction whose first statement checked the lease: for rare writes (commands)."""
         ...
 
-    async def count_attempt(self, lease: SessionLease, row_ids: Sequence[int]) -> None:
-        """Mark the rows `processing` and count an attempt, committed before the attempt runs."""
+    async def count_attempt(self, lease: SessionLease, row_ids: Sequence[int]) -> list[int]:
+        """Mark the rows `processing` and count an attempt, committed before the attempt runs.
+
+        Returns the ids counted: a row that is no longer unfinished (canceled while it
+        waited, `app.db.models.CANCELED`) is left as it is and must not run."""
         ...
 
     async def note_error(self, row_ids: Sequence[int], error: str) -> None:

@@ -17,6 +17,7 @@ from sqlalchemy import bindparam, select, update
 from sqlalchemy.exc import DBAPIError, StatementError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from app import tracing
 from app.channel import AcceptResult, WaitResult
 from app.db.engine import autocommit
 from app.db.models import INBOX_UNFINISHED, inbox, one_of, outbox, runs, session_keys, utcnow
@@ -73,6 +74,7 @@ def inbox_values(event: InboundEvent, now: Any) -> dict[str, Any]:
         attempts=0,
         created_at=now,
         updated_at=now,
+        trace_context=tracing.carrier(),
     )
 
 
@@ -161,11 +163,12 @@ class PortableStore:
             await check_fence(conn, lease)
             yield conn
 
-    async def count_attempt(self, lease: SessionLease, row_ids: Sequence[int]) -> None:
+    async def count_attempt(self, lease: SessionLease, row_ids: Sequence[int]) -> list[int]:
         async with self.fenced(lease) as conn:
-            await conn.execute(
-                q.COUNT_ATTEMPT, {"ids": list(row_ids), "status": "processing", "updated_at": utcnow()}
+            counted = await conn.execute(
+                q.COUNT_UNFINISHED, {"ids": list(row_ids), "status": "processing", "updated_at": utcnow()}
             )
+            return [r[0] for r in counted]
 
     async def note_error(self, row_ids: Sequence[int], error: str) -> None:
         async with self.reader.connect() as conn:

@@ -100,7 +100,9 @@ class PostgresStore(PortableStore):
             return Accepted([accepted])
         rows = rows_from(row["upcoming"])
         if rows is not None:
-            this = InboxRow(row["id"], event.event_id, event.channel, key, 0, event)
+            this = InboxRow(
+                row["id"], event.event_id, event.channel, key, 0, event, trace_context=params["trace_context"]
+            )
             rows = [*rows, this][: pg_inbox.LIMIT]
         return Accepted([accepted], Claim(SessionLease(key, owner, row["fence"]), rows))
 
@@ -132,8 +134,9 @@ class PostgresStore(PortableStore):
             raise LeaseLost(lease.key, lease.fence)
         return row
 
-    async def count_attempt(self, lease: SessionLease, row_ids: Sequence[int]) -> None:
-        await self._fenced_statement(pg_turn.COUNT_ATTEMPT, lease, {"inbox_ids": list(row_ids)})
+    async def count_attempt(self, lease: SessionLease, row_ids: Sequence[int]) -> list[int]:
+        row = await self._fenced_statement(pg_turn.COUNT_ATTEMPT, lease, {"inbox_ids": list(row_ids)})
+        return list(row["ids"] or [])
 
     async def start(self, lease: SessionLease, plan: TurnPlan) -> Started:
         """The common start in one statement: one new event that is answered (else portable)."""

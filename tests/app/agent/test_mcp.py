@@ -21,7 +21,8 @@ import httpx
 import pytest
 from structlog.testing import capture_logs
 
-from app.agent.mcp import McpServerConfig, McpToolSource, ServerState, tool_name
+from app.agent.mcp import McpToolSource, tool_name
+from app.agent.mcp_connection import McpServerConfig, ServerState
 from app.agent.provider import ProviderReply, ToolSpec
 from app.agent.tools import Risk, ToolContext, ToolRegistry
 from app.sessions.messages import ChatMessage, tool_call

@@ -213,6 +213,45 @@ async def test_cancel_stops_a_running_task_and_a_finished_one_cannot_be(serve: S
             await client.cancel_task(CancelTaskRequest(id=done.id))
 
 
+async def test_a_task_canceled_while_queued_never_reaches_the_model(serve: ServeApp) -> None:
+    """Two messages in one context; the second is canceled while the first runs."""
+    async with FakeOpenAI() as fake:
+        hold = asyncio.Event()
+        fake.enqueue(text("First answer.", hold=hold), text("Third answer."))
+        async with (
+            serve(channel_settings=channels(), **openai_settings(fake)) as srv,
+            sdk_client(srv.url, TOKEN_A) as client,
+        ):
+            first = await only_task(client, user_message("first question", "q"), immediately=True)
+            second = await only_task(client, user_message("second question", "q"), immediately=True)
+            await fake.wait_requests(1)  # the first turn is at the model
+            assert (await client.get_task(GetTaskRequest(id=second.id))).status.state == (
+                TaskState.TASK_STATE_SUBMITTED
+            )
+            canceled = await client.cancel_task(CancelTaskRequest(id=second.id))
+            assert canceled.status.state == TaskState.TASK_STATE_CANCELED
+            hold.set()
+            done = await wait_state(client, first.id, {TaskState.TASK_STATE_COMPLETED})
+            assert reply_text(done) == "First answer."  # the first turn was not stopped
+            # Anything queued after the canceled task runs: the session is not held up.
+            third = await only_task(client, user_message("third question", "q"))
+            assert third.status.state == TaskState.TASK_STATE_COMPLETED
+            after = await client.get_task(GetTaskRequest(id=second.id))
+            assert after.status.state == TaskState.TASK_STATE_CANCELED
+            assert not after.artifacts
+            async with srv.runtime.engine.connect() as conn:
+                status = (
+                    await conn.execute(select(inbox.c.status).where(inbox.c.event_id == second.id))
+                ).scalar_one()
+            assert status == "canceled"
+            history = await history_texts(srv.runtime, "a2a:agent-one:q")
+        sent = [str(m.get("content")) for r in fake.requests for m in r.messages]
+        assert len(fake.requests) == 2
+        assert not any("second question" in c for c in sent)
+        assert "second question" not in history
+        assert "first question" in history and "third question" in history
+
+
 async def test_same_context_id_from_another_caller_is_another_session(serve: ServeApp) -> None:
     async with (
         serve(channel_settings=channels()) as srv,

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
-from app.db.models import inbox
+from sqlalchemy import update
+
+from app.connections import fingerprint
+from app.db.models import connection_leases, inbox
 from tests.channels.discord.support import discord_settings
 from tests.channels.support import count, inbox_keys, wait_outbox_final
 from tests.conftest import ServeApp
@@ -70,3 +73,26 @@ async def test_long_replies_are_split_at_2000_characters(serve: ServeApp) -> Non
             await wait_outbox_final(srv.runtime)
             assert all(len(c.body["content"]) <= 2000 for c in chunks)
             assert "".join(c.body["content"] for c in chunks) == "You said: " + "x" * 2500
+
+
+async def test_a_saved_session_the_gateway_no_longer_knows_falls_back_to_identify(serve: ServeApp) -> None:
+    async with FakeDiscord() as fake:
+        async with serve(channel_settings={"discord": discord_settings(fake)}) as srv:
+            name = f"discord:{fingerprint(dc.TOKEN)}"
+            await fake.wait_ready()
+            await fake.wait_until(lambda: srv.runtime.adapters["discord"].bot_id == dc.BOT_ID)
+            # The first holder saved its session; what a takeover would RESUME.
+            async with asyncio.timeout(10):
+                while (saved := await srv.runtime.connections.load_state(name)) is None:
+                    await asyncio.sleep(0.05)
+            assert saved["session_id"] == "session-1" and saved["resume_gateway_url"] == fake.gateway_url
+        async with srv.runtime.engine.begin() as conn:  # a session Discord has since forgotten
+            await conn.execute(
+                update(connection_leases).values(state={**saved, "session_id": "session-gone"})
+            )
+        async with serve(channel_settings={"discord": discord_settings(fake)}) as srv:
+            await fake.wait_until(lambda: len(fake.identifies) == 2, timeout=20)
+            assert [r["session_id"] for r in fake.resumes] == ["session-gone"]  # tried first
+            await fake.dispatch("MESSAGE_CREATE", dc.message("after identify", channel_id="2005"))
+            [reply] = await fake.wait_for_messages(1)
+            assert reply.body["content"] == "You said: after identify"

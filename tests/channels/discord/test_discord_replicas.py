@@ -1,4 +1,5 @@
-"""Two server processes on one PostgreSQL: one Gateway session; SIGKILL → the other identifies."""
+"""Two server processes on one PostgreSQL: one Gateway session; SIGKILL of its holder → the
+other RESUMEs the saved session, and what was sent during the gap is answered once."""
 
 from __future__ import annotations
 
@@ -53,18 +54,26 @@ async def test_one_replica_holds_the_gateway_and_the_other_takes_it_over(pg_url:
 
             servers[owner].kill()
             killed_at = time.monotonic()
-            await fake.wait_until(lambda: len(fake.identifies) == 2, timeout=TTL + 10)
+            # Sent while nobody holds the Gateway: Discord keeps them for a RESUME.
+            for i in range(3):
+                await fake.dispatch("MESSAGE_CREATE", dc.message(f"during {i}", channel_id="2100"))
+            await fake.wait_until(lambda: len(fake.resumes) == 1, timeout=TTL + 10)
             took = time.monotonic() - killed_at
-            assert took <= TTL + 3, f"identified again after {took:.1f} s"
+            assert took <= TTL + 3, f"resumed after {took:.1f} s"
+            [resume] = fake.resumes
+            assert resume["session_id"] == fake.session_id == "session-1"  # no new IDENTIFY
+            assert len(fake.identifies) == 1
+            assert fake.replayed >= 3
             [hold] = await list_holds(engine)
             assert (hold.owner, hold.takeovers) == (survivor, 1)
+            await fake.wait_for_messages(6, timeout=30)
             for i in range(3):
                 await fake.dispatch("MESSAGE_CREATE", dc.message(f"after {i}", channel_id="2100"))
-            await fake.wait_for_messages(6, timeout=30)
+            await fake.wait_for_messages(9, timeout=30)
         finally:
             for server in servers.values():
                 server.stop()
             await engine.dispose()
-    texts = [f"You said: {w} {i}" for w in ("before", "after") for i in range(3)]
+    texts = [f"You said: {w} {i}" for w in ("before", "during", "after") for i in range(3)]
     assert Counter(c.body["content"] for c in fake.messages()) == Counter(texts)  # each once
     assert fake.most_sessions == 1  # never two Gateway sessions at once

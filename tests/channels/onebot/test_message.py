@@ -47,7 +47,7 @@ def test_segments_become_parts() -> None:
         TextPart(text="hi [face:178]"),
         MentionPart(user_id="all"),
         ImagePart(url="https://img.example/a.jpg"),
-        FilePart(url="https://img.example/v.amr", name="v.amr"),
+        FilePart(url="https://img.example/v.amr", name="v.amr", mime_type="audio/amr"),
     )
     assert not segments_to_parts(normalize("[CQ:at,qq=10001]"), "10001").has_content
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import time
 from typing import Any
@@ -17,6 +18,7 @@ from app.events import ImagePart, OutboundMessage, TextPart
 from channels.qq import QQSettings
 from tests.channels.support import count, session_messages
 from tests.conftest import ADMIN_TOKEN, ServeApp
+from tests.fakes.media_server import FakeMediaServer
 from tests.fakes.qq import QQPlatform, c2c_message, group_at_message, key_from_secret, signed_headers
 
 APP_ID = "102000001"
@@ -159,7 +161,8 @@ async def test_a_retried_split_reply_is_neither_lost_nor_shown_twice(serve: Serv
 
 
 async def test_images_arrive_as_parts_and_leave_as_uploaded_rich_media(serve: ServeApp) -> None:
-    async with QQPlatform(APP_ID, SECRET) as platform:
+    async with QQPlatform(APP_ID, SECRET) as platform, FakeMediaServer() as cdn:
+        cdn.files["cat.jpg"] = (b"\xff\xd8 a cat", "image/jpeg")
         async with (
             serve(channel_settings={"qq": qq_settings(platform)}) as srv,
             httpx.AsyncClient(timeout=30) as client,
@@ -167,7 +170,7 @@ async def test_images_arrive_as_parts_and_leave_as_uploaded_rich_media(serve: Se
             picture = {
                 "content_type": "image/jpeg",
                 "filename": "cat.jpg",
-                "url": "multimedia.nt.qq.com.cn/download?appid=1406&fileid=abc",
+                "url": cdn.url_of("cat.jpg"),
                 "size": 1234,
             }
             event = c2c_message("OPENID_A", "look", message_id="MSG-IMG", attachments=[picture])
@@ -179,7 +182,7 @@ async def test_images_arrive_as_parts_and_leave_as_uploaded_rich_media(serve: Se
             )
             [user] = [m for m in resp.json()["messages"] if m["role"] == "user"]
             assert user["parts"][0]["type"] == "image"
-            assert user["parts"][0]["url"] == "https://multimedia.nt.qq.com.cn/download?appid=1406&fileid=abc"
+            assert base64.b64decode(user["parts"][0]["data_base64"]) == b"\xff\xd8 a cat"  # downloaded
             # An answer with an image (sent through the real adapter against the fake).
             adapter = srv.runtime.adapters["qq"]
             answer = OutboundMessage(

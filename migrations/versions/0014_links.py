@@ -1,7 +1,7 @@
 """link_codes: the one-time codes of /link; handoffs: /handoff's redirects
 
 Revision ID: 0011_links
-Revises: 0007_agents
+Revises: 0011_push_conn_state
 Create Date: 2026-12-04 16:40:00
 """
 
@@ -13,7 +13,7 @@ from alembic import op
 from app.db.models import UTCDateTime
 
 revision: str = "0011_links"
-down_revision: str | None = "0007_agents"
+down_revision: str | None = "0011_push_conn_state"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -1,0 +1,149 @@
+"""Inbound media made visible to the model: downloaded under a size limit, as data.
+
+A channel knows how to fetch one image or voice part from its platform (a media id with
+an access token, a URL); `inline_media` does the rest the same way on every channel:
+images become image parts carrying their bytes (`data_base64`, which a vision model sees
+as a `data:` URL), voice notes are transcribed when speech to text is on (the transcript
+becomes the user's text, the audio stays a part), and a file over the limit raises
+`MediaTooLarge` before anything is stored; the channel then answers politely
+(`too_large_text`). A fetch that fails otherwise keeps the part as it was, a reference
+the model is told about in text, rather than losing the message.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+
+import httpx
+import structlog
+
+from app.events import FilePart, ImagePart, InboundEvent, OutboundMessage, Part, TextPart
+
+log = structlog.get_logger(__name__)
+
+Transcribe = Callable[[bytes, str, str], Awaitable[str]]
+
+
+class MediaTooLarge(Exception):
+    """The file is larger than the channel's `media_max_bytes`."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"larger than {limit} bytes")
+        self.limit = limit
+
+
+@dataclass(frozen=True)
+class Media:
+    data: bytes
+    content_type: str | None = None
+
+
+def answer_to(event: InboundEvent, text: str) -> OutboundMessage:
+    """A plain text answer to `event` in its chat, with the reply metadata (`reply_*`) the
+    channel's `send` uses to quote or to name the bot that received it."""
+    return OutboundMessage(
+        channel=event.channel,
+        chat_id=event.chat_id,
+        thread_id=event.thread_id,
+        parts=(TextPart(text=text),),
+        metadata={k: v for k, v in event.metadata.items() if k.startswith("reply_")},
+    )
+
+
+def too_large_text(locale: str, limit: int) -> str:
+    """The polite reply to a file over the limit, in the channel's locale."""
+    megabytes = f"{limit / 1_000_000:g} MB"
+    if locale == "zh":
+        return f"抱歉，这个文件太大了，我无法处理（上限 {megabytes}）。"
+    return f"Sorry, that file is too large for me to read (the limit is {megabytes})."
+
+
+async def download_capped(
+    http: httpx.AsyncClient,
+    url: str,
+    limit: int,
+    *,
+    params: Mapping[str, str] | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> Media:
+    """GET `url`, refusing more than `limit` bytes: by `Content-Length`, then as they come.
+
+    Raises `MediaTooLarge`, or `httpx.HTTPError` (a non-2xx answer included).
+    """
+    async with http.stream("GET", url, params=params, headers=headers, follow_redirects=True) as resp:
+        resp.raise_for_status()
+        declared = resp.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise MediaTooLarge(limit)
+        data = bytearray()
+        async for piece in resp.aiter_bytes():
+            data += piece
+            if len(data) > limit:
+                raise MediaTooLarge(limit)
+        content_type = resp.headers.get("content-type")
+    return Media(bytes(data), content_type.split(";")[0].strip() if content_type else None)
+
+
+def is_voice(part: Part) -> bool:
+    return isinstance(part, FilePart) and (part.mime_type or "").startswith("audio/")
+
+
+async def inline_media(
+    event: InboundEvent,
+    fetch: Callable[[ImagePart | FilePart], Awaitable[Media | None]],
+    *,
+    transcribe: Transcribe | None,
+    channel: str,
+) -> InboundEvent:
+    """`event` with its images (and, with speech to text, its voice notes) as data.
+
+    `fetch(part)` downloads one part, or answers None for a part it cannot fetch (no
+    media id, no URL). `MediaTooLarge` propagates: the caller answers and stores nothing.
+    """
+    wanted = [
+        p
+        for p in event.parts
+        if isinstance(p, ImagePart) or (transcribe is not None and isinstance(p, FilePart) and is_voice(p))
+    ]
+    if not wanted:
+        return event
+    parts: list[Part] = []
+    transcripts: list[str] = []
+    for part in event.parts:
+        if part not in wanted:
+            parts.append(part)
+            continue
+        assert isinstance(part, (ImagePart, FilePart))
+        try:
+            media = await fetch(part)
+            if media is None:
+                parts.append(part)
+                continue
+            if isinstance(part, FilePart):  # a voice note, and speech to text is on
+                assert transcribe is not None
+                mime = part.mime_type or media.content_type or "audio/amr"
+                transcripts.append(await transcribe(media.data, part.name or "voice", mime))
+        except MediaTooLarge:
+            raise
+        except Exception as exc:  # the platform or the STT endpoint failed: keep the reference
+            log.warning("media_fetch_failed", channel=channel, error=str(exc) or repr(exc))
+            parts.append(part)
+            continue
+        data64 = base64.b64encode(media.data).decode()
+        if isinstance(part, ImagePart):
+            mime = part.mime_type or _image_type(media.content_type)
+            parts.append(ImagePart(data_base64=data64, mime_type=mime))
+        else:
+            update = {"url": None, "data_base64": data64, "size": len(media.data)}
+            parts.append(part.model_copy(update=update))
+    if any(transcripts):  # the transcript is the user's text; the audio stays as a part
+        parts.insert(0, TextPart(text="\n".join(t for t in transcripts if t)))
+    return event.model_copy(update={"parts": tuple(parts)})
+
+
+def _image_type(content_type: str | None) -> str:
+    if content_type and content_type.startswith("image/"):
+        return content_type
+    return "image/jpeg"  # what the chat platforms serve photos as
