@@ -107,6 +107,14 @@ class Settings(BaseSettings):
         "(the channel's model is always allowed).",
     )
     llm_fallback_model: str | None = Field(None, description="Model of the fallback endpoint.")
+    llm_context_tokens: int = Field(
+        128_000, ge=256, description="Context window of the models in tokens: no request exceeds it."
+    )
+    llm_context_tokens_by_model: Annotated[dict[str, int], NoDecode] = Field(
+        default_factory=dict,
+        description="Per-model context windows, comma-separated MODEL=TOKENS (e.g. llama3=8192).",
+    )
+    llm_reply_tokens: int = Field(4096, ge=0, description="Tokens of the context left free for the answer.")
     tool_result_max_chars: int = Field(16_000, description="Longer tool results are cut with a marker.")
     stop_poll_seconds: float = Field(1.0, description="How often a run looks for /stop from other replicas.")
 
@@ -258,6 +266,16 @@ class Settings(BaseSettings):
     def _comma_list(cls, value: object) -> object:
         if isinstance(value, str):
             return [v.strip() for v in value.split(",") if v.strip()]
+        return value
+
+    @field_validator("llm_context_tokens_by_model", mode="before")
+    @classmethod
+    def _model_tokens(cls, value: object) -> object:
+        if isinstance(value, str):
+            pairs = [p.strip().rpartition("=") for p in value.split(",") if p.strip()]
+            if any(not model.strip() or not tokens.strip().isdigit() for model, _, tokens in pairs):
+                raise ValueError("LLM_CONTEXT_TOKENS_BY_MODEL: MODEL=TOKENS pairs, comma-separated")
+            return {model.strip(): int(tokens) for model, _, tokens in pairs}
         return value
 
     @field_validator("mcp_servers", mode="before")

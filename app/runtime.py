@@ -29,6 +29,8 @@ from app.agent.provider import ChatProvider
 from app.agent.reminder import reminder_tools
 from app.agent.tools import Tool, ToolRegistry, builtin_tools
 from app.agent.workspace import file_tools
+from app.agents.handoff import Handoffs, chained
+from app.agents.links import LinkCommands
 from app.agents.profiles import AgentBook, AgentRouter
 from app.agents.session_commands import SessionCommands
 from app.agents.skills import LoadSkillTool, SkillLibrary
@@ -68,6 +70,7 @@ from app.pipeline.turn_state import WindowLimits
 from app.pipeline.waiters import Waiters
 from app.scheduling import JobStore, UsesJobStore
 from app.sessions.store import Lifecycle, SessionStore
+from app.sessions.tokens import ContextLimits
 from app.speech import SpeechToText
 from app.streaming import PreviewHub, StreamingChannel
 
@@ -230,10 +233,17 @@ class Runtime:
             approval_timeout=settings.approval_timeout_seconds,
             on_run_finished=self._observe_run,
             recall=self.memory.recall if self.memory.enabled else None,
+            context=ContextLimits(
+                settings.llm_context_tokens, settings.llm_context_tokens_by_model, settings.llm_reply_tokens
+            ),
         )
-        self.turns.agent_model = self.agents.model_of
-        self.turns.heartbeat_engine = self.engine
-        self.turns.heartbeat_seconds = settings.session_heartbeat_seconds
+        self.turns.fit.consolidator = self.memory.consolidator
+        self.turns.fit.agent_tokens = self.agents.context_tokens_of
+        self.turns.tools.agent_tools = self.agents.tools_of  # an agent's policies hold in its runs
+        self.turns.tools.approval_rules.agent_approvers = self.agents.approvers_of
+        self.turns.window.agent_model = self.agents.model_of
+        self.turns.window.heartbeat_engine = self.engine
+        self.turns.window.heartbeat_seconds = settings.session_heartbeat_seconds
         for command in BuiltinCommands(self.store, self.replies, self.turns).commands(self.commands):
             self.commands.add(command)
         session_commands = SessionCommands(
@@ -250,6 +260,9 @@ class Runtime:
         )
         more = session_commands.agent_commands() if self.agents.book.several else []
         more += session_commands.skill_commands() if self.skills.any else []
+        more += LinkCommands(self.store, self.replies, self.engine).commands()  # /link, /unlink
+        self.handoffs = Handoffs(self.store, self.replies, self.engine)
+        more += self.handoffs.commands()
         for command in [*session_commands.commands(), *session_commands.history_commands(), *more]:
             self.commands.add(command)
         self.handler = Handler(
@@ -287,7 +300,8 @@ class Runtime:
             self.channel_settings,
             gate=self.access,
             counted=self._count_event,
-            assign=self.agents.assign if self.agents.book.several else None,
+            # the serving agent, then a /handoff redirect (app.agents.handoff)
+            assign=chained(self.agents.assign if self.agents.book.several else None, self.handoffs.redirect),
         )
         self.dead_letters = DeadLetters(
             self.engine,

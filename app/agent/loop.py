@@ -85,6 +85,10 @@ class RunStopped(Exception):
         self.request = request
 
 
+# (system message, window, tool specs) -> the window to send, within the model's context.
+FitWindow = Callable[[ChatMessage, list[ChatMessage], list[dict[str, Any]]], Awaitable[list[ChatMessage]]]
+
+
 @dataclass
 class RunHooks:
     load_window: Callable[[], Awaitable[list[ChatMessage]]]
@@ -96,6 +100,10 @@ class RunHooks:
     stopped: Callable[[ChatMessage, RunRecord, StopRequest], Awaitable[None]] | None = None
     gate: Callable[[dict[str, Any], ToolContext], Awaitable[Decision]] | None = None
     pause: Callable[[dict[str, Any], RunRecord], Awaitable[None]] | None = None
+    # The window that fits the model's context with the system text and tool specs.
+    fit: (
+        Callable[[ChatMessage, list[ChatMessage], list[dict[str, Any]]], Awaitable[list[ChatMessage]]] | None
+    ) = None
 
 
 @dataclass
@@ -224,6 +232,12 @@ class AgentRunner:
                 if history is None:
                     history = await hooks.load_window()
                 window, history = self._prepare(history), None
+                if hooks.fit is not None:
+                    window = self._prepare(
+                        await hooks.fit(
+                            system, window, [t.to_provider() for t in self.tools.specs(tool_ctx.policy)]
+                        )
+                    )
                 started = time.monotonic()
                 with tracing.model_call(self.provider, model) as span:
                     reply = await self._guard(
@@ -268,7 +282,7 @@ class AgentRunner:
         except ProviderError as exc:
             log.warning("provider_failed", error=exc.detail, status=exc.status)
             record.outcome, record.error = "provider_error", exc.detail
-            text = PROVIDER_DOWN_TEXT
+            text = getattr(exc, "user_text", None) or PROVIDER_DOWN_TEXT  # e.g. a context overflow
         await hooks.finish(ChatMessage(role="assistant", content=text), record)
         return record
 

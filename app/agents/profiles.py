@@ -24,7 +24,7 @@ part of a conversation's session key unless it is the default agent
 from __future__ import annotations
 
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,6 +53,8 @@ class AgentProfile:
     memory_namespace: str | None = None
     approvers: tuple[str, ...] = ()
     users: tuple[str, ...] = ()  # senders who may switch to it; empty: everyone
+    # Context windows of its models in tokens, over LLM_CONTEXT_TOKENS(_BY_MODEL).
+    context_tokens: Mapping[str, int] = field(default_factory=dict)
     # Quotas of this agent's conversations (app.access), on top of the channel's.
     quota_sender_messages_per_minute: int | None = None
     quota_session_messages_per_minute: int | None = None
@@ -94,6 +96,9 @@ def _profile(raw: Mapping[str, Any]) -> AgentProfile:
     if unknown:
         raise ValueError(f"agent {raw['name']!r}: unknown fields {sorted(unknown)}")
     values: dict[str, Any] = {k: tuple(str(x) for x in v) if k in _LISTS else v for k, v in raw.items()}
+    tokens = values.get("context_tokens", {})
+    if not isinstance(tokens, Mapping) or not all(isinstance(n, int) and n > 0 for n in tokens.values()):
+        raise ValueError(f"agent {raw['name']!r}: context_tokens maps models to token counts")
     return AgentProfile(**values)
 
 
@@ -190,6 +195,17 @@ class AgentRouter:
 
     def model_of(self, event: InboundEvent) -> str | None:
         return self.book.get(event.agent).model
+
+    def context_tokens_of(self, event: InboundEvent) -> Mapping[str, int]:
+        return self.book.get(event.agent).context_tokens
+
+    def tools_of(self, key: str) -> tuple[Sequence[str], Sequence[str]]:
+        """The tool lists (allow, deny) of the agent serving session `key`."""
+        agent = self.book.get(agent_in_key(key))
+        return agent.tools_allow, agent.tools_deny
+
+    def approvers_of(self, key: str) -> Sequence[str]:
+        return self.book.get(agent_in_key(key)).approvers
 
     async def persona(self, ctx: ToolContext) -> str | None:
         """Context source of the run: the serving agent's system prompt."""

@@ -16,10 +16,10 @@ from sqlalchemy import func, select, update
 
 from app.agents.profiles import DEFAULT_AGENT, AgentProfile, AgentRouter
 from app.agents.skills import SKILLS, SkillLibrary, loaded_skills, set_loaded
-from app.db.models import approvals, memories, sessions, utcnow
+from app.db.models import approvals, sessions, utcnow
 from app.events import InboundEvent
 from app.memory.consolidation import Consolidator
-from app.memory.store import Scope, put_memory
+from app.memory.generations import next_generation
 from app.pipeline.commands import Command, CommandCall
 from app.pipeline.replies import Replies, conversation_channel
 from app.pipeline.storage.port import PipelineStore
@@ -316,6 +316,7 @@ class SessionCommands:
                         sessions.c.title,
                         sessions.c.status,
                         sessions.c.next_seq,
+                        sessions.c.metadata,
                     )
                     .where(sessions.c.key == key)
                     .order_by(sessions.c.generation.desc())
@@ -338,6 +339,7 @@ class SessionCommands:
                     messages=row["next_seq"] - 1,
                     status=row["status"],
                 )
+                + lineage(row["metadata"], call.locale)
                 + mark
             )
         await self._reply(call, "\n".join(lines), session.id)
@@ -421,40 +423,8 @@ class SessionCommands:
             return
         await self.consolidator.consolidate(lease, old.id, force=True)
         async with self.store.fenced(lease) as conn:
-            title = (await conn.execute(select(sessions.c.title).where(sessions.c.id == old.id))).scalar_one()
-            summaries = (
-                await conn.execute(
-                    select(memories.c.key, memories.c.content, memories.c.metadata).where(
-                        memories.c.scope == Scope.SESSION.value,
-                        memories.c.owner == lease.key,
-                        memories.c.source_session_id == old.id,
-                    )
-                )
-            ).all()
-            await store.close_current(conn, lease.key)
-            new = await store.open_current(conn, lease.key, channel, fence=lease.fence)
-            carried = {k: old.metadata[k] for k in ("model",) if k in old.metadata}
-            metadata = {**carried, "compacted_from": {"session_id": old.id, "generation": old.generation}}
-            await conn.execute(
-                update(sessions)
-                .where(sessions.c.id == new.id)
-                .values(metadata=metadata, title=title, updated_at=utcnow())
-            )
-            for row in summaries:
-                await put_memory(
-                    conn,
-                    Scope.SESSION,
-                    lease.key,
-                    row.content,
-                    key=f"carried:{old.id}:{row.key}",
-                    kind="summary",
-                    source_session_id=new.id,
-                    metadata={**(row.metadata or {}), "from_session_id": old.id},
-                )
-            store.remember(lease.key, replace(new, metadata=metadata), fence=lease.fence)
-            text = say(
-                "compact.done", call.locale, old=old.generation, new=new.generation, summaries=len(summaries)
-            )
+            new, carried = await next_generation(conn, store, lease, old, channel)
+            text = say("compact.done", call.locale, old=old.generation, new=new.generation, summaries=carried)
             await self.replies.answer(conn, call.row, text, session_id=new.id)
         self.replies.handled([call.row.event_id])
 
@@ -526,3 +496,11 @@ class SessionCommands:
                 conn, call.row, say(key, call.locale, skill=name), session_id=session.id
             )
         self.replies.handled([call.row.event_id])
+
+
+def lineage(metadata: Mapping[str, Any] | None, locale: str) -> str:
+    """ ", from N" for a generation continued from N (/compact or a context overflow)."""
+    link = (metadata or {}).get("compacted_from")
+    if not isinstance(link, Mapping) or "generation" not in link:
+        return ""
+    return say("sessions.from", locale, n=link["generation"])

@@ -105,8 +105,11 @@ class SkillLibrary:
         self.book = book
 
     def available(self, session_key: str) -> dict[str, Skill]:
-        agent = self.book.get(agent_in_key(session_key)).name
-        return {**self.global_skills, **self.agent_skills.get(agent, {})}
+        """The agent's own skills, and the global ones its `skills` list names (all: empty)."""
+        agent = self.book.get(agent_in_key(session_key))
+        wanted = set(agent.skills)
+        shared = {n: s for n, s in self.global_skills.items() if not wanted or n in wanted}
+        return {**shared, **self.agent_skills.get(agent.name, {})}
 
     def listing(self) -> list[AgentListing]:
         """Every agent with the skills it may load (what A2A's per-agent cards show)."""

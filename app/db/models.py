@@ -253,6 +253,27 @@ agent_choices = Table(
     Column("updated_at", UTCDateTime, nullable=False),
 )
 
+# One-time codes of /link (app.agents.links): who asked, until when. Only a hash is kept.
+link_codes = Table(
+    "link_codes",
+    metadata,
+    Column("code_hash", String(64), primary_key=True),
+    Column("identity", String(600), nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("expires_at", UTCDateTime, nullable=False),
+)
+
+# /handoff (app.agents.handoff): a linked identity's direct chat continues another session.
+handoffs = Table(
+    "handoffs",
+    metadata,
+    Column("from_key", String(512), primary_key=True),  # the direct chat's own key
+    Column("to_key", String(512), nullable=False),  # the session it continues
+    Column("identity", String(600), nullable=False),  # whose chat: only they are redirected
+    Column("created_at", UTCDateTime, nullable=False),
+    Index("ix_handoffs_to_key", "to_key"),
+)
+
 memories = Table(
     "memories",
     metadata,

@@ -28,7 +28,8 @@ from app.db.engine import autocommit
 from app.db.models import inbox, messages, sessions
 from app.memory.identity import identity_of, is_person, resolve_owner
 from app.memory.store import Scope, content_key, put_memory
-from app.memory.summarize import Summarizer, extract_facts
+from app.memory.summarize import Summarizer, Summary, extract_facts
+from app.sessions.history_marks import visible
 from app.sessions.lease import SessionLease, check_fence
 from app.sessions.messages import ChatMessage
 from app.sessions.store import SessionState, advance_consolidated, message_from_row
@@ -142,6 +143,9 @@ class Consolidator:
         if below and not force:
             return None
         async with self.engine.connect() as conn:
+            marks = (
+                await conn.execute(select(sessions.c.metadata).where(sessions.c.id == session_id))
+            ).scalar_one() or {}
             rows = (
                 (
                     await conn.execute(
@@ -159,7 +163,8 @@ class Consolidator:
         boundary = choose_boundary(history, keep=max(keep, 1))
         if boundary is None:
             return None
-        folded = [m for m in history if m.seq is not None and m.seq <= boundary]
+        # Turns hidden by /undo or /retry are folded past but neither summarized nor mined.
+        folded = visible([m for m in history if m.seq is not None and m.seq <= boundary], marks)
         senders = await self._senders(folded)
         facts = [
             (senders[m.event_id], f"fact:{f.key}", f.content)
@@ -168,8 +173,12 @@ class Consolidator:
             for f in extract_facts(m.content or "")
         ]
         speakers = set(senders.values())
-        summary = await self.summarizer.summarize(
-            folded, max_chars=self.limits.summary_max_chars, want_facts=len(speakers) == 1
+        summary = (
+            await self.summarizer.summarize(
+                folded, max_chars=self.limits.summary_max_chars, want_facts=len(speakers) == 1
+            )
+            if folded
+            else Summary("")
         )
         if len(speakers) == 1:  # the model's facts can only be about the one sender
             [speaker] = speakers

@@ -119,12 +119,15 @@ class MemoryRecall:
         scopes: Sequence[Scope] = tuple(Scope),
         *,
         conn: AsyncConnection | None = None,
+        shareable: bool = False,
     ) -> list[OwnerFilter]:
-        """The only owners this turn may read."""
+        """The only owners this turn may read. Where the user scope is not allowed (a shared
+        group), `shareable` still reads the sender's entries marked shareable."""
         out: list[OwnerFilter] = []
         for scope in scopes:
             if scope is Scope.USER:
-                if not self.user_scope_allowed(ctx):
+                allowed = self.user_scope_allowed(ctx)
+                if not allowed and not (shareable and is_person(ctx.channel)):
                     continue
                 identity = identity_of(ctx.channel, ctx.sender_id)
                 if conn is not None:
@@ -132,7 +135,7 @@ class MemoryRecall:
                 else:
                     async with self.store.engine.connect() as own:
                         owner = await resolve_owner(own, identity)
-                out.append(OwnerFilter(Scope.USER, owner))
+                out.append(OwnerFilter(Scope.USER, owner, shareable_only=not allowed))
             elif scope is Scope.SESSION:
                 out.append(OwnerFilter(Scope.SESSION, ctx.session_key, ctx.session_id))
             else:
@@ -269,7 +272,9 @@ class RecallTool:
         except (TypeError, ValueError) as exc:
             raise ToolError("limit must be a number") from exc
         found = await self.recall.store.search(
-            await self.recall.filters(ctx, scopes), str(arguments.get("query") or ""), limit=limit
+            await self.recall.filters(ctx, scopes, shareable=True),
+            str(arguments.get("query") or ""),
+            limit=limit,
         )
         return json.dumps(
             {"memories": [{"scope": m.scope.value, "content": m.content, "kind": m.kind} for m in found]},

@@ -58,11 +58,14 @@ class OwnerFilter:
     scope: Scope
     owner: str
     session_id: int | None = None
+    shareable_only: bool = False  # only entries their owner marked shareable
 
     def clause(self) -> ColumnElement[bool]:
         parts = [memories.c.scope == self.scope.value, memories.c.owner == self.owner]
         if self.session_id is not None:
             parts.append(memories.c.source_session_id == self.session_id)
+        if self.shareable_only:
+            parts.append(memories.c.metadata["shareable"].as_boolean().is_(True))
         return and_(*parts)
 
 

@@ -11,7 +11,7 @@ with the decision. Everything here runs inside the caller's fenced transaction.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -33,13 +33,17 @@ APPROVAL_TIMEOUT_SENDER = "chatgate:approval-timeout"
 
 
 class ApprovalRules:
-    """Who may approve a risky call, from each channel's settings."""
+    """Who may approve a risky call: each channel's approvers, and the serving agent's."""
 
     def __init__(self, channel_settings: Mapping[str, ChannelSettings]) -> None:
         self.channel_settings = channel_settings
+        # Set by the runtime: the approvers the agent of a session key declares (app.agents).
+        self.agent_approvers: Callable[[str], Sequence[str]] = lambda key: ()
 
-    def possible(self, origin: InboundEvent) -> bool:
-        """Can anyone approve calls of a run that serves `origin`?"""
+    def possible(self, origin: InboundEvent, key: str = "") -> bool:
+        """Can anyone approve calls of a run that serves `origin` (in session `key`)?"""
+        if self.agent_approvers(key):
+            return True
         settings = self.channel_settings.get(origin.channel)
         if settings is None:
             return False
@@ -47,7 +51,11 @@ class ApprovalRules:
             return True
         return settings.approve_own_requests_in_direct and origin.chat_type is ChatType.DIRECT
 
-    def may_decide(self, origin: InboundEvent, requester: str | None, event: InboundEvent) -> bool:
+    def may_decide(
+        self, origin: InboundEvent, requester: str | None, event: InboundEvent, key: str = ""
+    ) -> bool:
+        if event.sender_id in self.agent_approvers(key):
+            return True
         settings = self.channel_settings.get(event.channel)
         if settings is None:
             return False
@@ -60,8 +68,8 @@ class ApprovalRules:
             and event.sender_id == requester
         )
 
-    def gate(self, origin: InboundEvent) -> Decision:
-        if self.possible(origin):
+    def gate(self, origin: InboundEvent, key: str = "") -> Decision:
+        if self.possible(origin, key):
             return Decision("ask")
         # Webhook and cron sessions have no human who could answer: deny, don't hang.
         return Decision("deny", by="policy", reason="no one may approve this tool in this conversation")
@@ -172,7 +180,7 @@ async def decide(
     origin = await _origin(conn, run, event)
     if timeout:
         status, by = "expired", "timeout"
-    elif rules.may_decide(origin, details.get("requester"), event):
+    elif rules.may_decide(origin, details.get("requester"), event, lease.key):
         status, by = ("approved" if command == "/approve" else "denied"), event.sender_id
     else:
         refusals = [*details.get("approval_refusals", []), {"sender": event.sender_id, "command": command}]

@@ -170,7 +170,7 @@ class BuiltinCommands:
             outcome = await decide(
                 conn,
                 self.store.sessions,
-                self.turns.approval_rules,
+                self.turns.tools.approval_rules,
                 lease,
                 event,
                 call.name,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -63,3 +63,19 @@ def run_trace(
         values["finished_at"] = now
         values["duration_ms"] = round((now - started_at).total_seconds() * 1000)
     return values
+
+
+def record_of(run: Mapping[Any, Any]) -> RunRecord:
+    """The record of a paused run, from its row, to continue it."""
+    details = dict(run["details"] or {})
+    return RunRecord(
+        provider=run["provider"],
+        model=run["model"],
+        iterations=run["iterations"],
+        prompt_tokens=run["prompt_tokens"],
+        completion_tokens=run["completion_tokens"],
+        tool_calls=list(run["tool_calls"] or []),
+        model_ms=int(details.pop("model_ms", 0)),
+        tool_ms=int(details.pop("tool_ms", 0)),
+        details=details,
+    )

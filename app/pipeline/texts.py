@@ -51,6 +51,7 @@ TEXTS: dict[str, dict[str, str]] = {
         "zh": "此处不可使用 {model}。可用模型：{models}",
     },
     "sessions.title": {"en": "Conversations in this chat (* current):", "zh": "此聊天中的对话（* 为当前）："},
+    "sessions.from": {"en": ", from {n}", "zh": "，接续自 {n}"},
     "sessions.line": {
         "en": "{n}. {title} — {messages} messages, {status}",
         "zh": "{n}. {title} — {messages} 条消息，{status}",
@@ -98,6 +99,51 @@ TEXTS: dict[str, dict[str, str]] = {
     },
     "skill.unloaded": {"en": "Skill {skill} unloaded.", "zh": "已卸载技能 {skill}。"},
     "skill.not_loaded": {"en": "Skill {skill} was not loaded.", "zh": "技能 {skill} 未加载。"},
+    "link.code": {
+        "en": "Your link code: {code}\nSend /link {code} from your other account within {minutes} minutes.",
+        "zh": "你的关联码：{code}\n请在 {minutes} 分钟内从你的另一个账号发送 /link {code}。",
+    },
+    "link.direct_only": {
+        "en": "Use /link in a direct chat with me.",
+        "zh": "请在与我的私聊中使用 /link。",
+    },
+    "link.bad_code": {
+        "en": "That code is unknown, used or expired. Send /link on your other account for a new one.",
+        "zh": "该关联码无效、已使用或已过期。请在另一个账号上发送 /link 获取新的关联码。",
+    },
+    "link.same": {"en": "That code came from this account itself.", "zh": "该关联码来自此账号本身。"},
+    "link.done": {
+        "en": "Linked: your accounts now share your memory. /unlink undoes it.",
+        "zh": "已关联：你的账号现在共享记忆。发送 /unlink 可取消。",
+    },
+    "unlink.done": {"en": "This account is no longer linked.", "zh": "此账号已取消关联。"},
+    "unlink.none": {"en": "This account is not linked.", "zh": "此账号没有关联。"},
+    "handoff.usage": {
+        "en": "Usage: /handoff CHANNEL (e.g. /handoff telegram) or /handoff back",
+        "zh": "用法：/handoff 渠道（例如 /handoff telegram）或 /handoff back",
+    },
+    "handoff.done": {
+        "en": "This conversation now continues in your direct chat on {channel}.",
+        "zh": "当前对话将在你于 {channel} 上的私聊中继续。",
+    },
+    "handoff.back": {
+        "en": "Handed back: each chat has its own conversation again.",
+        "zh": "已交回：各聊天重新拥有各自的对话。",
+    },
+    "handoff.none": {"en": "This conversation is not handed off.", "zh": "当前对话没有转交。"},
+    "handoff.here": {"en": "You are on {channel} already.", "zh": "你已经在 {channel} 上了。"},
+    "handoff.not_linked": {
+        "en": "You have no account on {channel} linked to this one. Use /link first.",
+        "zh": "你没有与此账号关联的 {channel} 账号。请先使用 /link。",
+    },
+    "handoff.say_hi": {
+        "en": "Send me a direct message on {channel} first, then /handoff {channel} again.",
+        "zh": "请先在 {channel} 上给我发一条私信，然后再次发送 /handoff {channel}。",
+    },
+    "context.too_long": {
+        "en": "Your message is too long for this model's context. Please send a shorter one.",
+        "zh": "你的消息超出了此模型的上下文长度，请发送更短的消息。",
+    },
     "resume.done": {"en": "Continuing conversation {n}: {title}", "zh": "继续第 {n} 个对话：{title}"},
 }
 

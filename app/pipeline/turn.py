@@ -5,8 +5,10 @@ final answer, its outbox row, the run trace and the inbox rows' status commit to
 so a crash either leaves the turn to be resumed or finished. Watchers (the browser
 gateway) learn about each commit on the session bus, after the commit.
 
-A run that asks for approval of a risky tool call pauses (`_pause`: the question is its
-turn's answer); `/approve` or `/deny` continues it later through `resume`.
+A run that asks for approval of a risky tool call pauses (`app.pipeline.turn_pause`: the
+question is its turn's answer); `/approve` or `/deny` continues it later through `resume`. Which model and
+which part of the history the run sees is `app.pipeline.turn_window`'s; what its tools may
+do, `app.pipeline.turn_tools`'.
 """
 
 from __future__ import annotations
@@ -14,41 +16,36 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
-from datetime import timedelta
+from functools import partial
 from typing import Any
 
 import structlog
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.agent.loop import AgentRunner, Decision, RunHooks, RunRecord, StopRequest, open_calls
-from app.agent.policy import ToolPolicy
 from app.agent.tools import ToolContext
 from app.channel import ChannelSettings, WaitResult
 from app.db.models import utcnow
 from app.events import InboundEvent
-from app.memory.recall import RECALLED, MemoryRecall
+from app.memory.recall import MemoryRecall
 from app.pipeline.after_turn import AfterTurnHooks
 from app.pipeline.approvals import (
-    ApprovalRules,
     Decided,
-    call_name_and_arguments,
-    insert_request,
-    question_text,
 )
 from app.pipeline.feed import SessionFeed
 from app.pipeline.midrun import MidRun
 from app.pipeline.replies import Replies, conversation_channel, reply_for, user_message
-from app.pipeline.run_trace import UPDATE_RUN, run_trace, run_values
-from app.pipeline.storage.inbox_queries import COUNT_ATTEMPT, MARK, reply_of
+from app.pipeline.run_trace import record_of, run_trace, run_values
+from app.pipeline.storage.inbox_queries import COUNT_ATTEMPT, reply_of
 from app.pipeline.storage.port import InboxRow, PipelineStore, Recall, TurnEnd, TurnPlan
+from app.pipeline.turn_fit import ContextFit
+from app.pipeline.turn_pause import Pause
 from app.pipeline.turn_state import Handled, HandOn, TurnState, WindowLimits
-from app.sessions.heartbeat import heartbeat
-from app.sessions.history_marks import hidden_ranges, visible
+from app.pipeline.turn_tools import TurnTools
+from app.pipeline.turn_window import TurnWindow
 from app.sessions.hooks import AfterTurn
 from app.sessions.lease import SessionLease
 from app.sessions.messages import ChatMessage
-from app.sessions.store import SessionState, message_from_row, message_values
-from app.sessions.window import trim_to_legal_window
+from app.sessions.tokens import ContextLimits
 
 log = structlog.get_logger(__name__)
 
@@ -71,27 +68,22 @@ class TurnRunner:
         approval_timeout: float = 300.0,
         on_run_finished: Callable[[str, float, str], None] | None = None,
         recall: MemoryRecall | None = None,
+        context: ContextLimits | None = None,
     ) -> None:
         self.store = store
         self.runner = runner
         self.replies = replies
         self.midrun = midrun
-        self.limits = limits
-        self.models = dict(models or {})
+        self.window = TurnWindow(store, limits, models)
+        self.models = self.window.models  # each channel's model (read by /model)
         self.feed = feed or SessionFeed(None)
         self.after_turn = AfterTurnHooks(after_turn)
         self.channel_settings = dict(channel_settings or {})
-        self.tools_allow = list(tools_allow)
-        self.tools_deny = list(tools_deny)
+        self.fit = ContextFit(store, self.window, context or ContextLimits(), self.channel_settings)
+        self.tools = TurnTools(self.channel_settings, tools_allow=tools_allow, tools_deny=tools_deny)
         self.approval_timeout = approval_timeout
-        self.approval_rules = ApprovalRules(self.channel_settings)
         self.on_run_finished = on_run_finished
         self.recall = recall  # read with a turn's start where the store can
-        # The serving agent's model (app.agents), between /model's choice and the channel's.
-        self.agent_model: Callable[[InboundEvent], str | None] = lambda event: None
-        # Set by the runtime: refresh last_active_at while a run works (0: off).
-        self.heartbeat_engine: AsyncEngine | None = None
-        self.heartbeat_seconds = 0.0
         # Set by the runtime: add a turn's model tokens to the quota counters (app.access).
         self.count_tokens: Callable[[InboundEvent, int], Awaitable[None]] | None = None
 
@@ -120,7 +112,7 @@ class TurnRunner:
             user_messages=[user_message(e) for e in events],
             run=run if answer else None,
             now=now,
-            window_limit=self.limits.max_messages,
+            window_limit=self.window.limits.max_messages,
             recall=recall,
         )
         started = await self.store.start(lease, plan)
@@ -144,11 +136,10 @@ class TurnRunner:
             hand_on=hand_on,
         )
         # A model chosen with /model is stored on the session (app.agents.session_commands).
-        model = self._model(started.session, last)
+        turn.model = model = self.window.model(started.session, last)
         record = RunRecord(provider=self.runner.provider.name, model=model)
-        beat = heartbeat(self.heartbeat_engine, started.session.id, self.heartbeat_seconds)
         with self.midrun.running(lease.key):
-            async with beat:  # a long run keeps its session active (app.sessions.heartbeat)
+            async with self.window.beat(started.session.id):
                 record = await self.runner.resume(
                     self._hooks(turn),
                     self._tool_context(turn),
@@ -167,18 +158,7 @@ class TurnRunner:
 
     async def resume(self, lease: SessionLease, row: InboxRow, decided: Decided) -> None:
         approval, run, session = decided.approval, decided.run, decided.session
-        details = dict(run["details"] or {})
-        record = RunRecord(
-            provider=run["provider"],
-            model=run["model"],
-            iterations=run["iterations"],
-            prompt_tokens=run["prompt_tokens"],
-            completion_tokens=run["completion_tokens"],
-            tool_calls=list(run["tool_calls"] or []),
-            model_ms=int(details.pop("model_ms", 0)),
-            tool_ms=int(details.pop("tool_ms", 0)),
-            details=details,
-        )
+        record = record_of(run)
         turn = TurnState(
             lease=lease,
             session=session,
@@ -189,6 +169,7 @@ class TurnRunner:
             run_row=None,
             link_rows=False,
         )
+        turn.model = self.window.model(session, decided.origin)
         calls = open_calls(await self.store.sessions.tail(session.id, 64))
         decisions = {approval["tool_call_id"]: decided.decision}
         with self.midrun.running(lease.key):
@@ -198,7 +179,7 @@ class TurnRunner:
                 record,
                 calls=calls,
                 decisions=decisions,
-                model=self._model(session, decided.origin),
+                model=turn.model,
             )
         await self._count_tokens(
             decided.origin, record, already=run["prompt_tokens"] + run["completion_tokens"]
@@ -216,54 +197,13 @@ class TurnRunner:
         except Exception:  # the turn is done; a missed count must not make it fail
             log.exception("token_count_failed", session_key=origin.session_key)
 
-    def _model(self, session: SessionState, event: InboundEvent) -> str | None:
-        """/model's choice for the session, else the agent's model, else the channel's."""
-        chosen = session.metadata.get("model")
-        return chosen or self.agent_model(event) or self.models.get(event.channel)
-
     # --- the hooks the run loop calls -----------------------------------------------
 
     def _tool_context(self, turn: TurnState) -> ToolContext:
-        origin = turn.origin
-        return ToolContext(
-            session_id=turn.session.id,
-            session_key=turn.lease.key,
-            channel=origin.channel,
-            chat_id=origin.chat_id,
-            sender_id=origin.sender_id,
-            thread_id=origin.thread_id,
-            message_count=lambda: self._message_count(turn),
-            policy=ToolPolicy.build(
-                allow=self.tools_allow,
-                deny=self.tools_deny,
-                channel=self.channel_settings.get(origin.channel),
-                sender_id=origin.sender_id,
-            ),
-            chat_type=origin.chat_type.value,
-            generation=turn.session.generation,
-            extras={RECALLED: turn.recalled} if turn.recalled is not None else {},
-        )
-
-    async def _message_count(self, turn: TurnState) -> int:
-        return await self.store.sessions.message_count(turn.session.id)
+        return self.tools.context(turn, lambda: self.store.sessions.message_count(turn.session.id))
 
     def _hooks(self, turn: TurnState) -> RunHooks:
         lease = turn.lease
-        limits = self.limits
-
-        async def load_window() -> list[ChatMessage]:
-            # Turns marked undone/superseded (/undo, /retry) stay stored but are not sent.
-            marks = turn.session.metadata
-            if turn.stored is not None:  # what `SessionStore.load_window` would read now
-                return trim_to_legal_window(
-                    visible(turn.stored, marks),
-                    max_messages=limits.max_messages,
-                    max_tokens=limits.max_tokens,
-                )
-            window = await self.store.sessions.load_window(
-                turn.session, max_messages=limits.max_messages, max_tokens=limits.max_tokens
-            )
-            return trim_to_legal_window(visible(window, marks)) if hidden_ranges(marks) else window
 
         async def append(new: list[ChatMessage]) -> None:
             # A tool result may be its group's last: the boundary after it looks at the
@@ -299,13 +239,13 @@ class TurnRunner:
             return await self.midrun.wait_stop(lease.key, turn.handled_ids)
 
         async def gate(call: dict[str, Any], ctx: ToolContext) -> Decision:
-            return self.approval_rules.gate(turn.origin)
+            return self.tools.gate(turn)
 
         async def pause(call: dict[str, Any], record: RunRecord) -> None:
             await self._pause(turn, call, record)
 
         return RunHooks(
-            load_window=load_window,
+            load_window=partial(self.window.load, turn),
             append=append,
             finish=finish,
             on_delta=on_delta if self.feed.streams else None,
@@ -314,18 +254,12 @@ class TurnRunner:
             stopped=stopped,
             gate=gate,
             pause=pause,
+            fit=partial(self.fit, turn),  # the request within the model's context
         )
 
     async def _appended(self, turn: TurnState, new: Sequence[ChatMessage], seqs: Sequence[int]) -> None:
         """Keep `turn.stored` as a read would return it, and tell the watchers."""
-        if turn.stored is not None:
-            turn.stored.extend(
-                message_from_row({**message_values(m, turn.run_id), "seq": seq})
-                for m, seq in zip(new, seqs, strict=True)
-            )
-            limit = self.limits.max_messages
-            if limit is not None and len(turn.stored) > limit:
-                del turn.stored[:-limit]  # a read takes the newest `max_messages` only
+        self.window.keep(turn, new, seqs)
         await self.feed.messages(
             turn.lease.key, turn.session.id, new, seqs, run_id=turn.run_id, remote=turn.watched
         )
@@ -427,50 +361,9 @@ class TurnRunner:
     # --- approvals: a run that asks pauses; its question is the turn's answer ----------
 
     async def _pause(self, turn: TurnState, call: dict[str, Any], record: RunRecord) -> None:
-        lease, session = turn.lease, turn.session
-        name, arguments = call_name_and_arguments(call)
-        now = utcnow()
-        expires = now + timedelta(seconds=self.approval_timeout)
-        record.outcome = "awaiting_approval"
         if turn.run_row is None:
             turn.run_row = await self.store.run_row(turn.run_id)
-        trace = run_trace(turn.run_row, record, [r.event_id for r in turn.rows], finished=False, now=now)
-        async with self.store.fenced(lease) as conn:
-            approval_id = await insert_request(
-                conn,
-                session_id=session.id,
-                key=lease.key,
-                run_id=turn.run_id,
-                call_id=call["id"],
-                name=name,
-                arguments=arguments,
-                requested_at=now,
-                expires_at=expires,
-            )
-            question = question_text(name, arguments, approval_id, self.approval_timeout)
-            await self.replies.insert(
-                conn,
-                reply_for(turn.reply_to, question),
-                session_id=session.id,
-                run_id=turn.run_id,
-                event_id=turn.reply_to.event_id,
-            )
-            done = {"ids": [r.id for r in turn.rows], "status": "done", "updated_at": now}
-            if turn.link_rows:
-                done["run_id"] = turn.run_id
-            await conn.execute(MARK, done)
-            await conn.execute(UPDATE_RUN, {**trace, "run_id_": turn.run_id})
-        self._run_saved(turn, record, trace, finished=False)
-        self.replies.handled([r.event_id for r in turn.rows])
-        log.info("approval_requested", approval_id=approval_id, tool=name)
-        await self.feed.event(
-            lease.key,
-            "approval_request",
-            run_id=turn.run_id,
-            approval_id=approval_id,
-            tool=name,
-            arguments=arguments,
-            tool_call_id=call["id"],
-            expires_at=expires.isoformat(),
-            text=question,
+        pause = Pause(self.store, self.replies, self.feed, self.approval_timeout)
+        await pause(
+            turn, call, record, saved=lambda trace: self._run_saved(turn, record, trace, finished=False)
         )

@@ -72,6 +72,7 @@ class TurnState:
     hand_on: HandOn | None = None  # a fresh turn's end may give the lease up (and hand on)
     upcoming: list[InboxRow] | None = None
     released: bool = False
+    model: str | None = None  # the model the run asks (its context limit applies)
 
     @property
     def handled_ids(self) -> set[int]:

@@ -39,3 +39,35 @@ async def test_personal_memory_stays_out_of_a_shared_group_unless_shareable(serv
         assert ON_CALL in alice_group and PIN not in alice_group
         assert ON_CALL not in bob_group and PIN not in bob_group
         assert ON_CALL in alice_dm and PIN in alice_dm
+
+
+async def test_the_recall_tool_in_a_shared_group_finds_only_the_senders_shareable_entries(
+    serve: ServeApp,
+) -> None:
+    channel = {"webhook": webhook_settings(require_mention_in_groups=False)}
+    async with FakeOpenAI() as fake:
+        fake.enqueue(
+            calls(
+                ToolCall("remember", {"content": PIN}, id="m1"),
+                ToolCall("remember", {"content": ON_CALL, "shareable": True}, id="m2"),
+            ),
+            text("Noted."),
+            calls(ToolCall("recall", {"scope": "user"}, id="r1")),  # alice asks in the group
+            text("alice's answer"),
+            calls(ToolCall("recall", {}, id="r2")),  # bob asks in the group
+            text("bob's answer"),
+        )
+        running = serve(channel_settings=channel, **openai_settings(fake))
+        async with running as srv, httpx.AsyncClient(timeout=30) as client:
+            assert await post(client, srv, "remember these", chat="alice-dm", sender="alice") == "Noted."
+            group = {"chat": "team", "chat_type": "group"}
+            assert await post(client, srv, "what do you know?", sender="alice", **group) == "alice's answer"
+            assert await post(client, srv, "and about me?", sender="bob", **group) == "bob's answer"
+
+        def recalled(request: object) -> str:
+            """The newest tool result the request carries (the group's history has earlier ones)."""
+            return str([m for m in getattr(request, "messages") if m["role"] == "tool"][-1]["content"])  # noqa: B009
+
+        alice_tool, bob_tool = recalled(fake.requests[3]), recalled(fake.requests[5])
+        assert ON_CALL in alice_tool and PIN not in alice_tool
+        assert bob_tool == '{"memories": []}'  # bob has nothing; alice's entries are hers
