@@ -111,6 +111,11 @@ async def test_turns_notify_other_replicas_only_while_one_watches_the_key(serve:
             assert (seen[0]["role"], seen[0]["content"]) == ("user", "again")
             assert seen[-1]["seq"] == seen[0]["seq"] + 1
             assert "".join(e["text"] for e in seen[1:-1]) == seen[-1]["content"]
+            # The eavesdropper's connection hears them on its own time: wait for the last one.
+            for _ in range(100):
+                if len(heard) >= len(seen):
+                    break
+                await asyncio.sleep(0.05)
             assert len(heard) == len(seen)
         finally:
             await replica.stop()
