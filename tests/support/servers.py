@@ -96,6 +96,7 @@ class ServerProcess:
             except httpx.HTTPError:
                 pass
             time.sleep(0.1)
+        self.kill()  # never leave a half-started server running past the test
         raise RuntimeError(f"server did not become ready:\n{self.log()}")
 
     def log(self) -> str:
