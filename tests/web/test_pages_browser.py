@@ -225,6 +225,14 @@ async def test_dashboard_theme_language_live_charts_config_empty_and_mobile(
         await expect(page.locator("html")).to_have_attribute("data-effective-theme", "dark")
         bg = await page.evaluate("getComputedStyle(document.body).backgroundColor")
         assert bg == "rgb(18, 21, 27)", bg
+        # Detail pages too: a session's actions and the channels table speak Chinese.
+        await page.goto(f"{srv.url}/admin#/sessions")
+        await page.locator("#sessions-table tbody tr a").first.click()
+        await expect(page.locator("#action-reset")).to_have_text("重置")
+        await expect(page.locator("#action-archive")).to_have_text("归档")
+        await page.goto(f"{srv.url}/admin#/channels")
+        await expect(page.locator("#page thead")).to_contain_text("健康状态")
+        await shot(page, "pages-dashboard-channels-zh-dark")
         await context.close()
 
 

@@ -328,15 +328,15 @@ async function renderSession(key, params) {
   const actions = h(
     "div",
     { class: "actions" },
-    h("button", { type: "button", id: "action-reset", onClick: () => doReset(key, current) }, "Reset"),
-    h("button", { type: "button", id: "action-archive", onClick: () => doArchive(key) }, "Archive"),
+    h("button", { type: "button", id: "action-reset", onClick: () => doReset(key, current) }, t("Reset")),
+    h("button", { type: "button", id: "action-archive", onClick: () => doArchive(key) }, t("Archive")),
     gens.generations.length > 1 || !isCurrent
       ? h(
           "span",
           { class: "row" },
           h(
             "select",
-            { id: "generation-select", "aria-label": "Generation", onChange: (ev) => {
+            { id: "generation-select", "aria-label": t("Generation"), onChange: (ev) => {
               window.location.hash = link("session", key, { generation: ev.target.value });
             } },
             gens.generations.map((g) =>
@@ -376,10 +376,10 @@ async function renderSession(key, params) {
     isCurrent ? null : h("p", { class: "muted" }, `Showing generation ${generation} (${shown.status}); the current one is ${current.generation}.`),
     h("h2", null, `History (${history.messages.length} messages)`),
     renderHistory(history.messages),
-    h("h2", null, "Runs"),
-    runRows.length ? runsTable(runRows) : h("div", { class: "empty" }, "No runs yet."),
-    h("h2", null, "Approvals"),
-    approvalRows.length ? approvalsTable(approvalRows) : h("div", { class: "empty" }, "No approval requests."),
+    h("h2", null, t("Runs")),
+    runRows.length ? runsTable(runRows) : h("div", { class: "empty" }, t("No runs yet.")),
+    h("h2", null, t("Approvals")),
+    approvalRows.length ? approvalsTable(approvalRows) : h("div", { class: "empty" }, t("No approval requests.")),
   ];
 }
 
@@ -398,7 +398,7 @@ async function doReset(key, before) {
     await api.reset(key);
     toast("Reset queued behind the session's events…");
     const after = await waitForChange(key, before);
-    toast(after ? `Session is now ${after.status}.` : "Reset is still queued.");
+    toast(after ? t("Session is now {status}.", { status: after.status }) : t("Reset is still queued."));
   } catch (err) {
     if (err instanceof Unauthorized) return showLogin();
     toast(`Reset failed: ${err.message}`);
@@ -444,7 +444,7 @@ async function resolveDeadLetters(action, selection) {
   try {
     const result = action === "retry" ? await api.retryDeadLetters(selection) : await api.discardDeadLetters(selection);
     const done = result.retried || result.discarded || [];
-    toast(`${action === "retry" ? "Retried" : "Discarded"} ${done.length} dead letter${done.length === 1 ? "" : "s"}.`);
+    toast(t(action === "retry" ? "Retried {n} dead letter(s)." : "Discarded {n} dead letter(s).", { n: done.length }));
   } catch (err) {
     if (err instanceof Unauthorized) return showLogin();
     toast(`${action} failed: ${err.message}`);
@@ -466,9 +466,9 @@ function deadLetterRow(d) {
     h(
       "td",
       null,
-      h("button", { type: "button", class: "retry", onClick: () => resolveDeadLetters("retry", { ids: [d.id] }) }, "Retry"),
+      h("button", { type: "button", class: "retry", onClick: () => resolveDeadLetters("retry", { ids: [d.id] }) }, t("Retry")),
       " ",
-      h("button", { type: "button", class: "discard", onClick: () => resolveDeadLetters("discard", { ids: [d.id] }) }, "Discard"),
+      h("button", { type: "button", class: "discard", onClick: () => resolveDeadLetters("discard", { ids: [d.id] }) }, t("Discard")),
     ),
   );
 }
@@ -489,22 +489,22 @@ async function renderDeadLetters(_arg, params) {
         const form = new FormData(ev.target);
         window.location.hash = link("dead-letters", null, Object.fromEntries(form.entries()));
       } },
-      h("select", { name: "kind", "aria-label": "Kind" },
-        h("option", { value: "" }, "Events and deliveries"),
+      h("select", { name: "kind", "aria-label": t("Kind") },
+        h("option", { value: "" }, t("Events and deliveries")),
         ["inbox", "outbox"].map((k) => h("option", { value: k, selected: k === params.kind }, k))),
       h("input", { name: "channel", placeholder: "channel", value: params.channel || "" }),
       h("input", { name: "session_key", placeholder: "session key", value: params.session_key || "" }),
       h("input", { name: "error_contains", placeholder: "error contains", value: params.error_contains || "" }),
-      h("button", { type: "submit" }, "Filter"),
+      h("button", { type: "submit" }, t("Filter")),
     ),
     rows.length
       ? [
           h("div", { class: "actions" },
-            h("button", { type: "button", id: "dead-retry-all", onClick: () => resolveDeadLetters("retry", all) }, filtered ? "Retry all matching" : "Retry all"),
+            h("button", { type: "button", id: "dead-retry-all", onClick: () => resolveDeadLetters("retry", all) }, t(filtered ? "Retry all matching" : "Retry all")),
             " ",
-            h("button", { type: "button", id: "dead-discard-all", onClick: () => resolveDeadLetters("discard", all) }, filtered ? "Discard all matching" : "Discard all")),
+            h("button", { type: "button", id: "dead-discard-all", onClick: () => resolveDeadLetters("discard", all) }, t(filtered ? "Discard all matching" : "Discard all"))),
           h("table", { class: "grid", id: "dead-letters-table" },
-            h("thead", null, h("tr", null, ["Id", "Channel", "Session", "Text", "Error", "Attempts", "Failed", ""].map((t) => h("th", null, t)))),
+            h("thead", null, h("tr", null, ["Id", "Channel", "Session", "Text", "Error", "Attempts", "Failed", ""].map((x) => h("th", null, t(x))))),
             h("tbody", null, rows)),
         ]
       : emptyGuide("dead-letters"),
@@ -547,7 +547,7 @@ async function renderCron() {
       ? h(
           "table",
           { class: "grid", id: "cron-table" },
-          h("thead", null, h("tr", null, ["#", "Name", "Schedule", "State", "Next", "Last", "Runs", "Session", "Target", "Last error"].map((t) => h("th", null, t)))),
+          h("thead", null, h("tr", null, ["#", "Name", "Schedule", "State", "Next", "Last", "Runs", "Session", "Target", "Last error"].map((x) => h("th", null, t(x))))),
           h("tbody", null, rows),
         )
       : emptyGuide("cron"),

@@ -31,7 +31,7 @@ export function runsTable(rows) {
   return h(
     "table",
     { class: "grid" },
-    h("thead", null, h("tr", null, ["Run", "Session", "Outcome", "Started", "Duration", "Steps", "Tool calls", "Tokens in / out", "Model"].map((t) => h("th", null, t)))),
+    h("thead", null, h("tr", null, ["Run", "Session", "Outcome", "Started", "Duration", "Steps", "Tool calls", "Tokens in / out", "Model"].map((x) => h("th", null, t(x))))),
     h("tbody", null, rows),
   );
 }
@@ -49,10 +49,10 @@ export async function renderRuns(_arg, params) {
         window.location.hash = link("runs", null, { outcome: d.get("outcome"), session_key: d.get("session_key").trim() });
       },
     },
-    h("input", { type: "text", name: "session_key", placeholder: "Session key", value: params.session_key || "" }),
-    h("select", { name: "outcome", "aria-label": "Outcome" }, h("option", { value: "" }, "Any outcome"),
+    h("input", { type: "text", name: "session_key", placeholder: t("Session key"), value: params.session_key || "" }),
+    h("select", { name: "outcome", "aria-label": t("Outcome") }, h("option", { value: "" }, t("Any outcome")),
       outcomes.map((o) => h("option", { value: o, selected: o === params.outcome }, o))),
-    h("button", { class: "primary", type: "submit" }, "Filter"),
+    h("button", { class: "primary", type: "submit" }, t("Filter")),
   );
   const last = data.runs[data.runs.length - 1];
   return [
@@ -60,7 +60,7 @@ export async function renderRuns(_arg, params) {
     filter,
     data.runs.length ? runsTable(data.runs.map(runRow)) : emptyGuide("runs"),
     data.runs.length === 100 && last
-      ? h("p", null, h("a", { href: link("runs", null, { ...params, before_id: last.id }) }, "Older runs →"))
+      ? h("p", null, h("a", { href: link("runs", null, { ...params, before_id: last.id }) }, t("Older runs →")))
       : null,
   ];
 }
@@ -87,22 +87,22 @@ export async function renderRun(id) {
         r.error ? fact("Error", h("pre", null, r.error)) : null,
       ),
     ),
-    h("h2", null, "Tool calls"),
+    h("h2", null, t("Tool calls")),
     (r.tool_calls || []).length
       ? h(
           "table",
           { class: "grid" },
-          h("thead", null, h("tr", null, h("th", null, "Call id"), h("th", null, "Tool"), h("th", null, "Time"))),
+          h("thead", null, h("tr", null, h("th", null, t("Call id")), h("th", null, t("Tool")), h("th", null, t("Time")))),
           h("tbody", null, r.tool_calls.map((c) => h("tr", null, h("td", { class: "mono" }, c.id), h("td", { class: "mono" }, c.name), h("td", { class: "num" }, ms(c.ms))))),
         )
-      : h("div", { class: "empty" }, "No tool calls."),
-    h("h2", null, "Messages appended by this run"),
+      : h("div", { class: "empty" }, t("No tool calls.")),
+    h("h2", null, t("Messages appended by this run")),
     r.messages.length
       ? h("p", null, r.messages.map((m) => h("span", { class: "pill" }, `#${m.seq} ${m.role}${m.name ? ` · ${m.name}` : ""}`)))
-      : h("div", { class: "empty" }, "None."),
-    h("h2", null, "Approvals"),
-    r.approvals.length ? approvalsTable(r.approvals.map(approvalRow)) : h("div", { class: "empty" }, "No approval requests."),
-    Object.keys(r.details || {}).length ? [h("h2", null, "Details"), h("pre", null, prettyJson(r.details))] : null,
+      : h("div", { class: "empty" }, t("None.")),
+    h("h2", null, t("Approvals")),
+    r.approvals.length ? approvalsTable(r.approvals.map(approvalRow)) : h("div", { class: "empty" }, t("No approval requests.")),
+    Object.keys(r.details || {}).length ? [h("h2", null, t("Details")), h("pre", null, prettyJson(r.details))] : null,
   ];
 }
 
@@ -127,7 +127,7 @@ export function approvalsTable(rows) {
   return h(
     "table",
     { class: "grid" },
-    h("thead", null, h("tr", null, ["#", "Session", "Run", "Tool", "Arguments", "Status", "Requested", "Decided"].map((t) => h("th", null, t)))),
+    h("thead", null, h("tr", null, ["#", "Session", "Run", "Tool", "Arguments", "Status", "Requested", "Decided"].map((x) => h("th", null, t(x))))),
     h("tbody", null, rows),
   );
 }
@@ -138,9 +138,9 @@ export async function renderApprovals(_arg, params) {
   return [
     h("h1", null, t("Approvals")),
     h("div", { class: "filters" },
-      h("select", { "aria-label": "Status", onChange: (ev) => {
+      h("select", { "aria-label": t("Status"), onChange: (ev) => {
         window.location.hash = link("approvals", null, { status: ev.target.value });
-      } }, h("option", { value: "" }, "Any status"), statuses.map((st) => h("option", { value: st, selected: st === params.status }, st)))),
+      } }, h("option", { value: "" }, t("Any status")), statuses.map((st) => h("option", { value: st, selected: st === params.status }, st)))),
     data.approvals.length ? approvalsTable(data.approvals.map(approvalRow)) : emptyGuide("approvals"),
   ];
 }
