@@ -25,8 +25,10 @@ ADMIN_TOKEN = "test-admin-token"
 
 @pytest.fixture(params=["sqlite", "postgres"])
 async def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
-    """A database at head (no rows), once on SQLite and once on PostgreSQL."""
-    async with database(request.param, tmp_path) as url:
+    """A database at head (no rows), once on SQLite and once on PostgreSQL; an empty one
+    (no tables) for a test marked `empty_database`."""
+    migrated = request.node.get_closest_marker("empty_database") is None
+    async with database(request.param, tmp_path, migrated=migrated) as url:
         yield url
 
 

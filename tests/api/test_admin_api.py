@@ -6,6 +6,7 @@ import asyncio
 from urllib.parse import quote
 
 import httpx
+import pytest
 
 from tests.conftest import ADMIN_TOKEN, WEBHOOK_SECRET, ServeApp
 from tests.support.webhook import post_webhook
@@ -104,6 +105,7 @@ async def test_health_readiness_and_metrics(serve: ServeApp) -> None:
     assert "chatgate_inbox_backlog 0.0" in metrics
 
 
+@pytest.mark.empty_database
 async def test_readyz_fails_when_the_schema_is_not_migrated(serve: ServeApp) -> None:
     async with serve(auto_migrate=False) as srv, httpx.AsyncClient(timeout=30) as client:
         resp = await client.get(f"{srv.url}/readyz")
