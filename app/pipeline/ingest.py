@@ -48,7 +48,14 @@ class Ingest:
         self.counted = counted or (lambda channel, outcome: None)
 
     async def accept(self, channel: str, events: Sequence[InboundEvent]) -> list[AcceptResult]:
-        """A channel's events: admitted by its policy, then stored and handed on."""
+        """A channel's events: admitted by its policy, then stored and handed on.
+
+        Shielded as a whole: a caller that goes away mid-way (a platform hanging up) does not
+        stop an accept that began — its events are stored and answered, and a pairing code
+        or a lease taken on the way is never left half done."""
+        return await asyncio.shield(self._traced_accept(channel, events))
+
+    async def _traced_accept(self, channel: str, events: Sequence[InboundEvent]) -> list[AcceptResult]:
         with tracing.ingest(channel, len(events), replica=self.scheduler.owner):
             return await self._accept(channel, events)
 
@@ -97,15 +104,19 @@ class Ingest:
         return event, await self.gate.check_quota(settings, event)
 
     async def submit(self, events: Sequence[InboundEvent]) -> list[AcceptResult]:
-        """Store events the gateway itself made (no channel policy) and hand them on."""
+        """Store events the gateway itself made (no channel policy) and hand them on
+        (shielded like `accept`)."""
+        return await asyncio.shield(self._assign_and_store(events))
+
+    async def _assign_and_store(self, events: Sequence[InboundEvent]) -> list[AcceptResult]:
         if self.assign is not None:
             events = [await self.assign(e) for e in events]
         return await self._submit(events)
 
     async def _submit(self, events: Sequence[InboundEvent]) -> list[AcceptResult]:
-        # Shielded: a caller cancelled mid-statement must not leave a stored event, or a
+        # The callers shield this: a cancelled caller must not leave a stored event, or a
         # lease taken with it, without a worker.
-        return await asyncio.shield(self._store(events))
+        return await self._store(events)
 
     async def _store(self, events: Sequence[InboundEvent]) -> list[AcceptResult]:
         owner = self.scheduler.offer(events[0].session_key) if len(events) == 1 else None
