@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
@@ -18,6 +19,10 @@ from app.migrate import upgrade
 from channels.webhook import WebhookSettings
 from tests.support.db import database
 from tests.support.servers import RunningApp, serve_in_loop
+
+# Server processes the tests start inherit this: the offline model streams its pieces
+# without the demo's pauses (a test that wants them sets the setting itself).
+os.environ.setdefault("OFFLINE_STREAM_DELAY_MS", "0")
 
 WEBHOOK_SECRET = "test-webhook-secret"
 ADMIN_TOKEN = "test-admin-token"
