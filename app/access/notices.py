@@ -11,8 +11,9 @@ from collections.abc import Callable
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.db.models import outbox, utcnow
+from app.db.models import outbox
 from app.events import InboundEvent, OutboundMessage, TextPart
+from app.outbox_rows import outbox_values
 
 
 class Notices:
@@ -40,24 +41,8 @@ class Notices:
         )
         # A channel whose replies are only read gets it stored as sent (`app.channel.delivers`).
         sent = not self.delivers(event.channel)
-        now = utcnow()
+        row = outbox_values(message, session_id=None, run_id=None, event_id=event.event_id, sent=sent)
         async with self.engine.begin() as conn:
-            await conn.execute(
-                outbox.insert().values(
-                    message_id=message.message_id,
-                    session_key=message.session_key or "",
-                    session_id=None,
-                    run_id=None,
-                    event_id=event.event_id,
-                    channel=message.channel,
-                    chat_id=message.chat_id,
-                    payload=message.model_dump(mode="json"),
-                    status="sent" if sent else "pending",
-                    attempts=0,
-                    next_attempt_at=now,
-                    created_at=now,
-                    sent_at=now if sent else None,
-                )
-            )
+            await conn.execute(outbox.insert(), row)
         if not sent:
             self.on_outbox()

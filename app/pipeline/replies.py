@@ -9,15 +9,14 @@ sent. After the commit, `Replies.handled` wakes the event's waiters and the send
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from datetime import datetime
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app import tracing
 from app.channel import WaitResult
 from app.db.models import outbox, utcnow
 from app.events import InboundEvent, OutboundMessage, TextPart
+from app.outbox_rows import outbox_values
 from app.pipeline.storage.inbox_queries import MARK
 from app.pipeline.storage.port import InboxRow
 from app.pipeline.waiters import Waiters
@@ -47,35 +46,6 @@ def reply_for(event: InboundEvent, text: str) -> OutboundMessage:
         session_key=event.session_key,
         in_reply_to_event=event.event_id,
         metadata={k: v for k, v in event.metadata.items() if k.startswith("reply_")},
-    )
-
-
-def outbox_values(
-    message: OutboundMessage,
-    *,
-    session_id: int | None,
-    run_id: int | None,
-    event_id: str | None,
-    now: datetime | None = None,
-    sent: bool = False,
-) -> dict[str, Any]:
-    """An outbox row; `sent`: its channel has nothing to send (`app.channel.delivers`)."""
-    now = now or utcnow()
-    return dict(
-        message_id=message.message_id,
-        session_key=message.session_key or "",
-        session_id=session_id,
-        run_id=run_id,
-        event_id=event_id,
-        channel=message.channel,
-        chat_id=message.chat_id,
-        payload=message.model_dump(mode="json"),
-        status="sent" if sent else "pending",
-        attempts=0,
-        next_attempt_at=now,
-        created_at=now,
-        sent_at=now if sent else None,
-        trace_context=tracing.carrier(),
     )
 
 
