@@ -30,7 +30,7 @@ from typing import Any, TypeVar, cast
 import structlog
 
 from app import tracing
-from app.agent.provider import ChatProvider, DeltaCallback, ProviderReply, StreamingChatProvider
+from app.agent.provider import ChatProvider, DeltaCallback, ProviderReply, StreamingChatProvider, ToolSpec
 from app.agent.tools import Risk, ToolContext, ToolRegistry
 from app.errors import LeaseLost, ProviderError
 from app.sessions.messages import ChatMessage
@@ -86,7 +86,7 @@ class RunStopped(Exception):
 
 
 # (system message, window, tool specs) -> the window to send, within the model's context.
-FitWindow = Callable[[ChatMessage, list[ChatMessage], list[dict[str, Any]]], Awaitable[list[ChatMessage]]]
+FitWindow = Callable[[ChatMessage, list[ChatMessage], Sequence[ToolSpec]], Awaitable[list[ChatMessage]]]
 
 
 @dataclass
@@ -101,9 +101,7 @@ class RunHooks:
     gate: Callable[[dict[str, Any], ToolContext], Awaitable[Decision]] | None = None
     pause: Callable[[dict[str, Any], RunRecord], Awaitable[None]] | None = None
     # The window that fits the model's context with the system text and tool specs.
-    fit: (
-        Callable[[ChatMessage, list[ChatMessage], list[dict[str, Any]]], Awaitable[list[ChatMessage]]] | None
-    ) = None
+    fit: FitWindow | None = None
 
 
 @dataclass
@@ -232,17 +230,13 @@ class AgentRunner:
                 if history is None:
                     history = await hooks.load_window()
                 window, history = self._prepare(history), None
+                specs = self.tools.specs(tool_ctx.policy)
                 if hooks.fit is not None:
-                    window = self._prepare(
-                        await hooks.fit(
-                            system, window, [t.to_provider() for t in self.tools.specs(tool_ctx.policy)]
-                        )
-                    )
+                    window = self._prepare(await hooks.fit(system, window, specs))
                 started = time.monotonic()
                 with tracing.model_call(self.provider, model) as span:
                     reply = await self._guard(
-                        hooks,
-                        self._complete([system, *window], tool_ctx, model=model, on_delta=hooks.on_delta),
+                        hooks, self._complete([system, *window], specs, model=model, on_delta=hooks.on_delta)
                     )
                     tracing.model_answered(span, reply)
                 record.add_usage(reply, round((time.monotonic() - started) * 1000))
@@ -289,12 +283,11 @@ class AgentRunner:
     async def _complete(
         self,
         messages: list[ChatMessage],
-        tool_ctx: ToolContext,
+        specs: Sequence[ToolSpec],
         *,
         model: str | None,
         on_delta: DeltaCallback | None,
     ) -> ProviderReply:
-        specs = self.tools.specs(tool_ctx.policy)
         if self._streams and on_delta is not None:
             streaming = cast(StreamingChatProvider, self.provider)
             return await streaming.complete(messages, specs, model=model, on_delta=on_delta)

@@ -17,9 +17,11 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 import structlog
-from sqlalchemy import delete, insert, select
+from sqlalchemy import bindparam, delete, insert, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.db.direct import Direct, connect
+from app.db.engine import autocommit
 from app.db.models import handoffs, inbox, utcnow
 from app.events import ChatType, InboundEvent
 from app.memory.identity import IdentityLinks, identity_of, split_identity
@@ -29,6 +31,10 @@ from app.pipeline.storage.port import PipelineStore
 from app.pipeline.texts import say
 
 log = structlog.get_logger(__name__)
+
+REDIRECT = Direct(
+    select(handoffs.c.to_key, handoffs.c.identity).where(handoffs.c.from_key == bindparam("from_key"))
+)
 
 Assign = Callable[[InboundEvent], Awaitable[InboundEvent]]
 SCAN = 200  # newest inbox rows of the channel searched for the identity's direct chat
@@ -118,22 +124,19 @@ class Handoffs:
         return None
 
     async def redirect(self, event: InboundEvent) -> InboundEvent:
-        """Ingest: an event of a handed-off direct chat joins the session it continues."""
-        if event.session_key_override or event.source_session_key:
+        """Ingest: an event of a handed-off direct chat joins the session it continues.
+
+        Every inbound event passes here, so the lookup is one statement on a pooled
+        connection, and only direct chats are looked up (only they are handed off)."""
+        if event.session_key_override or event.source_session_key or event.chat_type is not ChatType.DIRECT:
             return event
-        async with self.engine.connect() as conn:
-            row = (
-                await conn.execute(
-                    select(handoffs.c.to_key, handoffs.c.identity).where(
-                        handoffs.c.from_key == event.session_key
-                    )
-                )
-            ).first()
-        if row is None or row.identity != identity_of(event.channel, event.sender_id):
+        async with connect(autocommit(self.engine)) as conn:
+            row = await REDIRECT.first(conn, {"from_key": event.session_key})
+        if row is None or row["identity"] != identity_of(event.channel, event.sender_id):
             return event
-        if not await self.links.links(identity=row.identity):  # unlinked since: no longer
+        if not await self.links.links(identity=row["identity"]):  # unlinked since: no longer
             return event
-        return event.model_copy(update={"session_key_override": row.to_key})
+        return event.model_copy(update={"session_key_override": row["to_key"]})
 
 
 def chained(*steps: Assign | None) -> Assign | None:

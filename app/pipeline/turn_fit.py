@@ -19,10 +19,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Protocol
 
 import structlog
 
+from app.agent.provider import ToolSpec
 from app.channel import ChannelSettings
 from app.errors import ProviderError
 from app.events import InboundEvent
@@ -38,6 +39,8 @@ from app.sessions.tokens import ContextLimits, count_message, count_request, tex
 from app.sessions.window import trim_to_legal_window
 
 log = structlog.get_logger(__name__)
+
+SPEC_COSTS_KEPT = 256  # tool sets whose specs' cost is remembered (agents and models)
 
 
 class Consolidating(Protocol):
@@ -79,13 +82,14 @@ class ContextFit:
         # Set by the runtime: the after-turn consolidation, and each agent's context table.
         self.consolidator: Consolidating | None = None
         self.agent_tokens: Callable[[InboundEvent], Mapping[str, int]] = lambda event: {}
+        self._spec_costs: dict[tuple[str | None, tuple[str, ...]], int] = {}
 
     async def __call__(
-        self, turn: TurnState, system: ChatMessage, window: list[ChatMessage], specs: Sequence[dict[str, Any]]
+        self, turn: TurnState, system: ChatMessage, window: list[ChatMessage], specs: Sequence[ToolSpec]
     ) -> list[ChatMessage]:
         count, tokenizer = text_counter(turn.model)
         budget = self.limits.budget(turn.model, self.agent_tokens(turn.origin))
-        fixed = count_request([system], specs, count)
+        fixed = count_message(system, count) + self._specs_cost(turn.model, specs)
 
         def cost(messages: Sequence[ChatMessage]) -> int:
             return fixed + sum(count_message(m, count) for m in messages)
@@ -113,6 +117,16 @@ class ContextFit:
             locale = settings.locale if settings is not None else "en"
             raise ContextOverflow("context_overflow", say("context.too_long", locale))
         return rest
+
+    def _specs_cost(self, model: str | None, specs: Sequence[ToolSpec]) -> int:
+        """The tool specs' tokens, counted once per model and tool set (they do not change)."""
+        key = (model, tuple(s.name for s in specs))
+        cost = self._spec_costs.get(key)
+        if cost is None:
+            cost = count_request([], [s.to_provider() for s in specs], text_counter(model)[0])
+            if len(self._spec_costs) < SPEC_COSTS_KEPT:
+                self._spec_costs[key] = cost
+        return cost
 
     def _consolidated(self, turn: TurnState, moved: int) -> None:
         turn.session = replace(turn.session, last_consolidated=moved)
