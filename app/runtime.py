@@ -261,7 +261,7 @@ class Runtime:
         more = session_commands.agent_commands() if self.agents.book.several else []
         more += session_commands.skill_commands() if self.skills.any else []
         more += LinkCommands(self.store, self.replies, self.engine).commands()  # /link, /unlink
-        self.handoffs = Handoffs(self.store, self.replies, self.engine)
+        self.handoffs = Handoffs(self.store, self.replies, self.engine, self.bus)
         more += self.handoffs.commands()
         for command in [*session_commands.commands(), *session_commands.history_commands(), *more]:
             self.commands.add(command)
@@ -333,6 +333,7 @@ class Runtime:
                 self.previews.use(name, adapter.streamer())
             self._delivery[name] = self.previews.wrap(name, adapter)
         await self.bus.start()
+        await self.handoffs.start()  # follows handoff changes on the bus
         await self.memory.start()  # global facts file
         await self.mcp.start()  # a dead MCP server is logged, never fatal
         await self.sender.start()
@@ -354,6 +355,7 @@ class Runtime:
         for adapter in self.adapters.values():
             with contextlib.suppress(Exception):
                 await adapter.stop()
+        await self.handoffs.stop()
         await self.bus.stop()
         await self.mcp.stop()
         await self.provider.aclose()

@@ -10,16 +10,26 @@ Authorization stays with the channel and the linked identity: the channel's own 
 run on every event before this, and a redirect applies only to events from the identity
 it names while that identity is still linked (`/unlink` ends it). A session key alone
 grants nothing.
+
+Every inbound direct-chat event is checked for a redirect, and almost none has one, so
+each replica keeps the set of redirected chats in memory: read once, read again after
+any change. A change is published on the session bus under `CHANGED` (PostgreSQL
+LISTEN/NOTIFY across replicas), and a bus reconnect (`resync`) clears the set too. A
+replica that has not subscribed yet (or whose follower stopped) asks the database
+every time.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 
 import structlog
 from sqlalchemy import bindparam, delete, insert, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.bus import SessionBus
 from app.db.direct import Direct, connect
 from app.db.engine import autocommit
 from app.db.models import handoffs, inbox, utcnow
@@ -36,16 +46,58 @@ REDIRECT = Direct(
     select(handoffs.c.to_key, handoffs.c.identity).where(handoffs.c.from_key == bindparam("from_key"))
 )
 
+REDIRECTED = Direct(select(handoffs.c.from_key))
+CHANGED = "%handoffs"  # bus key of handoff changes: no session key lacks a ':'
+
 Assign = Callable[[InboundEvent], Awaitable[InboundEvent]]
 SCAN = 200  # newest inbox rows of the channel searched for the identity's direct chat
 
 
 class Handoffs:
-    def __init__(self, store: PipelineStore, replies: Replies, engine: AsyncEngine) -> None:
+    def __init__(self, store: PipelineStore, replies: Replies, engine: AsyncEngine, bus: SessionBus) -> None:
         self.store = store
         self.replies = replies
         self.engine = engine
+        self.bus = bus
         self.links = IdentityLinks(engine)
+        self._redirected: frozenset[str] | None = None  # from_keys with a redirect; None: read
+        self._changes = 0  # counts invalidations: a read that raced one is not kept
+        self._following = False
+        self._follower: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._follower = asyncio.create_task(self._follow(), name="handoff-follower")
+
+    async def stop(self) -> None:
+        if self._follower is not None:
+            self._follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._follower
+            self._follower = None
+
+    async def _follow(self) -> None:
+        while True:
+            try:
+                async with self.bus.subscribe(CHANGED) as queue:
+                    self._forget()  # whatever was read before the subscription may be stale
+                    self._following = True
+                    while True:
+                        await queue.get()  # a change, an overflow or a resync: read again
+                        self._forget()
+            except Exception:  # the bus could not LISTEN: ask the database meanwhile
+                log.warning("handoff_follower_failed", exc_info=True)
+            finally:
+                self._following = False
+                self._forget()
+            await asyncio.sleep(1.0)
+
+    def _forget(self) -> None:
+        self._changes += 1
+        self._redirected = None
+
+    async def _changed(self) -> None:
+        self._forget()
+        await self.bus.publish(CHANGED, {"type": "handoffs"})
 
     def commands(self) -> list[Command]:
         return [
@@ -73,6 +125,7 @@ class Handoffs:
         if target.lower() == "back":
             async with self.engine.begin() as conn:
                 gone = await conn.execute(delete(handoffs).where(handoffs.c.to_key == call.lease.key))
+            await self._changed()
             key = "handoff.back" if gone.rowcount else "handoff.none"
             await self._reply(call, say(key, call.locale))
             return
@@ -95,6 +148,7 @@ class Handoffs:
                     from_key=chat, to_key=call.lease.key, identity=other, created_at=utcnow()
                 )
             )
+        await self._changed()
         log.info("handoff", to_key=call.lease.key, channel=target)
         await self._reply(call, say("handoff.done", call.locale, channel=target))
 
@@ -126,9 +180,11 @@ class Handoffs:
     async def redirect(self, event: InboundEvent) -> InboundEvent:
         """Ingest: an event of a handed-off direct chat joins the session it continues.
 
-        Every inbound event passes here, so the lookup is one statement on a pooled
-        connection, and only direct chats are looked up (only they are handed off)."""
+        Every inbound event passes here: only direct chats are handed off, and only those
+        in the set of redirected chats are looked up."""
         if event.session_key_override or event.source_session_key or event.chat_type is not ChatType.DIRECT:
+            return event
+        if self._following and event.session_key not in await self._redirected_keys():
             return event
         async with connect(autocommit(self.engine)) as conn:
             row = await REDIRECT.first(conn, {"from_key": event.session_key})
@@ -137,6 +193,16 @@ class Handoffs:
         if not await self.links.links(identity=row["identity"]):  # unlinked since: no longer
             return event
         return event.model_copy(update={"session_key_override": row["to_key"]})
+
+    async def _redirected_keys(self) -> frozenset[str]:
+        if self._redirected is not None:
+            return self._redirected
+        seen = self._changes
+        async with connect(autocommit(self.engine)) as conn:
+            keys = frozenset(row["from_key"] for row in await REDIRECTED.rows(conn, {}))
+        if seen == self._changes:  # no change arrived while reading
+            self._redirected = keys
+        return keys
 
 
 def chained(*steps: Assign | None) -> Assign | None:

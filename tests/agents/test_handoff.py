@@ -5,19 +5,22 @@ redirected."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import httpx
 from sqlalchemy import select
 
+from app.api.app import create_app
 from app.db.models import inbox
 from tests.agents.test_links import AUTH, telegram_says
 from tests.agents.test_session_commands import say, sent
 from tests.app.agent.test_agent_e2e import openai_settings
 from tests.channels.telegram.support import tg_settings
-from tests.conftest import ServeApp, webhook_settings
+from tests.conftest import ServeApp, make_settings, webhook_settings
 from tests.fakes.openai_server import FakeOpenAI, text
 from tests.fakes.telegram import FakeTelegram
+from tests.support.servers import serve_in_loop
 
 
 async def key_of(srv: Any, words: str) -> str:
@@ -67,3 +70,36 @@ async def test_handoff_continues_the_session_on_the_linked_platform_and_back(ser
             assert await telegram_says(client, srv, tg_fake, 4, "/handoff back") == (
                 "This conversation is not handed off."
             )
+
+
+async def test_a_handoff_made_on_one_replica_redirects_on_the_other(pg_url: str) -> None:
+    """Each replica keeps the redirected chats in memory: a handoff on replica A reaches
+    replica B over the session bus (LISTEN/NOTIFY), even when B had read the set before."""
+    async with FakeTelegram() as tg_fake, FakeOpenAI() as fake:
+        fake.enqueue(text("web hello"), text("Milk noted."), text("The milk."))
+        channels = {"telegram": tg_settings(tg_fake), "webhook": webhook_settings()}
+
+        def replica() -> Any:
+            settings = make_settings(pg_url, **openai_settings(fake))
+            return serve_in_loop(create_app(settings, channel_settings=channels))
+
+        async with replica() as a, replica() as b, httpx.AsyncClient(timeout=30) as client:
+            for _ in range(100):  # B follows the bus (it subscribes as it starts)
+                if b.runtime.handoffs._following:
+                    break
+                await asyncio.sleep(0.05)
+            assert await say(client, b, "hello from the web", chat="u1dm", sender="u1") == "web hello"
+            assert b.runtime.handoffs._redirected == frozenset()  # B has read the (empty) set
+            assert await telegram_says(client, a, tg_fake, 1, "remember the milk") == "Milk noted."
+            for identity in ("telegram:4242", "webhook:u1"):
+                resp = await client.post(
+                    f"{a.url}/admin/api/identity-links",
+                    json={"identity": identity, "person_id": "alice"},
+                    headers=AUTH,
+                )
+                assert resp.status_code == 200, resp.text
+            done = await telegram_says(client, a, tg_fake, 2, "/handoff webhook")
+            assert done == "This conversation now continues in your direct chat on webhook."
+
+            assert await say(client, b, "what should I buy?", chat="u1dm", sender="u1") == "The milk."
+            assert await key_of(b, "what should I buy?") == "telegram:4242"
