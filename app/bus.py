@@ -15,6 +15,12 @@ from contextlib import asynccontextmanager
 from typing import Any, Protocol
 
 
+def is_session_key(key: str) -> bool:
+    """Session keys always hold a ':' (`channel:…`); a bus key without one is a topic of
+    the gateway's own (such as `%handoffs`, `app.agents.handoff`), not a session."""
+    return ":" in key
+
+
 class SessionBus(Protocol):
     async def publish(self, key: str, event: dict[str, Any], *, remote: bool = True) -> None:
         """Deliver `event` (JSON-able, has a "type") to every subscriber of `key`.

@@ -40,7 +40,7 @@ import asyncpg
 import structlog
 from sqlalchemy.engine import make_url
 
-from app.bus import LocalSessionBus
+from app.bus import LocalSessionBus, is_session_key
 
 log = structlog.get_logger(__name__)
 
@@ -234,7 +234,9 @@ class PgSessionBus:
                 self._schedule_reconnect()
 
     async def _mark_watched(self, conn: asyncpg.Connection, keys: list[str]) -> None:
-        """Mark `keys` watched for `WATCH_CHECKS` health checks (see the module)."""
+        """Mark `keys` watched for `WATCH_CHECKS` health checks (see the module); the
+        gateway's own topics are no sessions and are not marked."""
+        keys = [k for k in keys if is_session_key(k)]
         if keys:
             await conn.execute(_WATCH, keys, self._check_interval * WATCH_CHECKS)
 
@@ -254,8 +256,9 @@ class PgSessionBus:
                 continue
             try:
                 async with self._listen_lock:
-                    if self._watched:  # renewing the marks doubles as the health check
-                        await asyncio.wait_for(self._mark_watched(conn, list(self._watched)), 5.0)
+                    sessions = [k for k in self._watched if is_session_key(k)]
+                    if sessions:  # renewing the marks doubles as the health check
+                        await asyncio.wait_for(self._mark_watched(conn, sessions), 5.0)
                     else:
                         await asyncio.wait_for(conn.fetchval("SELECT 1"), 5.0)
             except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
