@@ -161,6 +161,7 @@ class Runtime:
         self.mcp = McpToolSource.from_settings(settings, self.tools)  # connects in start()
         # --- end memory and MCP
         self.agents = AgentRouter(AgentBook.load(settings.agents_file), self.engine)
+        self.memory.use_namespaces(self.agents.namespace_of)  # an agent's memory_namespace
         self.skills = SkillLibrary(settings.skills_dir, self.agents.book, self.engine)
         if self.skills.any:
             self.tools.register(LoadSkillTool(self.skills))

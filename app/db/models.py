@@ -287,9 +287,11 @@ memories = Table(
     Column("created_at", UTCDateTime, nullable=False),
     Column("updated_at", UTCDateTime, nullable=False),
     Column("metadata", JSON, nullable=False, default=dict),
+    # An agent's memory_namespace (app.agents): "" is the default, shared namespace.
+    Column("namespace", String(100), nullable=False, default="", server_default=""),
     Index("ix_memories_scope_owner", "scope", "owner"),
-    # app.memory always sets `key`, so one fact/note/summary is stored once per owner.
-    Index("uq_memories_scope_owner_key", "scope", "owner", "key", unique=True),
+    # app.memory always sets `key`, so one fact/note/summary is stored once per owner and namespace.
+    Index("uq_memories_scope_owner_ns_key", "scope", "owner", "namespace", "key", unique=True),
 )
 
 identity_links = Table(
