@@ -219,6 +219,9 @@ class Runtime:
         )
         self.commands = CommandRegistry()
         self.midrun = MidRun(self.store, self.commands, self.policies, stop_poll=settings.stop_poll_seconds)
+        context_limits = ContextLimits(
+            settings.llm_context_tokens, settings.llm_context_tokens_by_model, settings.llm_reply_tokens
+        )
         self.turns = TurnRunner(
             self.store,
             self.runner,
@@ -234,9 +237,11 @@ class Runtime:
             approval_timeout=settings.approval_timeout_seconds,
             on_run_finished=self._observe_run,
             recall=self.memory.recall if self.memory.enabled else None,
-            context=ContextLimits(
-                settings.llm_context_tokens, settings.llm_context_tokens_by_model, settings.llm_reply_tokens
-            ),
+            context=context_limits,
+        )
+        # The summary request of consolidation is asked of LLM_MODEL: its context bounds it.
+        self.memory.bound_summaries(
+            lambda key: context_limits.budget(settings.llm_model, self.agents.context_tokens_of_key(key))
         )
         self.turns.fit.consolidator = self.memory.consolidator
         self.turns.fit.agent_tokens = self.agents.context_tokens_of

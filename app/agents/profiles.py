@@ -207,6 +207,10 @@ class AgentRouter:
         agent = self.book.get(agent_in_key(key))
         return agent.tools_allow, agent.tools_deny
 
+    def context_tokens_of_key(self, key: str) -> Mapping[str, int]:
+        """The context table of the agent serving session `key`."""
+        return self.book.get(agent_in_key(key)).context_tokens
+
     def namespace_of(self, key: str) -> str:
         """The memory namespace of the agent serving session `key` ("" by default)."""
         return self.book.get(agent_in_key(key)).memory_namespace or ""

@@ -86,6 +86,11 @@ class MemoryFeatures:
         if self.consolidator is not None:
             self.consolidator.namespace_of = namespace_of
 
+    def bound_summaries(self, budget_of: Callable[[str], int | None]) -> None:
+        """Keep consolidation's summary requests within the context (session key → budget)."""
+        if self.consolidator is not None:
+            self.consolidator.budget_of = budget_of
+
     def context_sources(self) -> list[ContextSource]:
         return [self.recall.context] if self.enabled else []
 

@@ -98,6 +98,9 @@ class Consolidator:
         # Session key → the serving agent's memory namespace (set by the runtime): the
         # summary and the facts are written there.
         self.namespace_of: Callable[[str], str] = lambda key: DEFAULT_NAMESPACE
+        # Session key → the most the summary request's prompt may cost in tokens (the
+        # summarizing model's context less the reply room; set by the runtime).
+        self.budget_of: Callable[[str], int | None] = lambda key: None
 
     def due(self, session: SessionState) -> bool:
         """Whether consolidation may be due after a turn that left `session` so.
@@ -178,7 +181,10 @@ class Consolidator:
         speakers = set(senders.values())
         summary = (
             await self.summarizer.summarize(
-                folded, max_chars=self.limits.summary_max_chars, want_facts=len(speakers) == 1
+                folded,
+                max_chars=self.limits.summary_max_chars,
+                want_facts=len(speakers) == 1,
+                budget=self.budget_of(key),
             )
             if folded
             else Summary("")
