@@ -267,7 +267,12 @@ class Runtime:
         more = session_commands.agent_commands() if self.agents.book.several else []
         more += session_commands.skill_commands() if self.skills.any else []
         more += LinkCommands(self.store, self.replies, self.engine).commands()  # /link, /unlink
-        self.handoffs = Handoffs(self.store, self.replies, self.engine)
+        self.handoffs = Handoffs(
+            self.store,
+            self.replies,
+            self.engine,
+            locale_of=lambda channel: getattr(self.channel_settings.get(channel), "locale", "en"),
+        )
         more += self.handoffs.commands()
         for command in [*session_commands.commands(), *session_commands.history_commands(), *more]:
             self.commands.add(command)

@@ -6,6 +6,14 @@ latest direct message there) is redirected to the session's key (table `handoffs
 what it sends next continues the same session, with the same history, and the answers go
 there. `/handoff back` (from either side) removes the session's redirects.
 
+Both ends are told: `/handoff CHANNEL` answers in the chat it was sent from and sends a
+notice to the target chat; `/handoff back` answers where it was sent and sends a notice
+to the other end (the original chat, the target chat, or both when sent from a third).
+Messages the handing-off identity still sends in the original direct chat join the
+session as before (that chat's key is the session's), and their answers go to the target
+chat, where the conversation now is (`reply_target`); commands sent there (`/handoff
+back`) are answered there, and anyone else keeps their own chat.
+
 Authorization stays with the channel and the linked identity: the channel's own checks
 run on every event before this, and a redirect applies only to events from the identity
 it names while that identity is still linked (`/unlink` ends it). A session key alone
@@ -14,16 +22,17 @@ grants nothing.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 import structlog
-from sqlalchemy import bindparam, delete, insert, select
+from sqlalchemy import bindparam, delete, insert, or_, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db.direct import Direct, connect
 from app.db.engine import autocommit
 from app.db.models import handoffs, inbox, utcnow
-from app.events import ChatType, InboundEvent
+from app.events import ChatType, InboundEvent, OutboundMessage, TextPart
 from app.memory.identity import IdentityLinks, identity_of, split_identity
 from app.pipeline.commands import Command, CommandCall
 from app.pipeline.replies import Replies
@@ -33,7 +42,9 @@ from app.pipeline.texts import say
 log = structlog.get_logger(__name__)
 
 REDIRECT = Direct(
-    select(handoffs.c.to_key, handoffs.c.identity).where(handoffs.c.from_key == bindparam("from_key"))
+    select(
+        handoffs.c.from_key, handoffs.c.to_key, handoffs.c.identity, handoffs.c.origin, handoffs.c.target
+    ).where(or_(handoffs.c.from_key == bindparam("key"), handoffs.c.to_key == bindparam("key")))
 )
 
 Assign = Callable[[InboundEvent], Awaitable[InboundEvent]]
@@ -41,11 +52,19 @@ SCAN = 200  # newest inbox rows of the channel searched for the identity's direc
 
 
 class Handoffs:
-    def __init__(self, store: PipelineStore, replies: Replies, engine: AsyncEngine) -> None:
+    def __init__(
+        self,
+        store: PipelineStore,
+        replies: Replies,
+        engine: AsyncEngine,
+        *,
+        locale_of: Callable[[str], str] | None = None,
+    ) -> None:
         self.store = store
         self.replies = replies
         self.engine = engine
         self.links = IdentityLinks(engine)
+        self.locale_of = locale_of or (lambda channel: "en")  # a channel's <CHANNEL>_LOCALE
 
     def commands(self) -> list[Command]:
         return [
@@ -60,10 +79,24 @@ class Handoffs:
             )
         ]
 
-    async def _reply(self, call: CommandCall, text: str) -> None:
+    async def _reply(
+        self, call: CommandCall, text: str, notices: list[OutboundMessage] | None = None
+    ) -> None:
+        """Answer the command, and send `notices` to other chats, in one fenced transaction."""
         async with self.store.fenced(call.lease) as conn:
             await self.replies.answer(conn, call.row, text, session_id=None)
+            for notice in notices or ():
+                await self.replies.insert(conn, notice, session_id=None, run_id=None, event_id=None)
         self.replies.handled([call.row.event_id])
+
+    def _notice(self, to: Mapping[str, Any], key: str, text_key: str, channel: str) -> OutboundMessage:
+        return OutboundMessage(
+            channel=str(to["channel"]),
+            chat_id=str(to["chat_id"]),
+            thread_id=to.get("thread_id"),
+            parts=(TextPart(text=say(text_key, self.locale_of(str(to["channel"])), channel=channel)),),
+            session_key=key,
+        )
 
     async def handoff(self, call: CommandCall) -> None:
         target = call.args.strip()
@@ -71,16 +104,14 @@ class Handoffs:
             await self._reply(call, say("handoff.usage", call.locale))
             return
         if target.lower() == "back":
-            async with self.engine.begin() as conn:
-                gone = await conn.execute(delete(handoffs).where(handoffs.c.to_key == call.lease.key))
-            key = "handoff.back" if gone.rowcount else "handoff.none"
-            await self._reply(call, say(key, call.locale))
+            await self._back(call)
             return
         event = call.event
         if target == event.channel:
             await self._reply(call, say("handoff.here", call.locale, channel=target))
             return
-        other = await self._linked_on(identity_of(event.channel, event.sender_id), target)
+        me = identity_of(event.channel, event.sender_id)
+        other = await self._linked_on(me, target)
         if other is None:
             await self._reply(call, say("handoff.not_linked", call.locale, channel=target))
             return
@@ -88,15 +119,55 @@ class Handoffs:
         if chat is None:
             await self._reply(call, say("handoff.say_hi", call.locale, channel=target))
             return
+        origin = {
+            "channel": event.channel,
+            "chat_id": event.chat_id,
+            "thread_id": event.thread_id,
+            "identity": me,
+        }
+        there = {"channel": chat.channel, "chat_id": chat.chat_id}
+        from_key = chat.model_copy(update={"session_key_override": None}).session_key
         async with self.engine.begin() as conn:
-            await conn.execute(delete(handoffs).where(handoffs.c.from_key == chat))
+            await conn.execute(delete(handoffs).where(handoffs.c.from_key == from_key))
             await conn.execute(
                 insert(handoffs).values(
-                    from_key=chat, to_key=call.lease.key, identity=other, created_at=utcnow()
+                    from_key=from_key,
+                    to_key=call.lease.key,
+                    identity=other,
+                    created_at=utcnow(),
+                    origin=origin,
+                    target=there,
                 )
             )
         log.info("handoff", to_key=call.lease.key, channel=target)
-        await self._reply(call, say("handoff.done", call.locale, channel=target))
+        arrived = self._notice(there, call.lease.key, "handoff.arrived", event.channel)
+        await self._reply(call, say("handoff.done", call.locale, channel=target), [arrived])
+
+    async def _back(self, call: CommandCall) -> None:
+        """Remove the session's redirects; tell the ends that did not send the command."""
+        key, event = call.lease.key, call.event
+        async with self.engine.begin() as conn:
+            gone = (
+                await conn.execute(
+                    select(handoffs.c.origin, handoffs.c.target).where(handoffs.c.to_key == key)
+                )
+            ).all()
+            await conn.execute(delete(handoffs).where(handoffs.c.to_key == key))
+        if not gone:
+            await self._reply(call, say("handoff.none", call.locale))
+            return
+
+        def elsewhere(chat: Mapping[str, Any] | None) -> bool:
+            return bool(chat) and (chat["channel"], chat["chat_id"]) != (event.channel, event.chat_id)  # type: ignore[index]
+
+        notices: list[OutboundMessage] = []
+        for origin, there in gone:
+            if origin and elsewhere(origin):
+                notices.append(self._notice(origin, key, "handoff.back_here", event.channel))
+            if there and elsewhere(there):
+                back_to = origin["channel"] if origin else event.channel
+                notices.append(self._notice(there, key, "handoff.back_away", back_to))
+        await self._reply(call, say("handoff.back", call.locale), notices)
 
     async def _linked_on(self, me: str, channel: str) -> str | None:
         """The identity on `channel` linked to the same person as `me`."""
@@ -108,8 +179,8 @@ class Handoffs:
                 return link.identity
         return None
 
-    async def _direct_chat(self, channel: str, sender_id: str) -> str | None:
-        """The own key of `sender_id`'s direct chat on `channel`, from its latest message."""
+    async def _direct_chat(self, channel: str, sender_id: str) -> InboundEvent | None:
+        """The latest direct message of `sender_id` on `channel` (its chat is the target)."""
         async with self.engine.connect() as conn:
             rows = await conn.execute(
                 select(inbox.c.payload)
@@ -120,23 +191,37 @@ class Handoffs:
             for (payload,) in rows:
                 event = InboundEvent.model_validate(payload)
                 if event.sender_id == sender_id and event.chat_type is ChatType.DIRECT:
-                    return event.model_copy(update={"session_key_override": None}).session_key
+                    return event
         return None
 
     async def redirect(self, event: InboundEvent) -> InboundEvent:
-        """Ingest: an event of a handed-off direct chat joins the session it continues.
+        """Ingest: an event of a handed-off direct chat joins the session it continues, and
+        one of the original direct chat from the identity that handed it off is answered
+        in the target chat.
 
         Every inbound event passes here, so the lookup is one statement on a pooled
         connection, and only direct chats are looked up (only they are handed off)."""
         if event.session_key_override or event.source_session_key or event.chat_type is not ChatType.DIRECT:
             return event
+        key = event.session_key
         async with connect(autocommit(self.engine)) as conn:
-            row = await REDIRECT.first(conn, {"from_key": event.session_key})
-        if row is None or row["identity"] != identity_of(event.channel, event.sender_id):
+            rows = await REDIRECT.rows(conn, {"key": key})
+        if not rows:
             return event
-        if not await self.links.links(identity=row["identity"]):  # unlinked since: no longer
+        me = identity_of(event.channel, event.sender_id)
+        for row in rows:
+            if row["from_key"] == key and row["identity"] == me:
+                if not await self.links.links(identity=me):  # unlinked since: no longer
+                    return event
+                return event.model_copy(update={"session_key_override": row["to_key"]})
+        if (event.text or "").lstrip().startswith("/"):  # a command is answered where it was sent
             return event
-        return event.model_copy(update={"session_key_override": row["to_key"]})
+        for row in rows:
+            origin, there = row["origin"], row["target"]
+            if row["to_key"] == key and origin and there and origin.get("identity") == me:
+                target = {"channel": there["channel"], "chat_id": there["chat_id"], "thread_id": None}
+                return event.model_copy(update={"metadata": {**event.metadata, "reply_target": target}})
+        return event
 
 
 def chained(*steps: Assign | None) -> Assign | None:

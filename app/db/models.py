@@ -271,6 +271,10 @@ handoffs = Table(
     Column("to_key", String(512), nullable=False),  # the session it continues
     Column("identity", String(600), nullable=False),  # whose chat: only they are redirected
     Column("created_at", UTCDateTime, nullable=False),
+    # Where /handoff was sent ({channel, chat_id, thread_id, identity}) and the direct chat it
+    # went to ({channel, chat_id}): the addresses of its notices (app.agents.handoff).
+    Column("origin", JSON, nullable=True),
+    Column("target", JSON, nullable=True),
     Index("ix_handoffs_to_key", "to_key"),
 )
 

@@ -130,6 +130,18 @@ TEXTS: dict[str, dict[str, str]] = {
         "en": "Handed back: each chat has its own conversation again.",
         "zh": "已交回：各聊天重新拥有各自的对话。",
     },
+    "handoff.arrived": {
+        "en": "This conversation continues here, handed off from {channel}. Send /handoff back to return it.",
+        "zh": "这段对话已从 {channel} 转到这里继续。发送 /handoff back 可将其转回。",
+    },
+    "handoff.back_here": {
+        "en": "The conversation is back here, handed back from {channel}.",
+        "zh": "对话已从 {channel} 转回这里。",
+    },
+    "handoff.back_away": {
+        "en": "The conversation went back to {channel}; this chat has its own conversation again.",
+        "zh": "对话已转回 {channel}，这个聊天重新拥有自己的对话。",
+    },
     "handoff.none": {"en": "This conversation is not handed off.", "zh": "当前对话没有转交。"},
     "handoff.here": {"en": "You are on {channel} already.", "zh": "你已经在 {channel} 上了。"},
     "handoff.not_linked": {
