@@ -32,6 +32,7 @@ from app.agent.workspace import file_tools
 from app.agents.handoff import Handoffs, chained
 from app.agents.links import LinkCommands
 from app.agents.profiles import AgentBook, AgentRouter
+from app.agents.senders import SessionSenders
 from app.agents.session_commands import SessionCommands
 from app.agents.skills import LoadSkillTool, SkillLibrary
 from app.agents.workspaces import clean_workspaces
@@ -252,6 +253,7 @@ class Runtime:
         self.turns.window.heartbeat_seconds = settings.session_heartbeat_seconds
         for command in BuiltinCommands(self.store, self.replies, self.turns).commands(self.commands):
             self.commands.add(command)
+        self.senders = SessionSenders(self.engine)
         session_commands = SessionCommands(
             self.store,
             self.replies,
@@ -264,6 +266,7 @@ class Runtime:
             agents=self.agents,
             skills=self.skills,
         )
+        session_commands.senders = self.senders  # /sessions lists the sender's other chats
         more = session_commands.agent_commands() if self.agents.book.several else []
         more += session_commands.skill_commands() if self.skills.any else []
         more += LinkCommands(self.store, self.replies, self.engine).commands()  # /link, /unlink
@@ -313,6 +316,7 @@ class Runtime:
             counted=self._count_event,
             # the serving agent, then a /handoff redirect (app.agents.handoff)
             assign=chained(self.agents.assign if self.agents.book.several else None, self.handoffs.redirect),
+            on_stored=self.senders.record,  # who spoke where, for /sessions across chats
         )
         self.dead_letters = DeadLetters(
             self.engine,

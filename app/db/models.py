@@ -278,6 +278,19 @@ handoffs = Table(
     Index("ix_handoffs_to_key", "to_key"),
 )
 
+# Who spoke in which conversation (app.agents.senders): one row per session key and sender
+# identity, written when the first of its events was accepted; /sessions across chats.
+session_senders = Table(
+    "session_senders",
+    metadata,
+    Column("key", String(512), primary_key=True),
+    Column("identity", String(600), primary_key=True),
+    Column("channel", String(64), nullable=False),
+    Column("chat_id", String(512), nullable=False),
+    Column("first_at", UTCDateTime, nullable=False),
+    Index("ix_session_senders_identity", "identity"),
+)
+
 memories = Table(
     "memories",
     metadata,

@@ -51,6 +51,11 @@ TEXTS: dict[str, dict[str, str]] = {
         "zh": "此处不可使用 {model}。可用模型：{models}",
     },
     "sessions.title": {"en": "Conversations in this chat (* current):", "zh": "此聊天中的对话（* 为当前）："},
+    "sessions.elsewhere": {
+        "en": "In your other chats on {channel} (/resume works in the chat itself):",
+        "zh": "你在 {channel} 上其他聊天中的对话（/resume 需在对应聊天中使用）：",
+    },
+    "sessions.in_chat": {"en": "- {chat}: {line}", "zh": "- {chat}：{line}"},
     "sessions.from": {"en": ", from {n}", "zh": "，接续自 {n}"},
     "sessions.line": {
         "en": "{n}. {title} — {messages} messages, {status}",
