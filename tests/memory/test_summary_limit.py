@@ -11,8 +11,10 @@ from typing import Any
 import httpx
 from sqlalchemy import select
 
+from app.agent.openai_provider import OpenAIProvider
 from app.db.models import memories, sessions
-from app.memory.summarize import COMBINE_PROMPT
+from app.memory.summarize import COMBINE_PROMPT, ProviderSummarizer
+from app.sessions.messages import ChatMessage
 from tests.agents.test_context_overflow import request_tokens
 from tests.agents.test_session_commands import say
 from tests.app.agent.test_agent_e2e import openai_settings
@@ -79,3 +81,36 @@ async def test_a_summary_too_long_for_the_context_is_made_in_chunks_that_fit(ser
     assert all(f"note {n}:" in sent for n in range(2)) and "User: hi" in sent
     # a single request of the whole stretch would not have fitted
     assert sum(request_tokens(r) for r in chunks) > limit
+
+
+def history_of(*texts: str) -> list[ChatMessage]:
+    out: list[ChatMessage] = []
+    for n, words in enumerate(texts):
+        out += [
+            ChatMessage(role="user", content=words, seq=2 * n + 1),
+            ChatMessage(role="assistant", content="ok", seq=2 * n + 2),
+        ]
+    return out
+
+
+async def test_a_message_longer_than_any_request_gets_the_extractive_summary_and_no_request() -> None:
+    async with FakeOpenAI(default=answer) as fake:
+        provider = OpenAIProvider(
+            base_url=fake.url, api_key=None, model="m", max_retries=1, backoff_base=0.01
+        )
+        summarizer = ProviderSummarizer(provider)
+        long = "A very long paste. " + "word " * 400
+        alone = [ChatMessage(role="user", content=long, seq=1)]
+        summary = await summarizer.summarize(alone, max_chars=500, budget=150)
+        assert fake.requests == []  # nothing could fit: nothing was sent
+        assert summary.text.startswith("User: A very long paste.")
+        # two short exchanges and the long one: the short ones are asked, the long one is not
+        summary = await summarizer.summarize(
+            history_of("first note", long, "last note"), max_chars=500, budget=150
+        )
+        assert all(request_tokens(r) <= 150 for r in fake.requests)
+        sent = " ".join(r.body["messages"][1]["content"] for r in summary_requests(fake))
+        assert "first note" in sent and "last note" in sent and "word word" not in sent
+        # the partial summaries did not fit one combining request either: joined, within the cap
+        assert COMBINED in summary.text  # some groups of partials were combined by the model
+        assert len(summary.text) <= 500
