@@ -32,6 +32,7 @@ from app.agent.workspace import file_tools
 from app.agents.handoff import Handoffs, chained
 from app.agents.links import LinkCommands
 from app.agents.profiles import AgentBook, AgentRouter
+from app.agents.senders import SessionSenders
 from app.agents.session_commands import SessionCommands
 from app.agents.skills import LoadSkillTool, SkillLibrary
 from app.agents.workspaces import clean_workspaces
@@ -161,6 +162,7 @@ class Runtime:
         self.mcp = McpToolSource.from_settings(settings, self.tools)  # connects in start()
         # --- end memory and MCP
         self.agents = AgentRouter(AgentBook.load(settings.agents_file), self.engine)
+        self.memory.use_namespaces(self.agents.namespace_of)  # an agent's memory_namespace
         self.skills = SkillLibrary(settings.skills_dir, self.agents.book, self.engine)
         if self.skills.any:
             self.tools.register(LoadSkillTool(self.skills))
@@ -218,6 +220,9 @@ class Runtime:
         )
         self.commands = CommandRegistry()
         self.midrun = MidRun(self.store, self.commands, self.policies, stop_poll=settings.stop_poll_seconds)
+        context_limits = ContextLimits(
+            settings.llm_context_tokens, settings.llm_context_tokens_by_model, settings.llm_reply_tokens
+        )
         self.turns = TurnRunner(
             self.store,
             self.runner,
@@ -233,9 +238,11 @@ class Runtime:
             approval_timeout=settings.approval_timeout_seconds,
             on_run_finished=self._observe_run,
             recall=self.memory.recall if self.memory.enabled else None,
-            context=ContextLimits(
-                settings.llm_context_tokens, settings.llm_context_tokens_by_model, settings.llm_reply_tokens
-            ),
+            context=context_limits,
+        )
+        # The summary request of consolidation is asked of LLM_MODEL: its context bounds it.
+        self.memory.bound_summaries(
+            lambda key: context_limits.budget(settings.llm_model, self.agents.context_tokens_of_key(key))
         )
         self.turns.fit.consolidator = self.memory.consolidator
         self.turns.fit.agent_tokens = self.agents.context_tokens_of
@@ -246,6 +253,7 @@ class Runtime:
         self.turns.window.heartbeat_seconds = settings.session_heartbeat_seconds
         for command in BuiltinCommands(self.store, self.replies, self.turns).commands(self.commands):
             self.commands.add(command)
+        self.senders = SessionSenders(self.engine)
         session_commands = SessionCommands(
             self.store,
             self.replies,
@@ -258,10 +266,17 @@ class Runtime:
             agents=self.agents,
             skills=self.skills,
         )
+        session_commands.senders = self.senders  # /sessions lists the sender's other chats
         more = session_commands.agent_commands() if self.agents.book.several else []
         more += session_commands.skill_commands() if self.skills.any else []
         more += LinkCommands(self.store, self.replies, self.engine).commands()  # /link, /unlink
-        self.handoffs = Handoffs(self.store, self.replies, self.engine, self.bus)
+        self.handoffs = Handoffs(
+            self.store,
+            self.replies,
+            self.engine,
+            self.bus,
+            locale_of=lambda channel: getattr(self.channel_settings.get(channel), "locale", "en"),
+        )
         more += self.handoffs.commands()
         for command in [*session_commands.commands(), *session_commands.history_commands(), *more]:
             self.commands.add(command)
@@ -302,6 +317,7 @@ class Runtime:
             counted=self._count_event,
             # the serving agent, then a /handoff redirect (app.agents.handoff)
             assign=chained(self.agents.assign if self.agents.book.several else None, self.handoffs.redirect),
+            on_stored=self.senders.record,  # who spoke where, for /sessions across chats
         )
         self.dead_letters = DeadLetters(
             self.engine,

@@ -99,6 +99,9 @@ def _profile(raw: Mapping[str, Any]) -> AgentProfile:
     tokens = values.get("context_tokens", {})
     if not isinstance(tokens, Mapping) or not all(isinstance(n, int) and n > 0 for n in tokens.values()):
         raise ValueError(f"agent {raw['name']!r}: context_tokens maps models to token counts")
+    namespace = values.get("memory_namespace")
+    if namespace is not None and (not isinstance(namespace, str) or not 0 < len(namespace) <= 100):
+        raise ValueError(f"agent {raw['name']!r}: memory_namespace is a name of 1-100 characters")
     return AgentProfile(**values)
 
 
@@ -203,6 +206,14 @@ class AgentRouter:
         """The tool lists (allow, deny) of the agent serving session `key`."""
         agent = self.book.get(agent_in_key(key))
         return agent.tools_allow, agent.tools_deny
+
+    def context_tokens_of_key(self, key: str) -> Mapping[str, int]:
+        """The context table of the agent serving session `key`."""
+        return self.book.get(agent_in_key(key)).context_tokens
+
+    def namespace_of(self, key: str) -> str:
+        """The memory namespace of the agent serving session `key` ("" by default)."""
+        return self.book.get(agent_in_key(key)).memory_namespace or ""
 
     def approvers_of(self, key: str) -> Sequence[str]:
         return self.book.get(agent_in_key(key)).approvers

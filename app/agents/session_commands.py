@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import func, select, update
 
 from app.agents.profiles import DEFAULT_AGENT, AgentProfile, AgentRouter
+from app.agents.senders import SessionSenders, elsewhere_lines
 from app.agents.skills import SKILLS, SkillLibrary, loaded_skills, set_loaded
 from app.db.models import approvals, sessions, utcnow
 from app.events import InboundEvent
@@ -64,6 +65,7 @@ class SessionCommands:
         self.default_model = default_model
         self.allowed_models = list(allowed_models)
         self.window_limit = window_limit
+        self.senders: SessionSenders | None = None  # set by the runtime (/sessions across chats)
 
     def commands(self) -> list[Command]:
         return [
@@ -342,6 +344,9 @@ class SessionCommands:
                 + lineage(row["metadata"], call.locale)
                 + mark
             )
+        if self.senders is not None:
+            others = await self.senders.elsewhere(call.event, call.lease.key, SESSIONS_LISTED)
+            lines += elsewhere_lines(others, call.event.channel, call.locale)
         await self._reply(call, "\n".join(lines), session.id)
 
     async def resume(self, call: CommandCall) -> None:

@@ -271,7 +271,24 @@ handoffs = Table(
     Column("to_key", String(512), nullable=False),  # the session it continues
     Column("identity", String(600), nullable=False),  # whose chat: only they are redirected
     Column("created_at", UTCDateTime, nullable=False),
+    # Where /handoff was sent ({channel, chat_id, thread_id, identity}) and the direct chat it
+    # went to ({channel, chat_id}): the addresses of its notices (app.agents.handoff).
+    Column("origin", JSON, nullable=True),
+    Column("target", JSON, nullable=True),
     Index("ix_handoffs_to_key", "to_key"),
+)
+
+# Who spoke in which conversation (app.agents.senders): one row per session key and sender
+# identity, written when the first of its events was accepted; /sessions across chats.
+session_senders = Table(
+    "session_senders",
+    metadata,
+    Column("key", String(512), primary_key=True),
+    Column("identity", String(600), primary_key=True),
+    Column("channel", String(64), nullable=False),
+    Column("chat_id", String(512), nullable=False),
+    Column("first_at", UTCDateTime, nullable=False),
+    Index("ix_session_senders_identity", "identity"),
 )
 
 memories = Table(
@@ -287,9 +304,11 @@ memories = Table(
     Column("created_at", UTCDateTime, nullable=False),
     Column("updated_at", UTCDateTime, nullable=False),
     Column("metadata", JSON, nullable=False, default=dict),
+    # An agent's memory_namespace (app.agents): "" is the default, shared namespace.
+    Column("namespace", String(100), nullable=False, default="", server_default=""),
     Index("ix_memories_scope_owner", "scope", "owner"),
-    # app.memory always sets `key`, so one fact/note/summary is stored once per owner.
-    Index("uq_memories_scope_owner_key", "scope", "owner", "key", unique=True),
+    # app.memory always sets `key`, so one fact/note/summary is stored once per owner and namespace.
+    Index("uq_memories_scope_owner_ns_key", "scope", "owner", "namespace", "key", unique=True),
 )
 
 identity_links = Table(

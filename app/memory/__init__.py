@@ -7,6 +7,7 @@ consolidation after-turn hook, and the start-up load of the global facts file.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import structlog
@@ -78,6 +79,17 @@ class MemoryFeatures:
             enabled=settings.memory_enabled,
             global_file=settings.memory_global_file,
         )
+
+    def use_namespaces(self, namespace_of: Callable[[str], str]) -> None:
+        """Separate memory by the serving agent's `memory_namespace` (session key → namespace)."""
+        self.recall.namespace_of = namespace_of
+        if self.consolidator is not None:
+            self.consolidator.namespace_of = namespace_of
+
+    def bound_summaries(self, budget_of: Callable[[str], int | None]) -> None:
+        """Keep consolidation's summary requests within the context (session key → budget)."""
+        if self.consolidator is not None:
+            self.consolidator.budget_of = budget_of
 
     def context_sources(self) -> list[ContextSource]:
         return [self.recall.context] if self.enabled else []

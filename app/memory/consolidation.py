@@ -16,7 +16,7 @@ to the boundary cannot have changed; anything appended meanwhile lies after it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.db.engine import autocommit
 from app.db.models import inbox, messages, sessions
 from app.memory.identity import identity_of, is_person, resolve_owner
-from app.memory.store import Scope, content_key, put_memory
+from app.memory.store import DEFAULT_NAMESPACE, Scope, content_key, put_memory
 from app.memory.summarize import Summarizer, Summary, extract_facts
 from app.sessions.history_marks import visible
 from app.sessions.lease import SessionLease, check_fence
@@ -95,6 +95,12 @@ class Consolidator:
         self.single = autocommit(engine)
         self.summarizer = summarizer
         self.limits = limits
+        # Session key → the serving agent's memory namespace (set by the runtime): the
+        # summary and the facts are written there.
+        self.namespace_of: Callable[[str], str] = lambda key: DEFAULT_NAMESPACE
+        # Session key → the most the summary request's prompt may cost in tokens (the
+        # summarizing model's context less the reply room; set by the runtime).
+        self.budget_of: Callable[[str], int | None] = lambda key: None
 
     def due(self, session: SessionState) -> bool:
         """Whether consolidation may be due after a turn that left `session` so.
@@ -175,7 +181,10 @@ class Consolidator:
         speakers = set(senders.values())
         summary = (
             await self.summarizer.summarize(
-                folded, max_chars=self.limits.summary_max_chars, want_facts=len(speakers) == 1
+                folded,
+                max_chars=self.limits.summary_max_chars,
+                want_facts=len(speakers) == 1,
+                budget=self.budget_of(key),
             )
             if folded
             else Summary("")
@@ -184,6 +193,7 @@ class Consolidator:
             [speaker] = speakers
             facts += [(speaker, content_key(f, "llm"), f) for f in summary.facts]
 
+        namespace = self.namespace_of(key)
         async with self.engine.begin() as conn:
             await check_fence(conn, lease)
             row = (
@@ -206,6 +216,7 @@ class Consolidator:
                     key=fact_key,
                     kind="fact",
                     source_session_id=session_id,
+                    namespace=namespace,
                 )
             if summary.text.strip():
                 await put_memory(
@@ -217,6 +228,7 @@ class Consolidator:
                     kind="summary",
                     source_session_id=session_id,
                     metadata={"from_seq": start + 1, "to_seq": boundary},
+                    namespace=namespace,
                 )
             if not await advance_consolidated(conn, session_id, boundary, expected=start):
                 raise RuntimeError("last_consolidated changed under the lease")  # rolls back

@@ -4,7 +4,8 @@
 open session after consolidating it and open a new generation that keeps its title and
 chosen model, with the old one's session summaries carried over (so recall still brings
 them) and a `compacted_from` link back to it (`/sessions` shows the lineage). Runs under
-the key's lease, inside the caller's fenced transaction.
+the key's lease, inside the caller's fenced transaction. A run that was going on when the
+generation changed (the overflow) moves with it: its `runs` row names the new generation.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.db.models import memories, sessions, utcnow
+from app.db.models import memories, runs, sessions, utcnow
 from app.memory.store import Scope, put_memory
 from app.sessions.lease import SessionLease
 from app.sessions.store import SessionState, SessionStore
@@ -31,12 +32,15 @@ async def next_generation(
     channel: str,
     *,
     reason: str = "compact",
+    run_id: int | None = None,
 ) -> tuple[SessionState, int]:
-    """Open the key's next generation after `old`; returns it and how many summaries it carries."""
+    """Open the key's next generation after `old`; returns it and how many summaries it carries.
+
+    `run_id`: the run that continues in the new generation (its row is moved there)."""
     title = (await conn.execute(select(sessions.c.title).where(sessions.c.id == old.id))).scalar_one()
     summaries = (
         await conn.execute(
-            select(memories.c.key, memories.c.content, memories.c.metadata).where(
+            select(memories.c.key, memories.c.content, memories.c.metadata, memories.c.namespace).where(
                 memories.c.scope == Scope.SESSION.value,
                 memories.c.owner == lease.key,
                 memories.c.source_session_id == old.id,
@@ -63,7 +67,10 @@ async def next_generation(
             kind="summary",
             source_session_id=new.id,
             metadata={**(row.metadata or {}), "from_session_id": old.id},
+            namespace=row.namespace,
         )
+    if run_id is not None:
+        await conn.execute(update(runs).where(runs.c.id == run_id).values(session_id=new.id))
     new = replace(new, metadata=metadata)
     store.remember(lease.key, new, fence=lease.fence)
     return new, len(summaries)

@@ -138,17 +138,21 @@ class IdentityLinks:
                     identity=identity, person_id=person_id, created_at=utcnow(), created_by=created_by
                 )
             )
-            # Move the identity's memories; where the person already has that key, the
-            # person's entry wins and the identity's duplicate is dropped.
-            taken = select(memories.c.key).where(
-                memories.c.scope == "user", memories.c.owner == owner, memories.c.key.is_not(None)
+            # Move the identity's memories; where the person already has that key (in the
+            # same namespace), the person's entry wins and the identity's duplicate is dropped.
+            mine = memories.alias("person_entry")
+            taken = select(mine.c.id).where(
+                mine.c.scope == "user",
+                mine.c.owner == owner,
+                mine.c.namespace == memories.c.namespace,
+                mine.c.key == memories.c.key,
             )
             await conn.execute(
                 update(memories)
                 .where(
                     memories.c.scope == "user",
                     memories.c.owner == identity,
-                    memories.c.key.not_in(taken.scalar_subquery()),
+                    ~taken.exists(),
                 )
                 .values(owner=owner, updated_at=utcnow())
             )

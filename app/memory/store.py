@@ -5,6 +5,10 @@
   (`source_session_id`) it came from: summaries and notes of one conversation.
 - `global`: owner is `""`: facts the operator gives every session.
 
+User and session entries also carry a **namespace**, the serving agent's
+`memory_namespace` (`""` by default): agents with different namespaces never read or
+write each other's entries. Global facts have the default namespace and reach every agent.
+
 Nothing here decides who may read what; `app.memory.recall` does, from the turn's
 own session and sender only.
 """
@@ -29,6 +33,7 @@ from app.db.engine import autocommit
 from app.db.models import memories, utcnow
 
 GLOBAL_OWNER = ""
+DEFAULT_NAMESPACE = ""
 MAX_CONTENT_CHARS = 4000
 
 
@@ -49,6 +54,7 @@ class Memory:
     source_session_id: int | None
     updated_at: datetime
     metadata: dict[str, Any] = field(default_factory=dict)
+    namespace: str = DEFAULT_NAMESPACE
 
 
 @dataclass(frozen=True)
@@ -59,9 +65,12 @@ class OwnerFilter:
     owner: str
     session_id: int | None = None
     shareable_only: bool = False  # only entries their owner marked shareable
+    namespace: str | None = None  # None: every namespace (operator tools)
 
     def clause(self) -> ColumnElement[bool]:
         parts = [memories.c.scope == self.scope.value, memories.c.owner == self.owner]
+        if self.namespace is not None:
+            parts.append(memories.c.namespace == self.namespace)
         if self.session_id is not None:
             parts.append(memories.c.source_session_id == self.session_id)
         if self.shareable_only:
@@ -87,6 +96,7 @@ def memory_from_row(row: Any) -> Memory:
         source_session_id=row["source_session_id"],
         updated_at=row["updated_at"],
         metadata=meta,
+        namespace=row.get("namespace") or DEFAULT_NAMESPACE,
     )
 
 
@@ -100,8 +110,9 @@ async def put_memory(
     kind: str = "note",
     source_session_id: int | None = None,
     metadata: dict[str, Any] | None = None,
+    namespace: str = DEFAULT_NAMESPACE,
 ) -> None:
-    """Insert or replace the entry (scope, owner, key) inside the caller's transaction."""
+    """Insert or replace the entry (scope, owner, namespace, key) inside the caller's transaction."""
     content = content.strip()[:MAX_CONTENT_CHARS]
     if not content:
         raise ValueError("empty memory")
@@ -116,11 +127,12 @@ async def put_memory(
         created_at=now,
         updated_at=now,
         metadata=meta,
+        namespace=namespace,
     )
     dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
     stmt = dialect.insert(memories).values(**values)
     stmt = stmt.on_conflict_do_update(
-        index_elements=["scope", "owner", "key"],
+        index_elements=["scope", "owner", "namespace", "key"],
         set_={
             "content": stmt.excluded.content,
             "source_session_id": stmt.excluded.source_session_id,

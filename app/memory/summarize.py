@@ -7,6 +7,11 @@ model and falls back to the extractive summary when the model is unavailable. Fa
 own messages, so each fact is attributed to the sender who wrote it. The model is asked
 for facts too, but only for a stretch with a single human sender (`want_facts`): in a
 room, text from one member must not be able to plant facts in another member's memory.
+
+The summary request itself stays within the model's context (`budget`, the tokens a
+prompt may cost): a stretch whose request would not fit is cut into consecutive chunks
+whose requests fit, each is summarized, and the partial summaries are combined by the
+model (in groups that fit, again) — no request is sent that exceeds the budget.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import structlog
 from app.agent.provider import ChatProvider
 from app.errors import ProviderError
 from app.sessions.messages import ChatMessage
+from app.sessions.tokens import count_request, text_counter
 
 log = structlog.get_logger(__name__)
 
@@ -35,8 +41,15 @@ class Summary:
 
 class Summarizer(Protocol):
     async def summarize(
-        self, messages: Sequence[ChatMessage], *, max_chars: int, want_facts: bool = False
-    ) -> Summary: ...
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        max_chars: int,
+        want_facts: bool = False,
+        budget: int | None = None,
+    ) -> Summary:
+        """`budget`: the most one model request's prompt may cost in tokens (None: no limit)."""
+        ...
 
 
 _SENTENCE_END = re.compile(r"(?<=[.!?。！？])\s+|\n+")
@@ -52,7 +65,12 @@ class ExtractiveSummarizer:
     """Deterministic: 'User: <first sentence>' / 'Assistant: <first sentence>' lines."""
 
     async def summarize(
-        self, messages: Sequence[ChatMessage], *, max_chars: int, want_facts: bool = False
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        max_chars: int,
+        want_facts: bool = False,
+        budget: int | None = None,
     ) -> Summary:
         return Summary(self.text(messages, max_chars=max_chars))
 
@@ -136,18 +154,69 @@ FACTS_PROMPT = (
 )
 
 
+COMBINE_PROMPT = (
+    "You write the long-term memory of a chat assistant. Below are summaries of consecutive "
+    "parts of one conversation, oldest first. Combine them into one summary of a few short "
+    "sentences: what the user wanted, what was decided or answered, open questions. Plain "
+    "text, no preamble, no more than {max_chars} characters."
+)
+
+
 class ProviderSummarizer:
     def __init__(self, provider: ChatProvider, *, model: str | None = None) -> None:
         self.provider = provider
         self.model = model
         self.fallback = ExtractiveSummarizer()
 
+    def _request(self, prompt: str, body: str) -> list[ChatMessage]:
+        return [ChatMessage(role="system", content=prompt), ChatMessage(role="user", content=body)]
+
+    def _fits(self, request: Sequence[ChatMessage], budget: int | None) -> bool:
+        return budget is None or count_request(request, [], text_counter(self.model)[0]) <= budget
+
     async def summarize(
-        self, messages: Sequence[ChatMessage], *, max_chars: int, want_facts: bool = False
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        max_chars: int,
+        want_facts: bool = False,
+        budget: int | None = None,
     ) -> Summary:
-        transcript = render_transcript(messages, max_chars=max(6 * max_chars, 12_000))
         prompt = (FACTS_PROMPT if want_facts else SUMMARY_PROMPT).format(max_chars=max_chars)
-        request = [ChatMessage(role="system", content=prompt), ChatMessage(role="user", content=transcript)]
+        chunks = self._chunks(list(messages), prompt, max_chars, budget)
+        if len(chunks) == 1:
+            return await self._one(chunks[0], prompt, max_chars, want_facts, budget)
+        log.info("summary_in_chunks", chunks=len(chunks), messages=len(messages), budget=budget)
+        parts = [await self._one(chunk, prompt, max_chars, want_facts, budget) for chunk in chunks]
+        text = await self._combine([p.text for p in parts if p.text.strip()], max_chars, budget)
+        return Summary(text, [f for p in parts for f in p.facts][:10])
+
+    def _chunks(
+        self, messages: list[ChatMessage], prompt: str, max_chars: int, budget: int | None
+    ) -> list[list[ChatMessage]]:
+        """Consecutive chunks whose summary requests fit `budget` (halving those that do not;
+        a single message that alone does not fit is a chunk of its own)."""
+        body = render_transcript(messages, max_chars=_transcript_chars(max_chars))
+        if len(messages) <= 1 or self._fits(self._request(prompt, body), budget):
+            return [messages]
+        mid = len(messages) // 2
+        return [
+            *self._chunks(messages[:mid], prompt, max_chars, budget),
+            *self._chunks(messages[mid:], prompt, max_chars, budget),
+        ]
+
+    async def _one(
+        self,
+        messages: Sequence[ChatMessage],
+        prompt: str,
+        max_chars: int,
+        want_facts: bool,
+        budget: int | None,
+    ) -> Summary:
+        """One summary request; the extractive summary when it fails or would not fit."""
+        request = self._request(prompt, render_transcript(messages, max_chars=_transcript_chars(max_chars)))
+        if not self._fits(request, budget):  # one message longer than the whole context
+            return await self.fallback.summarize(messages, max_chars=max_chars)
         try:
             reply = await self.provider.complete(request, [], model=self.model)
         except ProviderError as exc:
@@ -163,6 +232,31 @@ class ProviderSummarizer:
         if not text:
             return await self.fallback.summarize(messages, max_chars=max_chars)
         return Summary(text[:max_chars])
+
+    async def _combine(self, texts: list[str], max_chars: int, budget: int | None) -> str:
+        """One summary from partial ones, oldest first: by the model in groups whose requests
+        fit; joined and cut (`_fit`) where even two do not fit or the model fails."""
+        if len(texts) <= 1:
+            return texts[0][:max_chars] if texts else ""
+        prompt = COMBINE_PROMPT.format(max_chars=max_chars)
+        request = self._request(prompt, "\n\n".join(f"Part {i}: {t}" for i, t in enumerate(texts, 1)))
+        if not self._fits(request, budget):
+            if len(texts) == 2:
+                return _fit(texts, max_chars)
+            mid = len(texts) // 2
+            halves = [await self._combine(texts[:mid], max_chars, budget)]
+            halves.append(await self._combine(texts[mid:], max_chars, budget))
+            return await self._combine(halves, max_chars, budget)
+        try:
+            reply = await self.provider.complete(request, [], model=self.model)
+        except ProviderError as exc:
+            log.warning("summary_combine_failed", error=exc.detail)
+            return _fit(texts, max_chars)
+        return (reply.content or "").strip()[:max_chars] or _fit(texts, max_chars)
+
+
+def _transcript_chars(max_chars: int) -> int:
+    return max(6 * max_chars, 12_000)
 
 
 def _parse_facts_reply(text: str) -> tuple[str, list[str]] | None:

@@ -38,8 +38,10 @@ class Ingest:
         gate: AccessGate,
         counted: Counted | None = None,
         assign: Callable[[InboundEvent], Awaitable[InboundEvent]] | None = None,
+        on_stored: Callable[[Sequence[InboundEvent]], Awaitable[None]] | None = None,
     ) -> None:
         self.assign = assign  # puts the serving agent on an event (app.agents)
+        self.on_stored = on_stored  # told the newly stored events (app.agents.senders)
         self.store = store
         self.gate = gate
         self.scheduler = scheduler
@@ -131,4 +133,8 @@ class Ingest:
             if not result.duplicate:
                 self.waiters.accepted(result.event_id)
         self.scheduler.accepted(accepted.results, accepted.claim)
+        if self.on_stored is not None:
+            await self.on_stored(
+                [e for e, r in zip(events, accepted.results, strict=True) if not r.duplicate]
+            )
         return accepted.results

@@ -51,6 +51,11 @@ TEXTS: dict[str, dict[str, str]] = {
         "zh": "此处不可使用 {model}。可用模型：{models}",
     },
     "sessions.title": {"en": "Conversations in this chat (* current):", "zh": "此聊天中的对话（* 为当前）："},
+    "sessions.elsewhere": {
+        "en": "In your other chats on {channel} (/resume works in the chat itself):",
+        "zh": "你在 {channel} 上其他聊天中的对话（/resume 需在对应聊天中使用）：",
+    },
+    "sessions.in_chat": {"en": "- {chat}: {line}", "zh": "- {chat}：{line}"},
     "sessions.from": {"en": ", from {n}", "zh": "，接续自 {n}"},
     "sessions.line": {
         "en": "{n}. {title} — {messages} messages, {status}",
@@ -129,6 +134,18 @@ TEXTS: dict[str, dict[str, str]] = {
     "handoff.back": {
         "en": "Handed back: each chat has its own conversation again.",
         "zh": "已交回：各聊天重新拥有各自的对话。",
+    },
+    "handoff.arrived": {
+        "en": "This conversation continues here, handed off from {channel}. Send /handoff back to return it.",
+        "zh": "这段对话已从 {channel} 转到这里继续。发送 /handoff back 可将其转回。",
+    },
+    "handoff.back_here": {
+        "en": "The conversation is back here, handed back from {channel}.",
+        "zh": "对话已从 {channel} 转回这里。",
+    },
+    "handoff.back_away": {
+        "en": "The conversation went back to {channel}; this chat has its own conversation again.",
+        "zh": "对话已转回 {channel}，这个聊天重新拥有自己的对话。",
     },
     "handoff.none": {"en": "This conversation is not handed off.", "zh": "当前对话没有转交。"},
     "handoff.here": {"en": "You are on {channel} already.", "zh": "你已经在 {channel} 上了。"},

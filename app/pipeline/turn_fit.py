@@ -139,7 +139,13 @@ class ContextFit:
         sessions = self.store.sessions
         async with self.store.fenced(lease) as conn:
             new, _ = await next_generation(
-                conn, sessions, lease, old, conversation_channel(turn.origin), reason="overflow"
+                conn,
+                sessions,
+                lease,
+                old,
+                conversation_channel(turn.origin),
+                reason="overflow",
+                run_id=turn.run_id,
             )
             seqs = await sessions.append(conn, new.id, carry, run_id=turn.run_id)
         log.info("context_new_generation", key=lease.key, old=old.generation, new=new.generation)

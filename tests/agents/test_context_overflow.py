@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import select
 
 from app.config import Settings
-from app.db.models import memories, sessions
+from app.db.models import memories, runs, sessions
 from app.sessions.messages import ChatMessage
 from app.sessions.tokens import ContextLimits, count_request, estimate_text
 from tests.agents.test_session_commands import say, session_rows
@@ -90,8 +90,14 @@ async def test_overflow_inside_a_run_continues_in_a_new_linked_generation(serve:
         async with serve(**small) as srv, httpx.AsyncClient(timeout=30) as client:
             assert await say(client, srv, "work hard") == "done"
             rows = await session_rows(srv, "webhook:c1")
+            async with srv.runtime.engine.connect() as conn:
+                gens = dict((await conn.execute(select(sessions.c.generation, sessions.c.id))).all())
+                run = (
+                    await conn.execute(select(runs.c.session_id, runs.c.outcome).order_by(runs.c.id.desc()))
+                ).first()
             listed = await say(client, srv, "/sessions")
         assert [(r["generation"], r["status"]) for r in rows] == [(1, "expired"), (2, "active")]
+        assert run is not None and run.session_id == gens[2]  # the run moved with the turn
         link = rows[1]["metadata"]["compacted_from"]
         assert link["generation"] == 1 and link["reason"] == "overflow"
         assert "2. (untitled)" in listed and "from 1" in listed  # the lineage

@@ -89,7 +89,7 @@ async def test_a_handoff_made_on_one_replica_redirects_on_the_other(pg_url: str)
                     break
                 await asyncio.sleep(0.05)
             assert await say(client, b, "hello from the web", chat="u1dm", sender="u1") == "web hello"
-            assert b.runtime.handoffs._redirected == frozenset()  # B has read the (empty) set
+            assert b.runtime.handoffs._handed_off == frozenset()  # B has read the (empty) set
             assert await telegram_says(client, a, tg_fake, 1, "remember the milk") == "Milk noted."
             for identity in ("telegram:4242", "webhook:u1"):
                 resp = await client.post(

@@ -145,7 +145,12 @@ class GateSummarizer(ExtractiveSummarizer):
         self.release = asyncio.Event()
 
     async def summarize(
-        self, messages: Sequence[ChatMessage], *, max_chars: int, want_facts: bool = False
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        max_chars: int,
+        want_facts: bool = False,
+        budget: int | None = None,
     ) -> Summary:
         self.started.set()
         await self.release.wait()
@@ -311,7 +316,12 @@ class FlagSummarizer(ExtractiveSummarizer):
         self.asked: list[bool] = []
 
     async def summarize(
-        self, messages: Sequence[ChatMessage], *, max_chars: int, want_facts: bool = False
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        max_chars: int,
+        want_facts: bool = False,
+        budget: int | None = None,
     ) -> Summary:
         self.asked.append(want_facts)
         return Summary("summary", ["They are a model-made fact."] if want_facts else [])
