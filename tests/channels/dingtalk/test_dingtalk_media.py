@@ -145,3 +145,18 @@ async def test_a_sender_reached_only_by_session_webhook_is_told_the_file_name(se
     texts = [c.body["text"]["content"] for c in fake.delivered()]
     assert texts[0] == "Here is the chart and the report."
     assert texts[1].startswith("📎 image.png") and texts[2].startswith("📎 report.pdf（")
+
+
+async def test_an_upload_refused_for_its_token_gets_a_fresh_token_once(serve: ServeApp) -> None:
+    async with FakeDingTalk() as fake:
+        fake.fail(dt.MEDIA_UPLOAD, dt.Failure(200, "40014", "不合法的access_token"))
+        settings = dingtalk_settings(fake, oapi_base=fake.url)
+        async with serve(channel_settings={"dingtalk": settings}) as srv:
+            message = _reply_with_media("cidTEAM2==")
+            only_image = message.model_copy(update={"parts": message.parts[:2]})
+            await _enqueue(srv, only_image)
+            [row] = await wait_outbox_final(srv.runtime)
+    assert (row["status"], row["attempts"]) == ("sent", 1)
+    assert [c.ok for c in fake.calls_of(dt.MEDIA_UPLOAD)] == [False, True]
+    assert [c.query["access_token"] for c in fake.calls_of(dt.MEDIA_UPLOAD)] == ["token-1", "token-2"]
+    assert [c.body["msgKey"] for c in fake.delivered()] == ["sampleText", "sampleImageMsg"]
