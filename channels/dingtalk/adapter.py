@@ -11,7 +11,9 @@ the robot send API with a cached access token (`channels.dingtalk.openapi`).
 
 Pictures (also in rich text) are downloaded before the message is stored: the download
 code gives a temporary URL (`messageFiles/download`), read under `DINGTALK_MEDIA_MAX_BYTES`;
-a voice message's text is DingTalk's own transcript (`recognition`). Robot messages
+a voice message's text is DingTalk's own transcript (`recognition`). A reply's images and
+files are uploaded (`media/upload` on the old OpenAPI) and sent as the robot's image/file
+messages, one outbox step each (`channels.dingtalk.media`). Robot messages
 cannot be edited; `DINGTALK_STREAMING=native` streams into an AI card
 (`channels.dingtalk.card`).
 """
@@ -45,8 +47,10 @@ from channels.common.media import (
     inline_media,
     too_large_text,
 )
+from channels.common.wechat_api import outbound_text
 from channels.dingtalk import signing
 from channels.dingtalk.card import DingTalkCardStreamer
+from channels.dingtalk.media import unsendable_text, upload, uploads
 from channels.dingtalk.openapi import DingTalkApi
 from channels.dingtalk.parse import DOWNLOAD_PREFIX, GROUP, SINGLE, parse_message
 from channels.dingtalk.settings import DingTalkSettings
@@ -168,15 +172,40 @@ class DingTalkChannel:
     async def send(self, message: OutboundMessage) -> SendResult:
         if self.api is None:
             raise ChannelSendAuthError("DINGTALK_CLIENT_ID/CLIENT_SECRET are not set", retryable=False)
-        chunks = split_text(message.text, self.settings.max_message_chars)
-        if not chunks:
+        chunks = self.chunks(message)
+        media = uploads(message)
+        if not chunks and not media:
             return SendResult()
 
-        async def post(_index: int, chunk: str) -> str | None:
-            return await self._post(message, chunk)
+        async def deliver(index: int, _item: str) -> str | None:
+            return await self.deliver_step(message, index, chunks, media)
 
-        posted = await send_chunks(self._progress, message.message_id, chunks, post)
+        items = [*chunks, *(f"file:{i}" for i in range(len(media)))]
+        posted = await send_chunks(self._progress, message.message_id, items, deliver)
         return SendResult(platform_message_id=next((key for key in posted if key), None))
+
+    def chunks(self, message: OutboundMessage) -> list[str]:
+        return split_text(outbound_text(message.parts), self.settings.max_message_chars)
+
+    async def deliver_step(
+        self, message: OutboundMessage, index: int, chunks: list[str], media: list[ImagePart | FilePart]
+    ) -> str | None:
+        """One step of a reply: text chunk `index`, or (after the text) one upload and its message."""
+        if index < len(chunks):
+            return await self._post(message, chunks[index])
+        assert self.api is not None
+        part = media[index - len(chunks)]
+        if message.metadata.get("reply_webhook_only"):
+            # Only the session webhook reaches this sender, and it carries no media.
+            return await self._post(message, unsendable_text(part, self.settings.locale))
+        key, param = await upload(self.api, self.settings.oapi_base, part)
+        return await self.api.send_robot(
+            robot_code=self._robot_code(message.metadata),
+            chat_id=message.chat_id,
+            group=_is_group(message),
+            msg_key=key,
+            param=param,
+        )
 
     async def _post(self, message: OutboundMessage, text: str) -> str | None:
         assert self.api is not None

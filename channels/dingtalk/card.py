@@ -11,7 +11,7 @@ whose content variable is a streaming variable; it is made in the developer cons
 
 A sender outside the organisation (no staff id) cannot get a card: no preview, the
 answer is a plain message. An answer longer than `DINGTALK_MAX_MESSAGE_CHARS` continues
-in plain messages after the card.
+in plain messages after the card, and its images and files follow as robot messages.
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ import structlog
 
 from app.channel import SendResult
 from app.errors import ChannelRejected, DeliveryError
-from app.events import OutboundMessage
-from channels.common.chunks import ChunkProgress, send_chunks, split_text
+from app.events import FilePart, ImagePart, OutboundMessage
+from channels.common.chunks import ChunkProgress, send_chunks
+from channels.dingtalk.media import uploads
 
 if TYPE_CHECKING:
     from channels.dingtalk.openapi import DingTalkApi
@@ -50,6 +51,12 @@ class DingTalkChannel(Protocol):
     def _robot_code(self, metadata: dict[str, Any]) -> str: ...
 
     async def _post(self, message: OutboundMessage, text: str) -> str | None: ...
+
+    def chunks(self, message: OutboundMessage) -> list[str]: ...
+
+    async def deliver_step(
+        self, message: OutboundMessage, index: int, chunks: list[str], media: list[ImagePart | FilePart]
+    ) -> str | None: ...
 
 
 class DingTalkCardStreamer:
@@ -111,11 +118,12 @@ class DingTalkCardStreamer:
         await self.api.call("PUT", STREAMING_PATH, body)
 
     async def finish(self, message: OutboundMessage, preview_id: str) -> SendResult:
-        chunks = split_text(message.text, self.channel.settings.max_message_chars)
+        chunks = self.channel.chunks(message)
+        media = uploads(message)
 
         async def deliver(index: int, chunk: str) -> str | None:
-            if index > 0:
-                return await self.channel._post(message, chunk)
+            if index > 0 or not chunks:
+                return await self.channel.deliver_step(message, index, chunks, media)
             try:
                 await self._stream(preview_id, chunk, final=True)
             except ChannelRejected:
@@ -130,7 +138,8 @@ class DingTalkCardStreamer:
                 log.warning("dingtalk_card_finish_status_failed", error=exc.detail)
             return preview_id
 
-        sent = await send_chunks(self.channel._progress, message.message_id, chunks, deliver)
+        items = [*chunks, *(f"file:{i}" for i in range(len(media)))]
+        sent = await send_chunks(self.channel._progress, message.message_id, items, deliver)
         return SendResult(platform_message_id=next((m for m in sent if m), preview_id))
 
 

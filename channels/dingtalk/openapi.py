@@ -81,10 +81,18 @@ class DingTalkApi:
 
     async def send_text(self, *, robot_code: str, chat_id: str, group: bool, text: str) -> str | None:
         """Send `text` to a group (`openConversationId`) or one person (`userIds`); the query key."""
+        return await self.send_robot(
+            robot_code=robot_code, chat_id=chat_id, group=group, msg_key="sampleText", param={"content": text}
+        )
+
+    async def send_robot(
+        self, *, robot_code: str, chat_id: str, group: bool, msg_key: str, param: dict[str, Any]
+    ) -> str | None:
+        """Send a robot message (`msg_key`: sampleText, sampleImageMsg, sampleFile …)."""
         body: dict[str, Any] = {
             "robotCode": robot_code,
-            "msgKey": "sampleText",
-            "msgParam": json.dumps({"content": text}, ensure_ascii=False),
+            "msgKey": msg_key,
+            "msgParam": json.dumps(param, ensure_ascii=False),
         }
         if group:
             body["openConversationId"] = chat_id

@@ -24,6 +24,10 @@ class DingTalkSettings(StreamingSettings, MediaSettings, ChannelSettings):
         "stream", description="stream (outbound WebSocket, no public URL) or http (POST /channels/dingtalk)."
     )
     api_base: str = Field("https://api.dingtalk.com", description="DingTalk OpenAPI base URL.")
+    oapi_base: str = Field(
+        "https://oapi.dingtalk.com",
+        description="The old OpenAPI's base URL (media/upload, for images and files in replies).",
+    )
     robot_code: str | None = Field(
         None, description="robotCode for the robot send API; defaults to the Client ID."
     )

@@ -14,8 +14,9 @@ each piece carries a `uuid` made of the outbox message id, so Feishu itself drop
 sent twice by a retry. A reply's images and files are uploaded (`im/v1/images`,
 `im/v1/files`) and sent as image/file messages, one outbox step each
 (`channels.feishu.media`). Streaming (`FEISHU_STREAMING=edit`): a preview message edited in
-place (`channels.feishu.stream`). Inbound images are downloaded from the message's
-resources with the tenant token, under `FEISHU_MEDIA_MAX_BYTES`.
+place (`channels.feishu.stream`); `native`: a streaming card (`channels.feishu.card`).
+Inbound images are downloaded from the message's resources with the tenant token, under
+`FEISHU_MEDIA_MAX_BYTES`.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from channels.common.media import (
 from channels.common.wechat_api import outbound_text
 from channels.feishu import crypto
 from channels.feishu.api import FeishuApi
+from channels.feishu.card import FeishuCardStreamer
 from channels.feishu.media import upload, uploads
 from channels.feishu.parse import MESSAGE_RECEIVED, Parsed, parse_message_event
 from channels.feishu.settings import FeishuSettings
@@ -311,10 +313,12 @@ class FeishuChannel:
 
     # --- streaming (`app.streaming`) ------------------------------------------------------
 
-    def streamer(self) -> FeishuStreamer | None:
+    def streamer(self) -> FeishuStreamer | FeishuCardStreamer | None:
         s = self.settings
         if not s.app_id or not s.app_secret or s.streaming is StreamingMode.OFF:
             return None
+        if s.streaming is StreamingMode.NATIVE:
+            return FeishuCardStreamer(self, FeishuStreamer(self))
         return FeishuStreamer(self)
 
 

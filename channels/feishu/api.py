@@ -58,6 +58,11 @@ class FeishuApi:
         answer = await self._authorized("PUT", path, body, None)
         return answer.get("data") or {}
 
+    async def patch(self, path: str, body: dict[str, Any]) -> Any:
+        """PATCH with the tenant token (a card's settings); the answer's `data`."""
+        answer = await self._authorized("PATCH", path, body, None)
+        return answer.get("data") or {}
+
     async def delete(self, path: str) -> None:
         """DELETE with the tenant token (recalling a message)."""
         await self._authorized("DELETE", path, None, None)

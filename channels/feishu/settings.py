@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from app.channel import ChannelSettings
+from app.streaming.protocol import StreamingMode
 from app.streaming.settings import StreamingSettings
 from channels.common.media import MediaSettings
 
@@ -54,4 +57,20 @@ class FeishuSettings(StreamingSettings, MediaSettings, ChannelSettings):
         ge=0.05,
         description="Least time between two edits of a preview (Feishu allows 20 edits of one message; "
         "the last is kept for the answer).",
+    )
+    streaming_modes: ClassVar[frozenset[StreamingMode]] = frozenset(
+        {StreamingMode.OFF, StreamingMode.EDIT, StreamingMode.NATIVE}
+    )
+    streaming: StreamingMode = Field(
+        StreamingMode.EDIT,
+        description="off (one message at the end), edit (a text message edited in place, at most 20 "
+        "times), native (a streaming card, CardKit: needs the cardkit:card:write scope; without it "
+        "the preview falls back to edit).",
+    )
+    card_streaming_seconds: float = Field(
+        540.0,
+        ge=1,
+        le=600,
+        description="streaming=native: the card is updated while the turn runs for at most this long "
+        "(Feishu closes a card's streaming mode after 10 minutes); the answer then replaces the card.",
     )

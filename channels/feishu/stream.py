@@ -7,7 +7,8 @@ state for bots. When the final edit is refused (the preview was recalled, or its
 budget was spent by a process that died), the preview is recalled
 (`DELETE im/v1/messages/{id}`) and the answer sent as a new message: replaced, not left half.
 
-A streaming card (CardKit) would allow more frequent updates; it is not implemented.
+A streaming card (CardKit, `FEISHU_STREAMING=native`) is `channels.feishu.card`; it falls back
+to this streamer when Feishu refuses to create the card.
 """
 
 from __future__ import annotations

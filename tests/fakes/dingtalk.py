@@ -16,6 +16,9 @@ to, as it talks to api.dingtalk.com:
 - `POST /robot/sendBySession?session=…`: a message's `sessionWebhook`;
 - `POST /v1.0/robot/messageFiles/download` (`downloadCode`, `robotCode`) → `downloadUrl`,
   a temporary link to the bytes put in `files` (served at `GET /files/<code>`);
+- the old OpenAPI's `POST /media/upload?access_token=…&type=image|file` (multipart `media`)
+  → `media_id` (`{"errcode": 0, …}`; a token this server did not hand out is errcode 40014),
+  and robot messages `sampleImageMsg` / `sampleFile` that must name an uploaded media id;
 - AI cards, as the SDK's `AICardReplier` calls them: `POST /v1.0/card/instances/createAndDeliver`
   (a card in a chat, `cards`), `PUT /v1.0/card/streaming` (a streaming variable replaced
   or appended to, `isFinalize`), `PUT /v1.0/card/instances` (card data merged).
@@ -36,7 +39,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiohttp import web
+from aiohttp import BodyPartReader, web
 
 from tests.fakes.local_server import LocalServer
 
@@ -53,6 +56,15 @@ DOWNLOAD_PATH = "/v1.0/robot/messageFiles/download"
 CARD_CREATE = "/v1.0/card/instances/createAndDeliver"
 CARD_STREAMING = "/v1.0/card/streaming"
 CARD_INSTANCES = "/v1.0/card/instances"
+MEDIA_UPLOAD = "/media/upload"
+
+
+@dataclass
+class Upload:
+    kind: str  # "image" or "file"
+    name: str
+    data: bytes
+    content_type: str
 
 
 @dataclass
@@ -80,6 +92,7 @@ class Failure:
 
 
 SERVER_ERROR = Failure(500, "ServiceUnavailable", "the service is unavailable")
+BUSY = Failure(200, "-1", "系统繁忙")  # the old OpenAPI's way to say "try again"
 THROTTLED = Failure(429, "Throttling.Api", "too many requests")
 NO_PERMISSION = Failure(403, "Forbidden.AccessDenied", "no permission")
 
@@ -98,6 +111,7 @@ class FakeDingTalk(LocalServer):
     tickets_used: list[str] = field(default_factory=list)
     files: dict[str, bytes] = field(default_factory=dict)  # download code -> the bytes
     cards: dict[str, Card] = field(default_factory=dict)  # outTrackId -> the card in its chat
+    media: dict[str, Upload] = field(default_factory=dict)  # media_id -> what was uploaded
     url: str = ""
     redeliver_unacked: bool = False
 
@@ -259,6 +273,9 @@ class FakeDingTalk(LocalServer):
             self._issued_tickets.add(ticket)
             host = request.host
             return web.json_response({"endpoint": f"ws://{host}/gateway/connect", "ticket": ticket})
+        refused = self._media_refused(body) if path in (GROUP_SEND, SINGLE_SEND) else None
+        if refused is not None:
+            return refused
         if path == GROUP_SEND:
             return web.json_response({"processQueryKey": f"pqk-{len(self.calls)}"})
         if path == SINGLE_SEND:
@@ -279,6 +296,46 @@ class FakeDingTalk(LocalServer):
                 return web.json_response({"code": "invalidParameter.downloadCode"}, status=400)
             return web.json_response({"downloadUrl": f"http://{request.host}/files/{code}"})
         return web.json_response({"code": "NotFound"}, status=404)
+
+    def _media_refused(self, body: dict[str, Any]) -> web.Response | None:
+        """A robot image/file message must name a media id this server handed out."""
+        key = body.get("msgKey")
+        if key not in ("sampleImageMsg", "sampleFile"):
+            return None
+        param = json.loads(body.get("msgParam") or "{}")
+        media_id = param.get("photoURL") if key == "sampleImageMsg" else param.get("mediaId")
+        if media_id not in self.media or (key == "sampleFile" and not param.get("fileName")):
+            return web.json_response({"code": "invalidParameter.msgParam", "message": "media"}, status=400)
+        return None
+
+    async def _upload(self, request: web.Request) -> web.Response:
+        """The old OpenAPI: errors are HTTP 200 with a non-zero errcode."""
+        query = dict(request.query)
+        name, data, content_type = "", b"", ""
+        async for part in await request.multipart():
+            if isinstance(part, BodyPartReader) and part.name == "media":
+                name, data = part.filename or "", bytes(await part.read())
+                content_type = part.headers.get("Content-Type", "")
+        failure: Failure | None = None
+        if query.get("access_token") not in self._tokens:
+            failure = Failure(200, "40014", "不合法的access_token")
+        async with self._changed:
+            if failure is None:
+                scripted = self.script.get(MEDIA_UPLOAD)
+                failure = scripted.pop(0) if scripted else self.always.get(MEDIA_UPLOAD)
+            ok = failure is None and query.get("type") in ("image", "file", "voice") and bool(data)
+            self.calls.append(Call(MEDIA_UPLOAD, {"name": name, "size": len(data)}, {}, query, ok=ok))
+            self._changed.notify_all()
+        if failure is not None:
+            errcode = int(failure.code) if failure.code.lstrip("-").isdigit() else -1
+            return web.json_response({"errcode": errcode, "errmsg": failure.message}, status=failure.status)
+        if not ok:
+            return web.json_response({"errcode": 40005, "errmsg": "不合法的文件类型"})
+        media_id = f"@lAmedia{len(self.media) + 1:04d}"
+        self.media[media_id] = Upload(query["type"], name, data, content_type)
+        return web.json_response(
+            {"errcode": 0, "errmsg": "ok", "type": query["type"], "media_id": media_id, "created_at": 1}
+        )
 
     def _card(self, path: str, body: dict[str, Any]) -> web.Response:
         track_id = str(body.get("outTrackId") or "")
@@ -342,6 +399,7 @@ class FakeDingTalk(LocalServer):
         app = web.Application()
         app.router.add_get("/gateway/connect", self._connect)
         app.router.add_get("/files/{code}", self._file)
+        app.router.add_post(MEDIA_UPLOAD, self._upload)
         app.router.add_post("/{tail:.*}", self._handle)
         app.router.add_put("/{tail:.*}", self._handle)
         await self._serve(app, shutdown_timeout=0.5)

@@ -3,7 +3,10 @@
 The server is a real local HTTP server answering like open.feishu.cn: the tenant access
 token endpoint (tokens that really expire), `bot/v3/info`, sending a message to a chat and
 replying to a message, editing a text message (`PUT`, at most 20 edits, as documented),
-uploading images and files (multipart), serving message resources (`resources`), with
+uploading images and files (multipart), serving message resources (`resources`), streaming
+cards (CardKit: a card entity created, sent as an interactive message, its markdown
+element's content replaced, its settings patched or the whole card replaced, with growing
+`sequence` numbers and streaming mode that closes by itself after `card_streaming_seconds`), with
 Feishu's `{"code", "msg", "data"}` answers, its `uuid` dedup, and scriptable failures.
 Every call is recorded; `texts` is what each sent text message shows now.
 
@@ -76,6 +79,21 @@ TOKEN_INVALID = Failure(400, 99991663, "Invalid access token for authorization."
 
 
 @dataclass
+class Card:
+    """A card entity (CardKit) and what it shows."""
+
+    elements: dict[str, str]  # element_id -> markdown content
+    streaming: bool
+    created: float  # monotonic
+    sequence: int = 0
+    messages: list[str] = field(default_factory=list)  # interactive messages showing it
+
+    @property
+    def text(self) -> str:
+        return "".join(self.elements.values())
+
+
+@dataclass
 class FakeFeishu(LocalServer):
     app_id: str = APP_ID
     app_secret: str = APP_SECRET
@@ -90,6 +108,9 @@ class FakeFeishu(LocalServer):
     edits: dict[str, int] = field(default_factory=dict)  # message id -> times edited
     uploads: dict[str, tuple[str, bytes, dict[str, str]]] = field(default_factory=dict)  # key -> file
     resources: dict[str, bytes] = field(default_factory=dict)  # file_key -> bytes of a message resource
+    cards: dict[str, Card] = field(default_factory=dict)  # card_id -> the card entity
+    recalled: set[str] = field(default_factory=set)  # message ids
+    card_streaming_seconds: float = 600.0  # Feishu closes a card's streaming mode after 10 minutes
 
     def __post_init__(self) -> None:
         self._changed = asyncio.Condition()
@@ -171,6 +192,9 @@ class FakeFeishu(LocalServer):
         failure = self._auth_failure(request) or self._failure(kind)
         if failure is None and kind == "create" and request.query.get("receive_id_type") != "chat_id":
             failure = Failure(400, 99992402, "field validation failed: receive_id_type")
+        card_id = _card_reference(body)
+        if failure is None and card_id is not None and card_id not in self.cards:
+            failure = Failure(400, 230099, "Failed to create card content: card not exist")
         call.ok = failure is None
         await self._record(call)
         if failure is not None:
@@ -183,6 +207,8 @@ class FakeFeishu(LocalServer):
         self._sent.add(message_id)
         if body.get("msg_type") == "text" and not duplicate:
             self.texts[message_id] = str(json.loads(body["content"])["text"])
+        if card_id is not None and not duplicate:
+            self.cards[card_id].messages.append(message_id)
         data: dict[str, Any] = {
             "message_id": message_id,
             "chat_id": body.get("receive_id") or "oc_from_reply",
@@ -231,12 +257,13 @@ class FakeFeishu(LocalServer):
     async def _recall(self, request: web.Request) -> web.Response:
         message_id = request.match_info["message_id"]
         failure = self._auth_failure(request) or self._failure("recall")
-        if failure is None and message_id not in self.texts:
+        if failure is None and (message_id not in self._sent or message_id in self.recalled):
             failure = Failure(400, 230011, "The message was recalled.")
         await self._record(Call("recall", request.path, {}, {}, _headers(request), ok=failure is None))
         if failure is not None:
             return _fail(failure)
-        del self.texts[message_id]
+        self.recalled.add(message_id)
+        self.texts.pop(message_id, None)
         return web.json_response({"code": 0, "msg": "success", "data": {}})
 
     async def _upload(self, request: web.Request) -> web.Response:
@@ -275,6 +302,96 @@ class FakeFeishu(LocalServer):
             return _fail(failure)
         return web.Response(body=self.resources[key], content_type="image/png")
 
+    # --- CardKit ----------------------------------------------------------------------------
+
+    def card_shown(self, message_id: str) -> Card | None:
+        return next((c for c in self.cards.values() if message_id in c.messages), None)
+
+    async def _card_call(
+        self, request: web.Request, kind: str
+    ) -> tuple[Call, dict[str, Any], Failure | None]:
+        body = await request.json()
+        call = Call(kind, request.path, {}, body, _headers(request))
+        return call, body, self._auth_failure(request) or self._failure(kind)
+
+    async def _card_create(self, request: web.Request) -> web.Response:
+        call, body, failure = await self._card_call(request, "card_create")
+        card = None
+        if failure is None:
+            card = _parse_card(body)
+            if card is None:
+                failure = Failure(400, 300301, "invalid card json: schema 2.0 with element ids expected")
+        call.ok = failure is None
+        await self._record(call)
+        if failure is not None or card is None:
+            return _fail(failure or SERVER_ERROR)
+        card_id = f"7{next(self._message_ids):018d}"
+        self.cards[card_id] = card
+        return web.json_response({"code": 0, "msg": "success", "data": {"card_id": card_id}})
+
+    def _card_failure(self, card_id: str, body: dict[str, Any], *, needs_streaming: bool) -> Failure | None:
+        card = self.cards.get(card_id)
+        if card is None:
+            return Failure(400, 300302, "card not found")
+        if card.streaming and time.monotonic() - card.created > self.card_streaming_seconds:
+            card.streaming = False  # closed by Feishu after its time
+        sequence = body.get("sequence")
+        if not isinstance(sequence, int) or sequence <= card.sequence:
+            return Failure(400, 300317, "sequence number compare failed")
+        if needs_streaming and not card.streaming:
+            return Failure(400, 300309, "streaming mode is closed")
+        return None
+
+    async def _card_content(self, request: web.Request) -> web.Response:
+        call, body, failure = await self._card_call(request, "card_content")
+        card_id, element_id = request.match_info["card_id"], request.match_info["element_id"]
+        failure = failure or self._card_failure(card_id, body, needs_streaming=True)
+        if failure is None and element_id not in self.cards[card_id].elements:
+            failure = Failure(400, 300303, "element not found")
+        if failure is None and not isinstance(body.get("content"), str):
+            failure = Failure(400, 99992402, "field validation failed: content")
+        call.ok = failure is None
+        await self._record(call)
+        if failure is not None:
+            return _fail(failure)
+        card = self.cards[card_id]
+        card.sequence = body["sequence"]
+        card.elements[element_id] = body["content"]
+        return web.json_response({"code": 0, "msg": "success", "data": {}})
+
+    async def _card_settings(self, request: web.Request) -> web.Response:
+        call, body, failure = await self._card_call(request, "card_settings")
+        card_id = request.match_info["card_id"]
+        failure = failure or self._card_failure(card_id, body, needs_streaming=False)
+        settings = json.loads(body["settings"]) if isinstance(body.get("settings"), str) else None
+        if failure is None and not isinstance(settings, dict):
+            failure = Failure(400, 99992402, "field validation failed: settings")
+        call.ok = failure is None
+        await self._record(call)
+        if failure is not None or not isinstance(settings, dict):
+            return _fail(failure or SERVER_ERROR)
+        card = self.cards[card_id]
+        card.sequence = body["sequence"]
+        config = settings.get("config")
+        if isinstance(config, dict) and "streaming_mode" in config:
+            card.streaming = bool(config["streaming_mode"])
+        return web.json_response({"code": 0, "msg": "success", "data": {}})
+
+    async def _card_update(self, request: web.Request) -> web.Response:
+        call, body, failure = await self._card_call(request, "card_update")
+        card_id = request.match_info["card_id"]
+        failure = failure or self._card_failure(card_id, body, needs_streaming=False)
+        new = _parse_card(body.get("card") or {}) if failure is None else None
+        if failure is None and new is None:
+            failure = Failure(400, 300301, "invalid card json")
+        call.ok = failure is None
+        await self._record(call)
+        if failure is not None or new is None:
+            return _fail(failure or SERVER_ERROR)
+        card = self.cards[card_id]
+        card.sequence, card.elements, card.streaming = body["sequence"], new.elements, new.streaming
+        return web.json_response({"code": 0, "msg": "success", "data": {}})
+
     async def __aenter__(self) -> FakeFeishu:
         app = web.Application()
         app.router.add_post(TOKEN_PATH, self._token)
@@ -287,12 +404,47 @@ class FakeFeishu(LocalServer):
         app.router.add_post("/open-apis/im/v1/images", self._upload)
         app.router.add_post("/open-apis/im/v1/files", self._upload)
         app.router.add_get("/open-apis/im/v1/messages/{message_id}/resources/{file_key}", self._resource)
+        app.router.add_post("/open-apis/cardkit/v1/cards", self._card_create)
+        app.router.add_put("/open-apis/cardkit/v1/cards/{card_id}", self._card_update)
+        app.router.add_patch("/open-apis/cardkit/v1/cards/{card_id}/settings", self._card_settings)
+        app.router.add_put(
+            "/open-apis/cardkit/v1/cards/{card_id}/elements/{element_id}/content", self._card_content
+        )
         await self._serve(app, shutdown_timeout=0.5)
         return self
 
 
 def _headers(request: web.Request) -> dict[str, str]:
     return {k.lower(): v for k, v in request.headers.items()}
+
+
+def _card_reference(body: dict[str, Any]) -> str | None:
+    """The card id an interactive message shows (`{"type": "card", "data": {"card_id"}}`)."""
+    if body.get("msg_type") != "interactive":
+        return None
+    content = json.loads(body.get("content") or "{}")
+    data = content.get("data") if content.get("type") == "card" else None
+    card_id = data.get("card_id") if isinstance(data, dict) else None
+    return str(card_id) if card_id else None
+
+
+def _parse_card(body: dict[str, Any]) -> Card | None:
+    """A card entity from `{"type": "card_json", "data": <card JSON 2.0 as a string>}`."""
+    if body.get("type") != "card_json" or not isinstance(body.get("data"), str):
+        return None
+    card = json.loads(body["data"])
+    if card.get("schema") != "2.0":
+        return None
+    elements = (card.get("body") or {}).get("elements") or []
+    shown = {
+        str(e["element_id"]): str(e.get("content", ""))
+        for e in elements
+        if isinstance(e, dict) and e.get("element_id") and e.get("tag") in ("markdown", "plain_text")
+    }
+    if not shown:
+        return None
+    streaming = bool((card.get("config") or {}).get("streaming_mode"))
+    return Card(elements=shown, streaming=streaming, created=time.monotonic())
 
 
 def _fail(failure: Failure) -> web.Response:
