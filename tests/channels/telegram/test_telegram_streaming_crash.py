@@ -27,7 +27,9 @@ ANSWER = " ".join(f"word{i}" for i in range(80))
 
 
 async def test_sigkill_mid_stream_leaves_one_completed_message(db_url: str) -> None:
-    async with FakeOpenAI(default=Reply(content=ANSWER, chunk_delay=0.04)) as llm, FakeTelegram() as fake:
+    # The killed run writes slowly (killed mid-stream); the re-run faster (it still streams).
+    async with FakeOpenAI(default=Reply(content=ANSWER, chunk_delay=0.01)) as llm, FakeTelegram() as fake:
+        llm.enqueue(Reply(content=ANSWER, chunk_delay=0.04))
         env = {
             "DATABASE_URL": db_url,
             "ADMIN_TOKEN": ADMIN_TOKEN,
@@ -48,7 +50,8 @@ async def test_sigkill_mid_stream_leaves_one_completed_message(db_url: str) -> N
             "OUTBOX_CLAIM_SECONDS": "2",
             "LOG_LEVEL": "WARNING",
         }
-        server = ServerProcess(env).start()
+        # Started in a thread: the fakes in this loop answer the server's start-up calls.
+        server = await asyncio.to_thread(ServerProcess(env).start)
         engine = create_async_engine(db_url)
         try:
             async with httpx.AsyncClient(timeout=30) as client:
@@ -61,7 +64,7 @@ async def test_sigkill_mid_stream_leaves_one_completed_message(db_url: str) -> N
             [preview_id] = fake.texts
             assert fake.texts[preview_id] != ANSWER
 
-            restarted = ServerProcess(env).start()
+            restarted = await asyncio.to_thread(ServerProcess(env).start)
             try:
                 for _ in range(300):
                     async with engine.connect() as conn:
@@ -71,7 +74,7 @@ async def test_sigkill_mid_stream_leaves_one_completed_message(db_url: str) -> N
                     await asyncio.sleep(0.1)
                 await asyncio.sleep(0.5)  # anything late would land now
             finally:
-                restarted.stop()
+                await asyncio.to_thread(restarted.stop)
             async with engine.connect() as conn:
                 answers = [
                     r[0]
