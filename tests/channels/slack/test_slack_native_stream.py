@@ -144,3 +144,24 @@ async def test_tool_lines_in_the_stream_are_replaced_by_the_answer(serve: ServeA
     assert [c.params["text"] for c in _ok(fake, "chat.update")] == [ANSWER]
     assert fake.texts == {row["platform_message_id"]: stored}
     assert stored == ANSWER and fake.posted() == []
+
+
+async def test_a_long_answer_ends_the_stream_with_its_first_part_and_posts_the_rest(serve: ServeApp) -> None:
+    async with FakeOpenAI(default=Reply(content=ANSWER, chunk_delay=0.03)) as llm, FakeSlack() as fake:
+        settings = slack_settings(fake, streaming="native", stream_edit_seconds=0.3, max_message_chars=150)
+        async with (
+            serve(channel_settings={"slack": settings}, stream_first_preview_seconds=0.2, **_llm(llm)) as srv,
+            httpx.AsyncClient(timeout=30) as client,
+        ):
+            dm = sl.dm("a long one")
+            await post_event(client, srv.url, sl.event_callback(dm))
+            [row] = await wait_outbox_final(srv.runtime)
+            stored = await _stored_answer(srv.runtime)
+    assert len(_ok(fake, "chat.startStream")) == 1
+    ts = row["platform_message_id"]
+    posts = fake.posted()
+    assert len(posts) >= 2 and all(p["thread_ts"] == dm["ts"] for p in posts)  # the rest, in its thread
+    shown = [fake.texts[ts], *(p["text"] for p in posts)]
+    assert all(len(text) <= 150 for text in shown)
+    assert "".join(shown).split() == stored.split() == ANSWER.split()  # in order, nothing twice
+    assert not fake.streaming
