@@ -362,9 +362,12 @@ class PreviewHub:
             if stream.closing.is_set():
                 break
             stream.changed.clear()
-            wait = max(0.0, self.still_working_after - (time.monotonic() - stream.started))
+            wait = self.still_working_after - (time.monotonic() - stream.started)
+            if wait <= 0:  # the "still working" time is past: show what is not shown yet, else wait
+                unshown = stream.view(self.texts, self.still_working_after) != stream.shown
+                wait = 0.0 if unshown else self.idle_timeout
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stream.changed.wait(), wait or self.idle_timeout)
+                await asyncio.wait_for(stream.changed.wait(), wait)
 
     async def _show(self, stream: _Stream, view: str) -> None:
         assert stream.event is not None

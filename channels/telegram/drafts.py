@@ -3,7 +3,8 @@
 `sendMessageDraft` (Bot API 9.3; PTB `Bot.send_message_draft`) streams a partial
 message to a user while it is being written: each call replaces the draft's text, calls
 with the same `draft_id` animate one draft. A draft is ephemeral (Telegram shows it for
-about 30 s after its last update) and never becomes a message by itself: the answer is a
+about 30 s after its last update; a draft unchanged for `TELEGRAM_DRAFT_REFRESH_SECONDS` is
+sent again on the hub's typing tick) and never becomes a message by itself: the answer is a
 normal `sendMessage` through the outbox (`finish` is the channel's `send`), so it is
 delivered exactly once whatever happened to the draft.
 
@@ -18,13 +19,15 @@ on animating the same draft.
 from __future__ import annotations
 
 import hashlib
+import time
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Protocol
 
 from telegram import Bot
 
 from app.channel import SendResult
 from app.errors import ChannelRejected, PreviewUnavailable
-from app.events import OutboundMessage
+from app.events import OutboundMessage, TextPart
 from app.streaming import Streamer
 from channels.telegram.errors import telegram_errors
 
@@ -32,6 +35,7 @@ if TYPE_CHECKING:
     from channels.telegram.settings import TelegramSettings
 
 _DRAFT = "draft:"
+_REMEMBERED = 1000  # drafts whose last text this process keeps (to send again)
 
 
 class TelegramChannel(Protocol):
@@ -49,8 +53,17 @@ class TelegramDraftStreamer:
         self.fallback = fallback
         self.edit_interval = channel.settings.stream_edit_seconds
         self.max_preview_chars = channel.settings.max_message_chars
+        self.refresh_after = channel.settings.draft_refresh_seconds
+        # (chat id, draft id) -> the draft's text and when it was sent (this process)
+        self._drafts: OrderedDict[tuple[int, int], tuple[str, float]] = OrderedDict()
 
     async def typing(self, message: OutboundMessage) -> None:
+        """Typing, and the draft sent again when it would fade (a long tool call, a slow model)."""
+        chat_id = _private_chat(message)
+        last = self._drafts.get((chat_id, draft_id_for(message))) if chat_id is not None else None
+        if chat_id is not None and last is not None and time.monotonic() - last[1] >= self.refresh_after:
+            text = message.model_copy(update={"parts": (TextPart(text=last[0]),)})
+            await self._draft(chat_id, draft_id_for(message), text)
         await self.fallback.typing(message)
 
     async def open(self, message: OutboundMessage) -> str:
@@ -76,6 +89,8 @@ class TelegramDraftStreamer:
             return await self.fallback.finish(message, preview_id)
         # The draft is a preview only: the answer is a message of its own (chunked, quoted,
         # with its media), which takes the draft's place in the user's chat.
+        chat_id = _private_chat(message)
+        self._drafts.pop((chat_id or 0, int(preview_id.removeprefix(_DRAFT))), None)
         return await self.channel.send(message)
 
     async def _draft(self, chat_id: int, draft_id: int, message: OutboundMessage) -> None:
@@ -87,6 +102,10 @@ class TelegramDraftStreamer:
                 text=message.text,
                 message_thread_id=int(thread) if thread and thread.isdigit() else None,
             )
+        self._drafts[(chat_id, draft_id)] = (message.text, time.monotonic())
+        self._drafts.move_to_end((chat_id, draft_id))
+        while len(self._drafts) > _REMEMBERED:
+            self._drafts.popitem(last=False)
 
 
 def draft_id_for(message: OutboundMessage) -> int:

@@ -54,6 +54,12 @@ class TelegramSettings(StreamingSettings, ChannelSettings):
     stream_edit_seconds: float = Field(
         1.0, ge=0.05, description="Least time between two edits of a preview (Telegram: ~1/s per chat)."
     )
+    draft_refresh_seconds: float = Field(
+        20.0,
+        ge=1.0,
+        description="native streaming: a draft unchanged this long is sent again (Telegram shows a "
+        "draft for about 30 s after its last update); checked with the typing state, every 4 s.",
+    )
 
     @field_validator("webhook_secret")
     @classmethod

@@ -57,7 +57,7 @@ async def test_drafts_while_writing_then_the_answer_as_one_message(serve: ServeA
     assert 2 <= len(drafts) <= 8  # ~2 s of writing, at most one draft per 0.4 s
     assert {c.params["draft_id"] for c in drafts} == {drafts[0].params["draft_id"]} != {"0"}
     texts = [c.params["text"] for c in drafts]
-    assert all(ANSWER.startswith(t) and t != ANSWER for t in texts), texts
+    assert all(ANSWER.startswith(t) for t in texts) and texts[0] != ANSWER, texts
     assert texts == sorted(texts, key=len)
     assert fake.calls.index(drafts[-1]) < fake.calls.index(sent), "no draft after the answer"
     assert fake.calls_of("sendChatAction")
@@ -125,3 +125,29 @@ async def test_groups_have_no_drafts_and_preview_by_editing(serve: ServeApp) -> 
     assert len(_ok(fake, "sendMessage")) == 1
     assert _ok(fake, "editMessageText")[-1].params["text"] == stored
     assert fake.texts == {int(row["platform_message_id"]): stored}
+
+
+async def test_a_draft_unchanged_for_a_while_is_sent_again_before_it_fades(serve: ServeApp) -> None:
+    # The model is silent for 6 s: the draft shows "still working" and is renewed on the
+    # typing tick (every 4 s) once it is older than TELEGRAM_DRAFT_REFRESH_SECONDS.
+    async with FakeOpenAI(default=Reply(content="Done.", delay=6.0)) as llm, FakeTelegram() as fake:
+        settings = tg_settings(fake, streaming="native", stream_edit_seconds=0.2, draft_refresh_seconds=1.0)
+        async with (
+            serve(
+                channel_settings={"telegram": settings},
+                stream_first_preview_seconds=0.2,
+                stream_still_working_seconds=0.3,
+                **_llm(llm),
+            ) as srv,
+            httpx.AsyncClient(timeout=30) as client,
+        ):
+            await post_update(client, srv.url, tg.update(604, tg.message("think hard")))
+            [row] = await wait_outbox_final(srv.runtime, timeout=30)
+    drafts = _ok(fake, "sendMessageDraft")
+    [sent] = _ok(fake, "sendMessage")
+    assert row["status"] == "sent" and sent.params["text"] == "Done."
+    texts = [c.params["text"] for c in drafts]
+    assert texts.count("⏳ Still working…") >= 2, f"the draft was not renewed: {texts}"
+    assert set(texts) <= {"⏳ Still working…", "Done."}
+    assert len({c.params["draft_id"] for c in drafts}) == 1
+    assert fake.calls.index(drafts[-1]) < fake.calls.index(sent)
