@@ -6,6 +6,7 @@ stop), so what is asserted is what the conversation shows.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import httpx
@@ -165,3 +166,26 @@ async def test_a_long_answer_ends_the_stream_with_its_first_part_and_posts_the_r
     assert all(len(text) <= 150 for text in shown)
     assert "".join(shown).split() == stored.split() == ANSWER.split()  # in order, nothing twice
     assert not fake.streaming
+
+
+async def test_a_deleted_stream_is_replaced_by_the_answer_as_a_new_message(serve: ServeApp) -> None:
+    async with FakeOpenAI(default=Reply(content=ANSWER, chunk_delay=0.03)) as llm, FakeSlack() as fake:
+        settings = slack_settings(fake, streaming="native", stream_edit_seconds=0.3)
+        async with (
+            serve(channel_settings={"slack": settings}, stream_first_preview_seconds=0.2, **_llm(llm)) as srv,
+            httpx.AsyncClient(timeout=30) as client,
+        ):
+            dm = sl.dm("go")
+            await post_event(client, srv.url, sl.event_callback(dm))
+            [start] = await fake.wait_for("chat.startStream", 1)
+            await asyncio.sleep(0.2)
+            [ts] = fake.texts
+            del fake.texts[ts]  # the user deleted the streaming message
+            fake.streaming.discard(ts)
+            [row] = await wait_outbox_final(srv.runtime)
+            stored = await _stored_answer(srv.runtime)
+    [post] = fake.posted()
+    assert row["status"] == "sent"
+    assert post["text"] == stored == ANSWER and post["thread_ts"] == dm["ts"]
+    assert fake.texts == {row["platform_message_id"]: stored}
+    assert start.params["markdown_text"] != ANSWER
