@@ -103,6 +103,15 @@ class ChannelRejected(DeliveryError):
     retryable = False
 
 
+class PreviewUnavailable(DeliveryError):
+    """The platform refused a native preview here (a draft or stream the chat cannot have).
+
+    The turn goes on without a preview; its answer is delivered as a plain message.
+    """
+
+    retryable = False
+
+
 # --- core --------------------------------------------------------------------------
 
 

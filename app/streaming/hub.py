@@ -36,7 +36,7 @@ from app.bus import SessionBus
 from app.channel import ChannelAdapter, SendResult, delivers
 from app.db.engine import autocommit
 from app.db.models import inbox, runs, stream_previews, utcnow
-from app.errors import ChannelRateLimited
+from app.errors import ChannelRateLimited, PreviewUnavailable
 from app.events import InboundEvent, OutboundMessage
 from app.pipeline.replies import reply_for
 from app.streaming.protocol import Streamer
@@ -352,6 +352,9 @@ class PreviewHub:
                 except ChannelRateLimited as exc:
                     pause = max(pause, exc.retry_after)
                     log.info("preview_rate_limited", channel=stream.channel, retry_after=exc.retry_after)
+                except PreviewUnavailable as exc:  # no preview here: the answer is a plain message
+                    log.info("preview_unavailable", channel=stream.channel, error=exc.detail)
+                    return
                 except Exception as exc:  # previews are best-effort; the answer is not
                     log.warning("preview_failed", channel=stream.channel, error=str(exc))
             with contextlib.suppress(TimeoutError):
@@ -359,9 +362,12 @@ class PreviewHub:
             if stream.closing.is_set():
                 break
             stream.changed.clear()
-            wait = max(0.0, self.still_working_after - (time.monotonic() - stream.started))
+            wait = self.still_working_after - (time.monotonic() - stream.started)
+            if wait <= 0:  # the "still working" time is past: show what is not shown yet, else wait
+                unshown = stream.view(self.texts, self.still_working_after) != stream.shown
+                wait = 0.0 if unshown else self.idle_timeout
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stream.changed.wait(), wait or self.idle_timeout)
+                await asyncio.wait_for(stream.changed.wait(), wait)
 
     async def _show(self, stream: _Stream, view: str) -> None:
         assert stream.event is not None

@@ -21,7 +21,8 @@ class StreamingSettings(BaseModel):
     streaming: StreamingMode = Field(
         StreamingMode.EDIT,
         description="off (one message at the end), edit (a preview sent, then edited in place while "
-        "the turn runs; the answer is its last edit). native is not implemented yet.",
+        "the turn runs; the answer is its last edit), native (the platform's own streaming, where the "
+        "channel has it: Telegram drafts, Slack chat.startStream).",
     )
     stream_edit_seconds: float = Field(
         1.0, ge=0.05, description="Least time between two edits of a preview (the platform's rate limit)."

@@ -22,7 +22,6 @@ from slack_sdk.web.async_client import AsyncWebClient
 from app.channel import ChannelContext, ChannelRequest, ChannelResponse, SendResult
 from app.errors import (
     ChannelNotConfigured,
-    ChannelRateLimited,
     ChannelRejected,
     ChannelSendAuthError,
     ChannelUnavailable,
@@ -30,9 +29,11 @@ from app.errors import (
     InvalidPayload,
 )
 from app.events import FilePart, ImagePart, InboundEvent, OutboundMessage, Part, TextPart
-from app.streaming import StreamingMode
+from app.streaming import Streamer, StreamingMode
 from channels.common.chunks import ChunkProgress, send_chunks
 from channels.slack import signing
+from channels.slack.errors import delivery_error as _delivery_error
+from channels.slack.native_stream import SlackNativeStreamer
 from channels.slack.parse import Parsed, parse_event_callback
 from channels.slack.settings import SlackSettings
 from channels.slack.text import split_text
@@ -40,20 +41,6 @@ from channels.slack.text import split_text
 log = structlog.get_logger(__name__)
 
 IDENTITY_RETRY_SECONDS = 30.0
-
-# Web API errors that mean our token is wrong; retrying cannot help.
-_AUTH_ERRORS = {
-    "invalid_auth",
-    "not_authed",
-    "account_inactive",
-    "token_revoked",
-    "token_expired",
-    "no_permission",
-    "missing_scope",
-    "ekm_access_denied",
-}
-# Web API errors that are Slack's trouble, not ours: try again later.
-_TRANSIENT_ERRORS = {"internal_error", "fatal_error", "service_unavailable", "request_timeout"}
 
 
 class SlackChannel:
@@ -251,9 +238,11 @@ class SlackChannel:
 
     # --- streaming (`app.streaming`) --------------------------------------------------
 
-    def streamer(self) -> SlackStreamer | None:
+    def streamer(self) -> Streamer | None:
         if self.client is None or self.settings.streaming is StreamingMode.OFF:
             return None
+        if self.settings.streaming is StreamingMode.NATIVE:
+            return SlackNativeStreamer(self)
         return SlackStreamer(self)
 
 
@@ -334,29 +323,3 @@ async def _download(http: httpx.AsyncClient, url: str, token: str, limit: int) -
 def _uploads(message: OutboundMessage) -> list[ImagePart | FilePart]:
     """Parts whose bytes we hold; a part with only a URL is left to the text."""
     return [p for p in message.parts if isinstance(p, (ImagePart, FilePart)) and p.data_base64]
-
-
-def _delivery_error(exc: SlackApiError) -> DeliveryError:
-    response = exc.response
-    status = int(getattr(response, "status_code", 0) or 0)
-    data = getattr(response, "data", None)
-    error = data.get("error") if isinstance(data, dict) else None
-    if status == 429 or error == "ratelimited":
-        return ChannelRateLimited(_retry_after(getattr(response, "headers", None)), "Slack rate limit (429)")
-    if error in _AUTH_ERRORS:
-        return ChannelSendAuthError(f"Slack refused our token: {error}")
-    if status >= 500 or error in _TRANSIENT_ERRORS or error is None:
-        return ChannelUnavailable(f"Slack answered {status}: {error or 'no error code'}")
-    return ChannelRejected(f"Slack rejected the message: {error}")
-
-
-def _retry_after(headers: Any) -> float:
-    value = None
-    if headers:
-        for key, item in dict(headers).items():
-            if str(key).lower() == "retry-after":
-                value = item
-    try:
-        return max(0.0, float(value)) if value is not None else 1.0
-    except (TypeError, ValueError):
-        return 1.0

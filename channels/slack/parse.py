@@ -79,7 +79,16 @@ def parse_event_callback(payload: dict[str, Any], settings: SlackSettings, bot_u
             # different event_ids but the same channel and ts.
             external_id=f"{channel}:{ts}",
             session_scope=settings.session_scope,
-            metadata={"slack_event_id": event_id, "slack_ts": ts, "team_id": payload.get("team_id")},
+            metadata={
+                "slack_event_id": event_id,
+                "slack_ts": ts,
+                "team_id": payload.get("team_id"),
+                # Copied onto the reply (`reply_*`): native streaming names its recipient and
+                # answers under the user's message (`channels.slack.native_stream`).
+                "reply_slack_ts": ts,
+                "reply_slack_user": sender,
+                "reply_slack_team": payload.get("team_id"),
+            },
         )
     )
 

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from app.channel import ChannelSettings
 from app.events import SessionScope
+from app.streaming.protocol import StreamingMode
 from app.streaming.settings import StreamingSettings
 
 
 class SlackSettings(StreamingSettings, ChannelSettings):
     model_config = SettingsConfigDict(env_prefix="SLACK_", env_file=".env", extra="ignore")
+    # native: chat.startStream / appendStream / stopStream (`channels.slack.native_stream`).
+    streaming_modes: ClassVar[frozenset[StreamingMode]] = frozenset(StreamingMode)
 
     # Slack conversations live in threads, so a thread is a session unless configured otherwise.
     session_scope: SessionScope = Field(

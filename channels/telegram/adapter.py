@@ -14,9 +14,6 @@ import base64
 import contextlib
 import hmac
 import time
-import warnings
-from collections.abc import Iterator
-from datetime import timedelta
 from typing import Any
 
 import structlog
@@ -26,10 +23,6 @@ from telegram.error import (
     BadRequest,
     ChatMigrated,
     Conflict,
-    Forbidden,
-    InvalidToken,
-    NetworkError,
-    RetryAfter,
     TelegramError,
 )
 from telegram.request import HTTPXRequest
@@ -39,16 +32,16 @@ from app.connections import fingerprint
 from app.errors import (
     ChannelAuthError,
     ChannelNotConfigured,
-    ChannelRateLimited,
     ChannelRejected,
     ChannelRequestError,
     ChannelSendAuthError,
-    ChannelUnavailable,
     DeliveryError,
 )
 from app.events import FilePart, ImagePart, InboundEvent, OutboundMessage, Part, TextPart
-from app.streaming import StreamingMode
+from app.streaming import Streamer, StreamingMode
 from channels.common.chunks import ChunkProgress, send_chunks
+from channels.telegram.drafts import TelegramDraftStreamer
+from channels.telegram.errors import telegram_errors
 from channels.telegram.parse import FILE_URL_PREFIX, BotIdentity, Parsed, parse_update
 from channels.telegram.settings import TelegramSettings
 from channels.telegram.text import split_text
@@ -72,13 +65,6 @@ def build_bot(settings: TelegramSettings) -> Bot:
         # getUpdates adds its long-poll timeout to this read timeout.
         get_updates_request=HTTPXRequest(read_timeout=timeout, connect_timeout=timeout),
     )
-
-
-def retry_after_seconds(exc: RetryAfter) -> float:
-    with warnings.catch_warnings():  # PTB warns while moving from int to timedelta
-        warnings.simplefilter("ignore")
-        value: Any = exc.retry_after
-    return value.total_seconds() if isinstance(value, timedelta) else float(value)
 
 
 class TelegramChannel:
@@ -361,29 +347,12 @@ class TelegramChannel:
 
     # --- streaming (`app.streaming`) --------------------------------------------------
 
-    def streamer(self) -> TelegramStreamer | None:
+    def streamer(self) -> Streamer | None:
         if self.bot is None or self.settings.streaming is StreamingMode.OFF:
             return None
+        if self.settings.streaming is StreamingMode.NATIVE:  # drafts; edit previews in groups
+            return TelegramDraftStreamer(self, self.bot, TelegramStreamer(self))
         return TelegramStreamer(self)
-
-
-@contextlib.contextmanager
-def telegram_errors() -> Iterator[None]:
-    """PTB's errors as the outbox's delivery errors."""
-    try:
-        yield
-    except RetryAfter as exc:
-        raise ChannelRateLimited(retry_after_seconds(exc), f"Telegram flood control: {exc.message}") from exc
-    except InvalidToken as exc:
-        raise ChannelSendAuthError(f"Telegram refused the bot token: {exc.message}") from exc
-    except Forbidden as exc:
-        raise ChannelRejected(f"Telegram refused: {exc.message}") from exc
-    except BadRequest as exc:
-        raise ChannelRejected(f"Telegram rejected the message: {exc.message}") from exc
-    except NetworkError as exc:  # TimedOut, 5xx, connection errors
-        raise ChannelUnavailable(f"Telegram unreachable: {exc.message}") from exc
-    except TelegramError as exc:
-        raise ChannelUnavailable(f"Telegram error: {exc.message}") from exc
 
 
 class TelegramStreamer:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from app.channel import ChannelSettings
+from app.streaming.protocol import StreamingMode
 from app.streaming.settings import StreamingSettings
 
 # setWebhook's secret_token: 1-256 characters of A-Z a-z 0-9 _ - (Bot API).
@@ -16,6 +17,8 @@ _SECRET_ALPHABET = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123
 
 class TelegramSettings(StreamingSettings, ChannelSettings):
     model_config = SettingsConfigDict(env_prefix="TELEGRAM_", env_file=".env", extra="ignore")
+    # native: message drafts (sendMessageDraft) in private chats (`channels.telegram.drafts`).
+    streaming_modes: ClassVar[frozenset[StreamingMode]] = frozenset(StreamingMode)
 
     bot_token: str | None = Field(None, description="Bot token from @BotFather.")
     webhook_secret: str | None = Field(
@@ -50,6 +53,12 @@ class TelegramSettings(StreamingSettings, ChannelSettings):
     )
     stream_edit_seconds: float = Field(
         1.0, ge=0.05, description="Least time between two edits of a preview (Telegram: ~1/s per chat)."
+    )
+    draft_refresh_seconds: float = Field(
+        20.0,
+        ge=1.0,
+        description="native streaming: a draft unchanged this long is sent again (Telegram shows a "
+        "draft for about 30 s after its last update); checked with the typing state, every 4 s.",
     )
 
     @field_validator("webhook_secret")

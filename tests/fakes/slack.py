@@ -63,6 +63,8 @@ class FakeSlack(LocalServer):
     url: str = ""
     # ts -> the message's current text, as the conversation shows it (posted, then updated)
     texts: dict[str, str] = field(default_factory=dict)
+    # chat.startStream messages not stopped yet (their text grows with each append)
+    streaming: set[str] = field(default_factory=set)
     # external uploads: file id -> bytes received at its upload URL; completed: shared files
     uploads: dict[str, bytes] = field(default_factory=dict)
     completed: list[dict[str, Any]] = field(default_factory=list)
@@ -218,6 +220,8 @@ class FakeSlack(LocalServer):
             return web.json_response(
                 {"ok": True, "files": [{"id": f["id"], "title": f.get("title")} for f in files]}
             )
+        if method.endswith("Stream"):
+            return self._stream(method, params)
         if method == "chat.update":
             ts = str(params.get("ts"))
             if ts not in self.texts:
@@ -233,6 +237,37 @@ class FakeSlack(LocalServer):
                 }
             )
         return web.json_response({"ok": False, "error": "unknown_method"}, status=404)
+
+    def _stream(self, method: str, params: dict[str, Any]) -> web.Response:
+        """chat.startStream / appendStream / stopStream: one message whose markdown grows, then ends.
+
+        Slack's rules as documented: startStream needs a channel and, outside a DM, the
+        recipient's user and team; appendStream needs markdown_text; a stream that was
+        stopped takes no more appends or stops.
+        """
+        channel, text = str(params.get("channel") or ""), params.get("markdown_text")
+        if method == "chat.startStream":
+            if not channel.startswith("D") and not (
+                params.get("recipient_user_id") and params.get("recipient_team_id")
+            ):
+                return web.json_response({"ok": False, "error": "invalid_arguments"})
+            ts = f"{int(time.time())}.{next(self._ts):06d}"
+            self.texts[ts] = str(text or "")
+            self.streaming.add(ts)
+            return web.json_response({"ok": True, "channel": channel, "ts": ts})
+        ts = str(params.get("ts"))
+        if ts not in self.texts:
+            return web.json_response({"ok": False, "error": "message_not_found"})
+        if ts not in self.streaming:
+            return web.json_response({"ok": False, "error": "message_not_in_streaming_state"})
+        if method == "chat.appendStream" and not text:
+            return web.json_response({"ok": False, "error": "invalid_arguments"})
+        if method not in ("chat.appendStream", "chat.stopStream"):
+            return web.json_response({"ok": False, "error": "unknown_method"}, status=404)
+        self.texts[ts] += str(text or "")
+        if method == "chat.stopStream":
+            self.streaming.discard(ts)
+        return web.json_response({"ok": True, "channel": channel, "ts": ts})
 
     @property
     def files_url(self) -> str:

@@ -68,6 +68,8 @@ class FakeTelegram(LocalServer):
     most_polls_in_flight: int = 0  # the most at any one time (Telegram allows one poller per token)
     # message id -> its current text, as the chat shows it (sent, then edited)
     texts: dict[int, str] = field(default_factory=dict)
+    # (chat id, draft id) -> the draft's current text (sendMessageDraft; never a message)
+    drafts: dict[tuple[int, int], str] = field(default_factory=dict)
     # file_id -> the file's bytes, served by getFile and the file download URL
     files: dict[str, bytes] = field(default_factory=dict)
 
@@ -171,6 +173,16 @@ class FakeTelegram(LocalServer):
             "from": {"id": self.bot_id, "is_bot": True, "first_name": "Gate", "username": self.username},
             "text": params["text"],
         }
+
+    async def _m_sendMessageDraft(self, params: dict[str, Any]) -> bool | web.Response:
+        """Bot API 9.3: a private chat's draft, replaced by each call with the same draft_id."""
+        chat_id, draft_id = int(params["chat_id"]), int(params.get("draft_id") or 0)
+        if chat_id <= 0:
+            return _bad_request("Bad Request: message drafts can be sent only to private chats")
+        if draft_id == 0:
+            return _bad_request("Bad Request: draft_id must be non-zero")
+        self.drafts[(chat_id, draft_id)] = str(params.get("text") or "")
+        return True
 
     async def _m_sendChatAction(self, params: dict[str, Any]) -> bool | web.Response:
         if params.get("action") not in {"typing", "upload_photo", "upload_document", "record_voice"}:
