@@ -368,7 +368,7 @@ class AgentRunner:
             if result is None:
                 started = time.monotonic()
                 with tracing.tool_call(name, call["id"]):
-                    output = await self._guard(hooks, self.tools.execute(call, tool_ctx))
+                    output = await self._guard(hooks, self.tools.run_call(call, tool_ctx))
                 result = keep(output, record.details, record.media)
                 entry["ms"] = round((time.monotonic() - started) * 1000)
                 record.tool_ms += entry["ms"]

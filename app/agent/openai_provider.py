@@ -167,6 +167,7 @@ class _StreamAccumulator:
         self.calls: dict[int, dict[str, Any]] = {}
         self.usage = Usage()
         self.model: str | None = None
+        self.images: list[Any] = []  # image items of the answer (`answer_images`)
 
     def add(self, chunk: Any) -> str | None:
         if getattr(chunk, "model", None):
@@ -188,9 +189,11 @@ class _StreamAccumulator:
                     slot["name"] += tc.function.name
                 if tc.function.arguments:
                     slot["arguments"].append(tc.function.arguments)
-        if delta.content:
-            self.text.append(delta.content)
-            return str(delta.content)
+        text, images = answer_images(delta)
+        self.images.extend(images)
+        if text:
+            self.text.append(text)
+            return text
         return None
 
     def reply(self) -> ProviderReply:
@@ -203,7 +206,11 @@ class _StreamAccumulator:
             for _, slot in sorted(self.calls.items())
         )
         return ProviderReply(
-            content="".join(self.text) or None, tool_calls=calls, usage=self.usage, model=self.model
+            content="".join(self.text) or None,
+            tool_calls=calls,
+            usage=self.usage,
+            model=self.model,
+            parts=tuple(self.images),
         )
 
 

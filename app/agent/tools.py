@@ -89,7 +89,12 @@ class ToolRegistry:
     def __contains__(self, name: str) -> bool:
         return name in self._tools
 
-    async def execute(self, call: dict[str, Any], ctx: ToolContext) -> str | ToolOutput:
+    async def execute(self, call: dict[str, Any], ctx: ToolContext) -> str:
+        """Run one tool call, its result as text (attachments dropped: `run_call` keeps them)."""
+        output = await self.run_call(call, ctx)
+        return output if isinstance(output, str) else output.text
+
+    async def run_call(self, call: dict[str, Any], ctx: ToolContext) -> str | ToolOutput:
         """Run one tool call; every failure becomes a result the model can read."""
         fn = call.get("function", {})
         name = fn.get("name", "")

@@ -57,10 +57,8 @@ async def test_send_file_answers_with_a_photo_and_a_document(serve: ServeApp, tm
             assert resp.status_code == 200
             [row] = await wait_outbox_final(srv.runtime)
             async with srv.runtime.engine.connect() as conn:
-                [answer] = (
-                    await conn.execute(select(messages.c.parts).where(messages.c.role == "assistant").order_by(
-                        messages.c.seq.desc()).limit(1))
-                ).scalars().all()  # fmt: skip
+                last = select(messages.c.parts).where(messages.c.role == "assistant")
+                answer = (await conn.execute(last.order_by(messages.c.id.desc()).limit(1))).scalar_one()
                 payload = (await conn.execute(select(outbox.c.payload))).scalar_one()
     assert row["status"] == "sent"
     # The model was told what was attached, and why the third path was refused.
@@ -121,7 +119,7 @@ async def test_a_document_is_kept_in_the_sessions_workspace(serve: ServeApp, tmp
                         select(messages.c.parts).where(messages.c.role == "user").order_by(messages.c.id)
                     )
                 ]
-    saved = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("inbox/*"))
+    saved = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("inbox/*"))  # noqa: ASYNC240 (a test's look at the disk)
     assert len(saved) == 2
     first, second = saved
     assert first.endswith("/inbox/update_800-report_2026.pdf")
