@@ -31,7 +31,10 @@ class MediaSettings(BaseModel):
     """Mixin for a channel's settings class: `<CHANNEL>_MEDIA_MAX_BYTES`."""
 
     media_max_bytes: int = Field(
-        10_000_000, ge=1, description="Larger images are refused with a polite reply; nothing is stored."
+        10_000_000,
+        ge=1,
+        description="Larger images, voice notes and (kept in per-session workspaces) files are refused "
+        "with a polite reply; nothing is stored.",
     )
 
 
