@@ -142,5 +142,29 @@ async def answer_parts(
     return tuple(parts) or None
 
 
+async def stored_attachments(
+    details: dict[str, Any], tools: ToolRegistry, *, session_id: int, session_key: str, generation: int
+) -> tuple[dict[str, Any], ...] | None:
+    """The attachments of a paused run, read again from its session's workspace (for an
+    answer given without the loop: `/stop` while the run waits for an approval)."""
+    if not details.get(ATTACHMENTS):
+        return None
+
+    async def no_count() -> int:
+        return 0
+
+    ctx = ToolContext(
+        session_id=session_id,
+        session_key=session_key,
+        channel="",
+        chat_id="",
+        sender_id="",
+        thread_id=None,
+        message_count=no_count,
+        generation=generation,
+    )
+    return await answer_parts(details, (), tools, ctx)
+
+
 def send_file_tool(root: str | Path, *, per_session: bool, max_bytes: int) -> SendFileTool:
     return SendFileTool(Workspace(root, per_session=per_session), max_bytes=max_bytes)

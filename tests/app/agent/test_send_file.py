@@ -84,6 +84,23 @@ async def test_stop_delivers_what_was_attached_with_the_stopped_answer(
     assert reply_media(stopped) == [("image", PIXEL)]
 
 
+async def test_stop_while_waiting_for_an_approval_delivers_what_was_attached(
+    serve: ServeApp, tmp_path: Path
+) -> None:
+    async with FakeOpenAI() as fake:
+        fake.enqueue(calls(send_file("pixel.png")), calls(write_call()))
+        channel = {"webhook": webhook_settings(approvers=["boss"])}
+        settings = openai_settings(fake, workspace_root=str(workspace(tmp_path)))
+        async with serve(channel_settings=channel, **settings) as srv:
+            asked = await ask(srv, "draw, then write")
+            assert "/approve" in only_reply_text(asked)
+            stopped = await ask(srv, "/stop")
+            history = await history_is_legal(srv)
+    assert only_reply_text(stopped) == "Stopped."
+    assert reply_media(stopped) == [("image", PIXEL)]
+    assert history[-1].parts == ({"type": "image", "mime_type": "image/png", "workspace_path": "pixel.png"},)
+
+
 async def test_step_limit_and_model_failure_still_deliver_the_attachments(
     serve: ServeApp, tmp_path: Path
 ) -> None:
