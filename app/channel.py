@@ -307,6 +307,9 @@ class ChannelContext:
     records: RecordStore | None = None
     # The gateway's agents when there are several (`AGENTS_FILE`); empty with one agent.
     agents: Sequence[AgentListing] = ()
+    # Whether received documents are kept in the session's workspace (per-session
+    # workspaces are on): then a channel downloads every file, not only images.
+    keeps_files: bool = False
 
 
 @dataclass(frozen=True)

@@ -134,6 +134,11 @@ class Settings(BaseSettings):
         description="Give each session its own directory WORKSPACE_ROOT/<agent>/<key>/<generation> "
         "for the file tools.",
     )
+    send_file_max_bytes: int = Field(
+        10_000_000,
+        ge=1,
+        description="Largest workspace file the send_file tool attaches to an answer (with WORKSPACE_ROOT).",
+    )
     workspace_cleanup: Literal["keep", "remove", "archive"] = Field(
         "remove",
         description="With per-session workspaces: what the lifecycle sweep does with the directory "

@@ -47,6 +47,8 @@ class ImagePart(_Part):
     url: str | None = None
     data_base64: str | None = None
     mime_type: str | None = None
+    # Where the file is in the session's workspace (relative to it), for the file tools.
+    workspace_path: str | None = None
 
 
 class FilePart(_Part):
@@ -56,6 +58,7 @@ class FilePart(_Part):
     name: str | None = None
     mime_type: str | None = None
     size: int | None = None
+    workspace_path: str | None = None  # as on `ImagePart`
 
 
 class MentionPart(_Part):

@@ -27,8 +27,9 @@ from app.agent.mcp import McpToolSource
 from app.agent.offline import OfflineProvider
 from app.agent.provider import ChatProvider
 from app.agent.reminder import reminder_tools
+from app.agent.send_file import send_file_tool
 from app.agent.tools import Tool, ToolRegistry, builtin_tools
-from app.agent.workspace import file_tools
+from app.agent.workspace import Workspace, file_tools
 from app.agents.handoff import Handoffs, chained
 from app.agents.links import LinkCommands
 from app.agents.profiles import AgentBook, AgentRouter
@@ -60,6 +61,7 @@ from app.pipeline.busy import BusyPolicies
 from app.pipeline.commands import CommandRegistry
 from app.pipeline.feed import SessionFeed
 from app.pipeline.handling import Handler
+from app.pipeline.inbox_files import InboxFiles
 from app.pipeline.ingest import Ingest
 from app.pipeline.midrun import MidRun
 from app.pipeline.outbox import OutboxSender
@@ -122,6 +124,16 @@ class Runtime:
         if tools is None and settings.workspace_root:  # read_file, list_files, write_file (risky)
             for tool in file_tools(settings.workspace_root, per_session=settings.workspace_per_session):
                 self.tools.register(tool)
+            self.tools.register(
+                send_file_tool(
+                    settings.workspace_root,
+                    per_session=settings.workspace_per_session,
+                    max_bytes=settings.send_file_max_bytes,
+                )
+            )
+        # Files users send are kept in their session's workspace (per-session only).
+        per_session = settings.workspace_root if settings.workspace_per_session else None
+        self.inbox_files = InboxFiles(Workspace(per_session, per_session=True) if per_session else None)
         self.metrics = metrics or Metrics()
         self._unserved_seen: set[str] = set()
         self.owner = settings.worker_id or default_owner()
@@ -245,6 +257,7 @@ class Runtime:
             lambda key: context_limits.budget(settings.llm_model, self.agents.context_tokens_of_key(key))
         )
         self.turns.fit.consolidator = self.memory.consolidator
+        self.turns.inbox_files = self.inbox_files
         self.turns.fit.agent_tokens = self.agents.context_tokens_of
         self.turns.tools.agent_tools = self.agents.tools_of  # an agent's policies hold in its runs
         self.turns.tools.approval_rules.agent_approvers = self.agents.approvers_of
@@ -515,5 +528,6 @@ class Runtime:
             events=ChannelEvents(self.engine, name),
             records=ChannelRecords(self.engine, name, on_outbox=self.sender.notify),
             transcribe=self.speech.transcribe if self.speech is not None else None,
+            keeps_files=self.inbox_files.enabled,
             agents=self.skills.listing() if self.agents.book.several else (),
         )

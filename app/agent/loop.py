@@ -31,6 +31,7 @@ import structlog
 
 from app import tracing
 from app.agent.provider import ChatProvider, DeltaCallback, ProviderReply, StreamingChatProvider, ToolSpec
+from app.agent.send_file import answer_parts, keep
 from app.agent.tools import Risk, ToolContext, ToolRegistry
 from app.errors import LeaseLost, ProviderError
 from app.sessions.messages import ChatMessage
@@ -118,6 +119,8 @@ class RunRecord:
     model_ms: int = 0
     tool_ms: int = 0
     details: dict[str, Any] = field(default_factory=dict)
+    # Attachments of this run with their bytes (`app.agent.send_file`), in this process only.
+    media: list[dict[str, Any]] = field(default_factory=list)
 
     def add_usage(self, reply: ProviderReply, ms: int) -> None:
         self.iterations += 1
@@ -242,7 +245,8 @@ class AgentRunner:
                 record.add_usage(reply, round((time.monotonic() - started) * 1000))
                 if not reply.tool_calls:
                     record.outcome = "ok"
-                    await hooks.finish(ChatMessage(role="assistant", content=reply.content or ""), record)
+                    final = await self._answer(reply.content or "", record, tool_ctx, reply.parts)
+                    await hooks.finish(final, record)
                     return record
                 pending = list(reply.tool_calls)
                 await hooks.append(
@@ -267,7 +271,7 @@ class AgentRunner:
                     record.tool_calls.append(
                         {"id": call["id"], "name": _call_name(call), "ms": 0, "decision": "interrupted"}
                     )
-            final = ChatMessage(role="assistant", content=STOPPED_TEXT)
+            final = await self._answer(STOPPED_TEXT, record, tool_ctx)
             if hooks.stopped is not None:
                 await hooks.stopped(final, record, stop.request)
             else:
@@ -277,8 +281,15 @@ class AgentRunner:
             log.warning("provider_failed", error=exc.detail, status=exc.status)
             record.outcome, record.error = "provider_error", exc.detail
             text = getattr(exc, "user_text", None) or PROVIDER_DOWN_TEXT  # e.g. a context overflow
-        await hooks.finish(ChatMessage(role="assistant", content=text), record)
+        await hooks.finish(await self._answer(text, record, tool_ctx), record)
         return record
+
+    async def _answer(
+        self, text: str, record: RunRecord, tool_ctx: ToolContext, images: Sequence[dict[str, Any]] = ()
+    ) -> ChatMessage:
+        """The final answer, with what the run attached (`send_file`) and the model's images."""
+        parts = (*(await answer_parts(record.details, record.media, self.tools, tool_ctx) or ()), *images)
+        return ChatMessage(role="assistant", content=text, parts=parts or None)
 
     async def _complete(
         self,
@@ -357,7 +368,8 @@ class AgentRunner:
             if result is None:
                 started = time.monotonic()
                 with tracing.tool_call(name, call["id"]):
-                    result = await self._guard(hooks, self.tools.execute(call, tool_ctx))
+                    output = await self._guard(hooks, self.tools.run_call(call, tool_ctx))
+                result = keep(output, record.details, record.media)
                 entry["ms"] = round((time.monotonic() - started) * 1000)
                 record.tool_ms += entry["ms"]
             result = truncate_tool_result(result, self.max_tool_result_chars)

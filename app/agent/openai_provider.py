@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import random
+import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -63,14 +64,20 @@ def describe_parts(parts: Sequence[dict[str, Any]]) -> str:
         kind = part.get("type")
         if kind == "image":
             where = part.get("url") or ("inline " + (part.get("mime_type") or "image"))
-            lines.append(f"[image: {where}]")
+            lines.append(f"[image: {where}{_saved(part)}]")
         elif kind == "file":
-            lines.append(f"[file: {part.get('name') or part.get('url') or 'attachment'}]")
+            lines.append(f"[file: {part.get('name') or part.get('url') or 'attachment'}{_saved(part)}]")
         elif kind == "mention":
             lines.append(f"[mention: {part.get('user_id')}]")
         elif kind == "reply_to":
             lines.append(f"[in reply to message {part.get('message_id')}]")
     return "\n".join(lines)
+
+
+def _saved(part: dict[str, Any]) -> str:
+    """Where a received file is in the session's workspace (`app.pipeline.inbox_files`)."""
+    path = part.get("workspace_path")
+    return f"; saved in your workspace as {path}, readable with read_file" if path else ""
 
 
 def _image_url(part: dict[str, Any]) -> str | None:
@@ -99,6 +106,9 @@ def to_openai_message(message: ChatMessage, *, vision: bool) -> dict[str, Any]:
     images = [u for p in message.parts if p.get("type") == "image" and (u := _image_url(p))]
     others = [p for p in message.parts if not (vision and p.get("type") == "image" and _image_url(p))]
     described = describe_parts(others)
+    shown = [p for p in message.parts if p not in others and p.get("workspace_path")]
+    if shown:  # images the model sees: where they are kept too
+        described = "\n".join([described, *(f"[image{_saved(p)}]" for p in shown)]).strip()
     text = "\n".join(t for t in (message.content or "", described) if t)
     if vision and images:
         content: list[dict[str, Any]] = []
@@ -109,6 +119,40 @@ def to_openai_message(message: ChatMessage, *, vision: bool) -> dict[str, Any]:
     else:
         out["content"] = text
     return out
+
+
+def answer_images(message: Any) -> tuple[str | None, tuple[dict[str, Any], ...]]:
+    """The answer's text and its images as image parts.
+
+    Some compatible servers answer with a content list (`text` and `image_url` items, as
+    in requests) or an `images` list beside the content (OpenRouter's image models); an
+    image is kept as an image part (a `data:` URL as its bytes), not flattened to text.
+    """
+    raw = message.content
+    extra = getattr(message, "model_extra", None) or {}
+    items: list[Any] = list(extra.get("images") or ())
+    if isinstance(raw, list):
+        texts = [str(i.get("text") or "") for i in raw if isinstance(i, dict) and i.get("type") == "text"]
+        items = [i for i in raw if isinstance(i, dict) and i.get("type") != "text"] + items
+        raw = "".join(texts) or None
+    parts = tuple(p for p in (_image_part(i) for i in items) if p is not None)
+    return raw, parts
+
+
+def _image_part(item: Any) -> dict[str, Any] | None:
+    if not isinstance(item, dict) or item.get("type") not in ("image_url", "image"):
+        return None
+    ref = item.get("image_url")
+    url = str((ref.get("url") if isinstance(ref, dict) else ref) or item.get("url") or "")
+    match = _DATA_URL.match(url)
+    if match:
+        return {"type": "image", "data_base64": match["data"], "mime_type": match["mime"]}
+    if url.startswith(("http://", "https://")):
+        return {"type": "image", "url": url}
+    return None
+
+
+_DATA_URL = re.compile(r"^data:(?P<mime>image/[\w.+-]+);base64,(?P<data>[A-Za-z0-9+/=\s]+)$")
 
 
 class _StreamAccumulator:
@@ -123,6 +167,7 @@ class _StreamAccumulator:
         self.calls: dict[int, dict[str, Any]] = {}
         self.usage = Usage()
         self.model: str | None = None
+        self.images: list[Any] = []  # image items of the answer (`answer_images`)
 
     def add(self, chunk: Any) -> str | None:
         if getattr(chunk, "model", None):
@@ -144,9 +189,11 @@ class _StreamAccumulator:
                     slot["name"] += tc.function.name
                 if tc.function.arguments:
                     slot["arguments"].append(tc.function.arguments)
-        if delta.content:
-            self.text.append(delta.content)
-            return str(delta.content)
+        text, images = answer_images(delta)
+        self.images.extend(images)
+        if text:
+            self.text.append(text)
+            return text
         return None
 
     def reply(self) -> ProviderReply:
@@ -159,7 +206,11 @@ class _StreamAccumulator:
             for _, slot in sorted(self.calls.items())
         )
         return ProviderReply(
-            content="".join(self.text) or None, tool_calls=calls, usage=self.usage, model=self.model
+            content="".join(self.text) or None,
+            tool_calls=calls,
+            usage=self.usage,
+            model=self.model,
+            parts=tuple(self.images),
         )
 
 
@@ -323,7 +374,8 @@ class OpenAIProvider:
             prompt_tokens=resp.usage.prompt_tokens if resp.usage else 0,
             completion_tokens=resp.usage.completion_tokens if resp.usage else 0,
         )
-        return ProviderReply(content=msg.content, tool_calls=calls, usage=usage, model=resp.model)
+        content, images = answer_images(msg)
+        return ProviderReply(content=content, tool_calls=calls, usage=usage, model=resp.model, parts=images)
 
     async def _streamed(self, request: dict[str, Any], on_delta: DeltaCallback) -> ProviderReply:
         acc = _StreamAccumulator()

@@ -48,6 +48,8 @@ class ProviderReply:
     tool_calls: tuple[dict[str, Any], ...] = ()
     usage: Usage = field(default_factory=Usage)
     model: str | None = None
+    # Images of the answer itself (event part dicts with their bytes or URL), if any.
+    parts: tuple[dict[str, Any], ...] = ()
 
 
 class ChatProvider(Protocol):

@@ -41,11 +41,23 @@ class ToolContext:
     generation: int = 0  # the session's generation (per-session workspaces)
 
 
+@dataclass(frozen=True)
+class ToolOutput:
+    """A tool's result for the model (`text`) with media for the turn's answer.
+
+    `attachments` are image or file parts (`app.events` part dicts with their bytes);
+    the run attaches them to its final answer (`app.agent.send_file`).
+    """
+
+    text: str
+    attachments: tuple[dict[str, Any], ...] = ()
+
+
 class Tool(Protocol):
     spec: ToolSpec
     risk: Risk
 
-    async def run(self, arguments: dict[str, Any], ctx: ToolContext) -> str: ...
+    async def run(self, arguments: dict[str, Any], ctx: ToolContext) -> str | ToolOutput: ...
 
 
 class ToolError(Exception):
@@ -78,6 +90,11 @@ class ToolRegistry:
         return name in self._tools
 
     async def execute(self, call: dict[str, Any], ctx: ToolContext) -> str:
+        """Run one tool call, its result as text (attachments dropped: `run_call` keeps them)."""
+        output = await self.run_call(call, ctx)
+        return output if isinstance(output, str) else output.text
+
+    async def run_call(self, call: dict[str, Any], ctx: ToolContext) -> str | ToolOutput:
         """Run one tool call; every failure becomes a result the model can read."""
         fn = call.get("function", {})
         name = fn.get("name", "")

@@ -36,11 +36,15 @@ class Workspace:
         directory (`session_dir`, created on first use), else the root."""
         if not self.per_session:
             return self
-        directory = self.root / session_dir(ctx.session_key, ctx.generation)
+        return self.for_session(ctx.session_key, ctx.generation)
+
+    def for_session(self, session_key: str, generation: int) -> Workspace:
+        """The per-session directory of one session generation (created on first use)."""
+        directory = self.root / session_dir(session_key, generation)
         if not directory.is_dir():
             directory.mkdir(parents=True, exist_ok=True)
             # The key, for the clean-up (`app.agents.workspaces`): a long one is hashed.
-            (directory.parent / KEY_FILE).write_text(ctx.session_key, encoding="utf-8")
+            (directory.parent / KEY_FILE).write_text(session_key, encoding="utf-8")
         return Workspace(directory)
 
     def resolve(self, path: str) -> Path:
@@ -78,7 +82,7 @@ def session_dir(session_key: str, generation: int) -> Path:
     return Path(escape_dir(agent)) / escape_dir(session_key) / str(generation)
 
 
-def _path_arg(arguments: dict[str, Any], default: str | None = None) -> str:
+def path_arg(arguments: dict[str, Any], default: str | None = None) -> str:
     value = arguments.get("path", default)
     if not isinstance(value, str) or (not value and default is None):
         raise ToolError("`path` must be a non-empty string")
@@ -106,7 +110,7 @@ class ReadFileTool:
 
     async def run(self, arguments: dict[str, Any], ctx: ToolContext) -> str:
         workspace = self.workspace.scoped(ctx)
-        real = workspace.resolve(_path_arg(arguments))
+        real = workspace.resolve(path_arg(arguments))
         if not real.is_file():
             raise ToolError(f"no file {workspace.display(real)!r}")
         limit = int(arguments.get("max_chars") or 20_000)
@@ -140,7 +144,7 @@ class ListFilesTool:
 
     async def run(self, arguments: dict[str, Any], ctx: ToolContext) -> str:
         workspace = self.workspace.scoped(ctx)
-        real = workspace.resolve(_path_arg(arguments, default=".") or ".")
+        real = workspace.resolve(path_arg(arguments, default=".") or ".")
         if not real.is_dir():
             raise ToolError(f"no directory {workspace.display(real)!r}")
         entries = []
@@ -170,7 +174,7 @@ class WriteFileTool:
 
     async def run(self, arguments: dict[str, Any], ctx: ToolContext) -> str:
         workspace = self.workspace.scoped(ctx)
-        real = workspace.resolve(_path_arg(arguments))
+        real = workspace.resolve(path_arg(arguments))
         content = arguments.get("content")
         if not isinstance(content, str):
             raise ToolError("`content` must be a string")

@@ -7,7 +7,8 @@ import structlog
 from sqlalchemy import select
 
 from app.agent.loop import STOPPED_TEXT
-from app.db.models import approvals, utcnow
+from app.agent.send_file import stored_attachments, without_bytes
+from app.db.models import approvals, runs, utcnow
 from app.pipeline.approvals import Decided, cancel_pending, decide
 from app.pipeline.commands import Command, CommandCall, CommandHandler, CommandRegistry
 from app.pipeline.replies import Replies, conversation_channel, reply_for
@@ -131,11 +132,24 @@ class BuiltinCommands:
                 closing = await close_open_group(
                     conn, sessions, session, reason=f"stopped by {event.sender_id}", by=event.sender_id
                 )
-                final = ChatMessage(role="assistant", content=STOPPED_TEXT)
+                # What the run attached before its pause goes with the answer (`send_file`).
+                details = (
+                    await conn.execute(select(runs.c.details).where(runs.c.id == waiting.run_id))
+                ).scalar_one_or_none() or {}
+                media = await stored_attachments(
+                    details,
+                    self.turns.runner.tools,
+                    session_id=session.id,
+                    session_key=lease.key,
+                    generation=session.generation,
+                )
+                final = ChatMessage(
+                    role="assistant", content=STOPPED_TEXT, parts=without_bytes(media) if media else None
+                )
                 await sessions.append(conn, session.id, [*closing, final], run_id=waiting.run_id)
                 await self.replies.insert(
                     conn,
-                    reply_for(event, STOPPED_TEXT),
+                    reply_for(event, STOPPED_TEXT, media or ()),
                     session_id=session.id,
                     run_id=waiting.run_id,
                     event_id=event.event_id,

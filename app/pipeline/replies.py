@@ -11,11 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from pydantic import TypeAdapter
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.channel import WaitResult
 from app.db.models import outbox, utcnow
-from app.events import InboundEvent, OutboundMessage, TextPart
+from app.events import InboundEvent, OutboundMessage, Part, TextPart
 from app.outbox_rows import outbox_values
 from app.pipeline.storage.inbox_queries import MARK
 from app.pipeline.storage.port import InboxRow
@@ -34,13 +35,14 @@ def conversation_channel(event: InboundEvent) -> str:
     return str(target.get("channel") or event.channel)
 
 
-def reply_for(event: InboundEvent, text: str) -> OutboundMessage:
+def reply_for(event: InboundEvent, text: str, media: Sequence[dict[str, Any]] = ()) -> OutboundMessage:
+    """The reply to `event`: `text`, then `media` (image and file part dicts) if any."""
     target = event.metadata.get("reply_target") or {}
     return OutboundMessage(
         channel=target.get("channel", event.channel),
         chat_id=target.get("chat_id", event.chat_id),
         thread_id=target.get("thread_id", event.thread_id),
-        parts=(TextPart(text=text),),
+        parts=(TextPart(text=text), *(_PART.validate_python(p) for p in media)),
         # Quoting only makes sense in the chat the event came from.
         reply_to=None if target else event.external_id,
         session_key=event.session_key,
@@ -57,6 +59,7 @@ def user_message(event: InboundEvent) -> ChatMessage:
     )
 
 
+_PART: TypeAdapter[Part] = TypeAdapter(Part)
 _INSERT_OUTBOX = outbox.insert()  # built once: the values come with the parameters
 
 

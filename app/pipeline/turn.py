@@ -22,6 +22,7 @@ from typing import Any
 import structlog
 
 from app.agent.loop import AgentRunner, Decision, RunHooks, RunRecord, StopRequest, open_calls
+from app.agent.send_file import without_bytes
 from app.agent.tools import ToolContext
 from app.channel import ChannelSettings, WaitResult
 from app.db.models import utcnow
@@ -32,8 +33,9 @@ from app.pipeline.approvals import (
     Decided,
 )
 from app.pipeline.feed import SessionFeed
+from app.pipeline.inbox_files import InboxFiles
 from app.pipeline.midrun import MidRun
-from app.pipeline.replies import Replies, conversation_channel, reply_for, user_message
+from app.pipeline.replies import Replies, conversation_channel, reply_for
 from app.pipeline.run_trace import record_of, run_trace, run_values
 from app.pipeline.storage.inbox_queries import COUNT_ATTEMPT, reply_of
 from app.pipeline.storage.port import InboxRow, PipelineStore, Recall, TurnEnd, TurnPlan
@@ -84,6 +86,8 @@ class TurnRunner:
         self.approval_timeout = approval_timeout
         self.on_run_finished = on_run_finished
         self.recall = recall  # read with a turn's start where the store can
+        # Set by the runtime: where received files are kept (per-session workspaces).
+        self.inbox_files = InboxFiles(None)
         # Set by the runtime: add a turn's model tokens to the quota counters (app.access).
         self.count_tokens: Callable[[InboundEvent, int], Awaitable[None]] | None = None
 
@@ -109,13 +113,14 @@ class TurnRunner:
             rows=rows,
             channel=channel,
             expire_after=self.store.sessions.lifecycle(channel).expire_after,
-            user_messages=[user_message(e) for e in events],
+            user_messages=[self.inbox_files.message(e) for e in events],
             run=run if answer else None,
             now=now,
             window_limit=self.window.limits.max_messages,
             recall=recall,
         )
         started = await self.store.start(lease, plan)
+        await self.inbox_files.save(events, lease.key, started.session.generation)
         await self.feed.messages(
             lease.key, started.session.id, started.added, started.seqs, remote=started.watched
         )
@@ -271,11 +276,12 @@ class TurnRunner:
             mark = {"ids": [r.id for r in rows], "status": "processing", "run_id": turn.run_id}
             await conn.execute(COUNT_ATTEMPT, {**mark, "updated_at": utcnow()})
             new_user = [
-                user_message(r.event)
+                self.inbox_files.message(r.event)
                 for r in rows
                 if r.attempts == 0 or not await self.store.sessions.has_event(conn, session.id, r.event_id)
             ]
             seqs = await self.store.sessions.append(conn, session.id, new_user, run_id=turn.run_id)
+        await self.inbox_files.save([r.event for r in rows], lease.key, session.generation)
         turn.rows.extend(rows)
         log.info("steered", event_ids=[r.event_id for r in rows])
         await self._appended(turn, new_user, seqs)
@@ -293,8 +299,10 @@ class TurnRunner:
     ) -> None:
         lease, session = turn.lease, turn.session
         rows = [*turn.rows, *extra]
+        # The outbox row carries the attachments' bytes; the history keeps references.
+        media, final = final.parts, replace(final, parts=without_bytes(final.parts) if final.parts else None)
         reply = self.replies.row(
-            reply_for(reply_to, final.content or ""),
+            reply_for(reply_to, final.content or "", media or ()),
             session_id=session.id,
             run_id=turn.run_id,
             event_id=reply_to.event_id,

@@ -31,7 +31,10 @@ class MediaSettings(BaseModel):
     """Mixin for a channel's settings class: `<CHANNEL>_MEDIA_MAX_BYTES`."""
 
     media_max_bytes: int = Field(
-        10_000_000, ge=1, description="Larger images are refused with a polite reply; nothing is stored."
+        10_000_000,
+        ge=1,
+        description="Larger images, voice notes and (kept in per-session workspaces) files are refused "
+        "with a polite reply; nothing is stored.",
     )
 
 
@@ -105,16 +108,20 @@ async def inline_media(
     *,
     transcribe: Transcribe | None,
     channel: str,
+    files: bool = False,
 ) -> InboundEvent:
     """`event` with its images (and, with speech to text, its voice notes) as data.
 
     `fetch(part)` downloads one part, or answers None for a part it cannot fetch (no
-    media id, no URL). `MediaTooLarge` propagates: the caller answers and stores nothing.
+    media id, no URL). With `files` (the gateway keeps received files in the session's
+    workspace, `ChannelContext.keeps_files`) every other file part is downloaded too.
+    `MediaTooLarge` propagates: the caller answers and stores nothing.
     """
     wanted = [
         p
         for p in event.parts
-        if isinstance(p, ImagePart) or (transcribe is not None and isinstance(p, FilePart) and is_voice(p))
+        if isinstance(p, ImagePart)
+        or (isinstance(p, FilePart) and (files or (transcribe is not None and is_voice(p))))
     ]
     if not wanted:
         return event
@@ -130,8 +137,7 @@ async def inline_media(
             if media is None:
                 parts.append(part)
                 continue
-            if isinstance(part, FilePart):  # a voice note, and speech to text is on
-                assert transcribe is not None
+            if isinstance(part, FilePart) and transcribe is not None and is_voice(part):
                 mime = part.mime_type or media.content_type or "audio/amr"
                 transcripts.append(await transcribe(media.data, part.name or "voice", mime))
         except MediaTooLarge:
@@ -145,7 +151,8 @@ async def inline_media(
             mime = part.mime_type or _image_type(media.content_type)
             parts.append(ImagePart(data_base64=data64, mime_type=mime))
         else:
-            update = {"url": None, "data_base64": data64, "size": len(media.data)}
+            file_mime = part.mime_type or media.content_type
+            update = {"url": None, "data_base64": data64, "size": len(media.data), "mime_type": file_mime}
             parts.append(part.model_copy(update=update))
     if any(transcripts):  # the transcript is the user's text; the audio stays as a part
         parts.insert(0, TextPart(text="\n".join(t for t in transcripts if t)))

@@ -117,8 +117,9 @@ class DiscordChannel:
             log.warning("discord_message_refused", detail=exc.detail)
 
     async def _with_media(self, event: InboundEvent) -> InboundEvent | None:
-        """Image attachments (and, with speech to text, audio) downloaded from the CDN (signed
-        URLs, no token sent); None when one is too large (after a polite reply)."""
+        """Image attachments (and, with speech to text, audio; with kept files, every
+        attachment) downloaded from the CDN (signed URLs, no token sent); None when one is
+        too large (after a polite reply)."""
         limit = self.settings.media_max_bytes
         cdn = self.settings.cdn_base
 
@@ -129,7 +130,13 @@ class DiscordChannel:
             return await download_capped(self.context.http, part.url, limit)
 
         try:
-            return await inline_media(event, fetch, transcribe=self.context.transcribe, channel=self.name)
+            return await inline_media(
+                event,
+                fetch,
+                transcribe=self.context.transcribe,
+                channel=self.name,
+                files=self.context.keeps_files,  # every attachment, kept in the session's workspace
+            )
         except MediaTooLarge:
             channel_id = str(event.metadata.get("reply_channel_id") or event.chat_id)
             try:

@@ -14,7 +14,6 @@ import time
 from typing import Any
 
 import aiohttp
-import httpx
 import structlog
 from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.web.async_client import AsyncWebClient
@@ -28,9 +27,10 @@ from app.errors import (
     DeliveryError,
     InvalidPayload,
 )
-from app.events import FilePart, ImagePart, InboundEvent, OutboundMessage, Part, TextPart
+from app.events import FilePart, ImagePart, InboundEvent, OutboundMessage, TextPart
 from app.streaming import Streamer, StreamingMode
 from channels.common.chunks import ChunkProgress, send_chunks
+from channels.common.media import Media, MediaTooLarge, download_capped, inline_media, too_large_text
 from channels.slack import signing
 from channels.slack.errors import delivery_error as _delivery_error
 from channels.slack.native_stream import SlackNativeStreamer
@@ -144,43 +144,34 @@ class SlackChannel:
         return body
 
     async def _with_media(self, event: InboundEvent) -> InboundEvent | None:
-        """The event with its shared images downloaded (url_private, bot token) as data.
+        """The event with its shared images downloaded (url_private, bot token) as data,
+        and its other files too when the gateway keeps received files
+        (`ChannelContext.keeps_files`), through the shared `channels.common.media`.
 
         Over `SLACK_MEDIA_MAX_BYTES`: a polite reply, and the event is not stored (None).
         A failed download keeps the link, which the model is told about in text.
         """
-        token, base = self.settings.bot_token, self.settings.files_base_url
-        images = [p for p in event.parts if isinstance(p, ImagePart) and (p.url or "").startswith(base)]
-        if not token or not images:
+        if not self.settings.bot_token:
             return event
-        limit = self.settings.media_max_bytes
-        parts: list[Part] = []
-        for part in event.parts:
-            if part not in images:
-                parts.append(part)
-                continue
-            assert isinstance(part, ImagePart) and part.url
-            try:
-                data = await _download(self.context.http, part.url, token, limit)
-            except _TooLarge:
-                await self._too_large(event, limit)
-                return None
-            except httpx.HTTPError as exc:
-                log.warning("slack_media_download_failed", error=repr(exc))
-                parts.append(part)
-                continue
-            parts.append(ImagePart(data_base64=base64.b64encode(data).decode(), mime_type=part.mime_type))
-        return event.model_copy(update={"parts": tuple(parts)})
+        try:
+            return await inline_media(
+                event, self._fetch, transcribe=None, channel="slack", files=self.context.keeps_files
+            )
+        except MediaTooLarge as exc:
+            await self._too_large(event, exc.limit)
+            return None
+
+    async def _fetch(self, part: ImagePart | FilePart) -> Media | None:
+        """A private file, with the bot token, only under `SLACK_FILES_BASE_URL`."""
+        url, token = part.url or "", self.settings.bot_token
+        if not token or not url.startswith(self.settings.files_base_url):
+            return None  # the token goes nowhere else
+        headers = {"Authorization": f"Bearer {token}"}
+        return await download_capped(self.context.http, url, self.settings.media_max_bytes, headers=headers)
 
     async def _too_large(self, event: InboundEvent, limit: int) -> None:
-        megabytes = f"{limit / 1_000_000:g} MB"
-        text = (
-            f"抱歉，这个文件太大了，我无法处理（上限 {megabytes}）。"
-            if self.settings.locale == "zh"
-            else f"Sorry, that file is too large for me to read (the limit is {megabytes})."
-        )
         try:
-            await self._post(event.chat_id, text, event.thread_id)
+            await self._post(event.chat_id, too_large_text(self.settings.locale, limit), event.thread_id)
         except DeliveryError as exc:  # best-effort: Slack already has our acknowledgement
             log.warning("slack_too_large_reply_failed", error=exc.detail)
 
@@ -299,25 +290,6 @@ class SlackStreamer:
         items = [*chunks, *(f"file:{i}" for i in range(len(media)))]
         posted = await send_chunks(self.channel._progress, message.message_id, items, deliver)
         return SendResult(platform_message_id=next((ts for ts in posted if ts), preview_id))
-
-
-class _TooLarge(Exception):
-    pass
-
-
-async def _download(http: httpx.AsyncClient, url: str, token: str, limit: int) -> bytes:
-    """GET a private file with the bot token, refusing more than `limit` bytes as they come."""
-    async with http.stream("GET", url, headers={"Authorization": f"Bearer {token}"}) as resp:
-        resp.raise_for_status()
-        declared = resp.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise _TooLarge
-        data = bytearray()
-        async for piece in resp.aiter_bytes():
-            data += piece
-            if len(data) > limit:
-                raise _TooLarge
-    return bytes(data)
 
 
 def _uploads(message: OutboundMessage) -> list[ImagePart | FilePart]:

@@ -11,9 +11,10 @@ from app.channel import ChannelSettings
 from app.events import SessionScope
 from app.streaming.protocol import StreamingMode
 from app.streaming.settings import StreamingSettings
+from channels.common.media import MediaSettings
 
 
-class SlackSettings(StreamingSettings, ChannelSettings):
+class SlackSettings(StreamingSettings, MediaSettings, ChannelSettings):
     model_config = SettingsConfigDict(env_prefix="SLACK_", env_file=".env", extra="ignore")
     # native: chat.startStream / appendStream / stopStream (`channels.slack.native_stream`).
     streaming_modes: ClassVar[frozenset[StreamingMode]] = frozenset(StreamingMode)
@@ -43,9 +44,6 @@ class SlackSettings(StreamingSettings, ChannelSettings):
     request_timeout_seconds: int = Field(15, description="Timeout of Web API calls.")
     files_base_url: str = Field(
         "https://files.slack.com/", description="Only url_private links under this URL get the bot token."
-    )
-    media_max_bytes: int = Field(
-        10_000_000, ge=1, description="Larger shared images are refused with a polite reply."
     )
     stream_edit_seconds: float = Field(
         1.5, ge=0.05, description="Least time between two chat.update calls of a preview (tier 3)."

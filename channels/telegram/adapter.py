@@ -37,12 +37,13 @@ from app.errors import (
     ChannelSendAuthError,
     DeliveryError,
 )
-from app.events import FilePart, ImagePart, InboundEvent, OutboundMessage, Part, TextPart
+from app.events import FilePart, ImagePart, InboundEvent, OutboundMessage, TextPart
 from app.streaming import Streamer, StreamingMode
 from channels.common.chunks import ChunkProgress, send_chunks
+from channels.common.media import Media, MediaTooLarge, inline_media, too_large_text
 from channels.telegram.drafts import TelegramDraftStreamer
 from channels.telegram.errors import telegram_errors
-from channels.telegram.parse import FILE_URL_PREFIX, BotIdentity, Parsed, parse_update
+from channels.telegram.parse import CHANNEL, FILE_URL_PREFIX, BotIdentity, Parsed, parse_update
 from channels.telegram.settings import TelegramSettings
 from channels.telegram.text import split_text
 
@@ -166,66 +167,47 @@ class TelegramChannel:
     # --- inbound: media ------------------------------------------------------------
 
     async def _with_media(self, event: InboundEvent) -> InboundEvent | None:
-        """The event with its images downloaded (getFile) as data the model can see, and
-        its voice notes transcribed when speech to text is on (`STT_MODEL`).
+        """The event with its images downloaded (getFile) as data the model can see, its
+        voice notes transcribed when speech to text is on (`STT_MODEL`), and its documents
+        downloaded when the gateway keeps received files (`ChannelContext.keeps_files`),
+        through the shared `channels.common.media`.
 
         A file over `TELEGRAM_MEDIA_MAX_BYTES` gets a polite reply and the event is not
         stored (None). A download or transcription that fails leaves the file reference in
         place (the model is told a file was sent) rather than losing the message.
         """
-        wanted = [p for p in event.parts if self._fetchable(p)]
-        if self.bot is None or not wanted:
+        if self.bot is None:
             return event
-        limit = self.settings.media_max_bytes
-        parts: list[Part] = []
-        transcripts: list[str] = []
-        for part in event.parts:
-            if part not in wanted:
-                parts.append(part)
-                continue
-            assert isinstance(part, (ImagePart, FilePart)) and part.url
-            try:
-                tg_file = await self.bot.get_file(part.url[len(FILE_URL_PREFIX) :])
-                if tg_file.file_size is not None and tg_file.file_size > limit:
-                    raise _TooLarge
-                data = bytes(await tg_file.download_as_bytearray())
-                if len(data) > limit:
-                    raise _TooLarge
-                if isinstance(part, FilePart):  # a voice note (`_fetchable`)
-                    assert self.context.transcribe is not None
-                    mime = part.mime_type or "audio/ogg"
-                    transcripts.append(await self.context.transcribe(data, part.name or "voice.ogg", mime))
-            except _TooLarge:
-                await self._too_large(event, limit)
-                return None
-            except Exception as exc:  # TelegramError, or the STT endpoint failed
-                log.warning("telegram_media_failed", error=str(exc))
-                parts.append(part)
-                continue
-            data64 = base64.b64encode(data).decode()
-            if isinstance(part, ImagePart):
-                parts.append(ImagePart(data_base64=data64, mime_type=part.mime_type))
-            else:
-                parts.append(part.model_copy(update={"url": None, "data_base64": data64}))
-        if transcripts:  # the transcript is the user's text; the audio stays as a part
-            parts.insert(0, TextPart(text="\n".join(t for t in transcripts if t)))
-        return event.model_copy(update={"parts": tuple(parts)})
+        try:
+            return await inline_media(
+                event,
+                self._fetch,
+                transcribe=self.context.transcribe,
+                channel=CHANNEL,
+                files=self.context.keeps_files,
+            )
+        except MediaTooLarge as exc:
+            await self._too_large(event, exc.limit)
+            return None
 
-    def _fetchable(self, part: Part) -> bool:
-        if not isinstance(part, (ImagePart, FilePart)) or not (part.url or "").startswith(FILE_URL_PREFIX):
-            return False
-        if isinstance(part, ImagePart):
-            return True
-        return self.context.transcribe is not None and (part.mime_type or "").startswith("audio/")
+    async def _fetch(self, part: ImagePart | FilePart) -> Media | None:
+        """One file by its `telegram-file:` reference: getFile (its `file_size` checked
+        before downloading), then the bytes, under the limit."""
+        assert self.bot is not None
+        if not (part.url or "").startswith(FILE_URL_PREFIX):
+            return None
+        limit = self.settings.media_max_bytes
+        tg_file = await self.bot.get_file((part.url or "")[len(FILE_URL_PREFIX) :])
+        if tg_file.file_size is not None and tg_file.file_size > limit:
+            raise MediaTooLarge(limit)
+        data = bytes(await tg_file.download_as_bytearray())
+        if len(data) > limit:
+            raise MediaTooLarge(limit)
+        return Media(data)
 
     async def _too_large(self, event: InboundEvent, limit: int) -> None:
         assert self.bot is not None
-        megabytes = f"{limit / 1_000_000:g} MB"
-        text = (
-            f"抱歉，这个文件太大了，我无法处理（上限 {megabytes}）。"
-            if self.settings.locale == "zh"
-            else f"Sorry, that file is too large for me to read (the limit is {megabytes})."
-        )
+        text = too_large_text(self.settings.locale, limit)
         try:
             await self._send_chunk(_chat_id(event.chat_id), text, _thread_of(event.thread_id), None)
         except DeliveryError as exc:  # best-effort: the platform already has our 200
@@ -420,10 +402,6 @@ class TelegramStreamer:
 def _uploadable(part: ImagePart | FilePart) -> bool:
     """Bytes we hold, or a URL Telegram can fetch (never a platform reference)."""
     return bool(part.data_base64) or (part.url or "").startswith(("http://", "https://"))
-
-
-class _TooLarge(Exception):
-    pass
 
 
 def _thread_of(thread_id: str | None) -> int | None:

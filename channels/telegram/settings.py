@@ -10,12 +10,13 @@ from pydantic_settings import SettingsConfigDict
 from app.channel import ChannelSettings
 from app.streaming.protocol import StreamingMode
 from app.streaming.settings import StreamingSettings
+from channels.common.media import MediaSettings
 
 # setWebhook's secret_token: 1-256 characters of A-Z a-z 0-9 _ - (Bot API).
 _SECRET_ALPHABET = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 
 
-class TelegramSettings(StreamingSettings, ChannelSettings):
+class TelegramSettings(StreamingSettings, MediaSettings, ChannelSettings):
     model_config = SettingsConfigDict(env_prefix="TELEGRAM_", env_file=".env", extra="ignore")
     # native: message drafts (sendMessageDraft) in private chats (`channels.telegram.drafts`).
     streaming_modes: ClassVar[frozenset[StreamingMode]] = frozenset(StreamingMode)
@@ -46,11 +47,6 @@ class TelegramSettings(StreamingSettings, ChannelSettings):
     polling_timeout_seconds: int = Field(30, ge=0, description="Long-poll timeout of getUpdates.")
     polling_retry_seconds: float = Field(5.0, description="Wait after a failed getUpdates.")
     request_timeout_seconds: float = Field(15.0, description="Timeout of Bot API calls.")
-    media_max_bytes: int = Field(
-        10_000_000,
-        ge=1,
-        description="Larger photos/images are refused with a polite reply (getFile allows 20 MB).",
-    )
     stream_edit_seconds: float = Field(
         1.0, ge=0.05, description="Least time between two edits of a preview (Telegram: ~1/s per chat)."
     )

@@ -49,6 +49,10 @@ class Reply:
     fail_mid_stream: bool = False  # send some text, then cut the connection
     chunk_delay: float = 0.0  # seconds between streamed pieces (a model writing slowly)
     model: str | None = None
+    # An answer as a content list (text and image_url items) instead of `content`, and
+    # images beside the content (OpenRouter's `images`), as some compatible servers send.
+    content_items: list[dict[str, Any]] | None = None
+    images: list[dict[str, Any]] | None = None
 
 
 Responder = Callable[[dict[str, Any]], Reply]
@@ -152,6 +156,10 @@ class FakeOpenAI:
 
     def _completion(self, reply: Reply, model: str) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": reply.content}
+        if reply.content_items is not None:
+            message["content"] = reply.content_items
+        if reply.images is not None:
+            message["images"] = reply.images
         if reply.tool_calls:
             message["tool_calls"] = [
                 {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments_json}}
@@ -207,6 +215,10 @@ class FakeOpenAI:
                 assert request.transport is not None
                 request.transport.close()
                 return resp
+        if reply.content_items is not None:
+            await send(chunk({"content": reply.content_items}))
+        if reply.images is not None:
+            await send(chunk({"images": reply.images}))
         for index, call in enumerate(reply.tool_calls):
             args = call.arguments_json
             await send(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+from pathlib import Path
 
 from app.db.models import inbox, outbox
 from app.events import FilePart, ImagePart, OutboundMessage, TextPart
@@ -98,3 +99,24 @@ async def test_reply_files_are_uploaded_as_attachments_and_an_outage_is_retried(
         ("/channels/2203/messages", "report.pdf", REPORT),
     ]
     assert all(u.payload["enforce_nonce"] and u.payload["attachments"][0]["id"] == 0 for u in fake.uploads)
+
+
+async def test_a_document_attachment_is_kept_in_the_sessions_workspace(
+    serve: ServeApp, tmp_path: Path
+) -> None:
+    async with FakeOpenAI(default=Reply(content="Read it.")) as llm, FakeDiscord() as fake:
+        fake.cdn["report.pdf"] = REPORT
+        settings = discord_settings(fake, cdn_base=fake.cdn_url(""), streaming="off")
+        workspace = {"workspace_root": str(tmp_path), "workspace_per_session": True}
+        async with serve(channel_settings={"discord": settings}, **llm_settings(llm, **workspace)) as srv:
+            await fake.wait_ready()
+            attachment = {**_attachment(fake, "report.pdf", len(REPORT)), "content_type": "application/pdf"}
+            await fake.dispatch(
+                "MESSAGE_CREATE", dc.message("summarise", channel_id="2204", attachments=[attachment])
+            )
+            await wait_outbox_final(srv.runtime)
+    [saved] = list(tmp_path.rglob("inbox/*"))  # noqa: ASYNC240 (a test's look at the disk)
+    assert saved.read_bytes() == REPORT and saved.name.endswith("-report.pdf")
+    [request] = llm.requests
+    user = [m for m in request.messages if m["role"] == "user"][-1]["content"]
+    assert f"saved in your workspace as inbox/{saved.name}" in user

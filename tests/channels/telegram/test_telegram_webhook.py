@@ -209,5 +209,6 @@ async def test_photo_and_document_become_parts(serve: ServeApp) -> None:
             "name": "a.pdf",
             "mime_type": "application/pdf",
             "size": None,
+            "workspace_path": None,  # not kept: no per-session workspace here
         }
     ]
