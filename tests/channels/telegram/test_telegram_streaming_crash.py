@@ -21,7 +21,8 @@ from tests.fakes.openai_server import FakeOpenAI, Reply
 from tests.fakes.telegram import FakeTelegram
 from tests.support.servers import ServerProcess
 
-pytestmark = pytest.mark.slow
+# serial: SIGKILL mid-stream and restart: start-up under load outruns the ready timeout.
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 ANSWER = " ".join(f"word{i}" for i in range(80))
 
