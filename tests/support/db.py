@@ -34,6 +34,7 @@ ADMIN_URL = os.environ.get("TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER", "main")
 _templates: dict[str, str] = {}  # kind -> template database name / file path
 _template_lock = asyncio.Lock()
+_atexit_registered: list[bool] = []
 
 
 def _with_database(url: str, name: str) -> str:
@@ -53,11 +54,13 @@ async def _admin(sql: str) -> None:
         await conn.close()
 
 
-def _drop_templates_at_exit() -> None:
-    name = _templates.get("postgres")
+def drop_templates() -> None:
+    """Drop this process's templates: at the end of the pytest session (an xdist worker
+    may end without running atexit handlers), and at exit for anything else that made one."""
+    name = _templates.pop("postgres", None)
     if name:
         asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    path = _templates.get("sqlite")
+    path = _templates.pop("sqlite", None)
     if path:
         shutil.rmtree(Path(path).parent, ignore_errors=True)
 
@@ -66,8 +69,9 @@ async def _template(kind: str) -> str:
     async with _template_lock:
         if kind in _templates:
             return _templates[kind]
-        if not _templates:
-            atexit.register(_drop_templates_at_exit)
+        if not _atexit_registered:
+            _atexit_registered.append(True)
+            atexit.register(drop_templates)
         if kind == "postgres":
             name = f"chatgate_template_{_WORKER}_{os.getpid()}_{uuid.uuid4().hex[:8]}"
             await _admin(f'CREATE DATABASE "{name}"')
