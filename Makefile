@@ -1,4 +1,5 @@
-# The two commands of the README: `make run` and `make test`.
+# The two commands of the README: `make run` and `make test` (`make test ARGS='tests/app -x'`
+# passes arguments on to both pytest phases).
 VENV ?= .venv
 PYTHON ?= python3
 
@@ -16,7 +17,7 @@ run: $(VENV)/.installed
 	$(VENV)/bin/chatgate serve --first-run
 
 test: $(VENV)/.installed
-	bash scripts/test.sh
+	bash scripts/test.sh $(ARGS)
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

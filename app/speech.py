@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
-import openai
-
 from app.config import Settings
 
 
 class SpeechToText:
     def __init__(self, model: str, *, base_url: str | None, api_key: str | None, timeout: float) -> None:
+        # Imported here, like the OpenAI provider: the SDK costs about a second of start-up
+        # to every process (each CLI command, each server) that never transcribes.
+        import openai
+
         self.model = model
         self.client = openai.AsyncOpenAI(
             base_url=base_url, api_key=api_key or "not-needed", timeout=timeout, max_retries=2

@@ -28,4 +28,14 @@ fi
 "$VENV/bin/ruff" check .
 "$VENV/bin/ruff" format --check .
 "$VENV/bin/mypy" app channels tests bench
-"$VENV/bin/pytest" "$@"
+# Two phases: everything not marked `serial` on several workers (most of the time goes to
+# waiting on servers, subprocesses and sleeps, so workers pay even on 2 CPUs); then the
+# `serial` tests alone (timing-sensitive, fixed ports, heavy crash tests). Tests in one
+# `xdist_group` stay on one worker. Exit code 5 (nothing collected, e.g. a -k that
+# matches no serial test) is not a failure.
+status=0
+"$VENV/bin/pytest" -n "${TEST_WORKERS:-4}" --dist loadgroup -m "not serial" "$@" || status=$?
+if [ "$status" -ne 0 ] && [ "$status" -ne 5 ]; then exit "$status"; fi
+status=0
+"$VENV/bin/pytest" -m serial "$@" || status=$?
+if [ "$status" -ne 0 ] && [ "$status" -ne 5 ]; then exit "$status"; fi

@@ -17,12 +17,17 @@ from app.config import Settings
 from app.db.engine import create_engine
 from app.migrate import upgrade
 from channels.webhook import WebhookSettings
-from tests.support.db import database
+from tests.support.db import database, drop_templates
 from tests.support.servers import RunningApp, serve_in_loop
 
 # Server processes the tests start inherit this: the offline model streams its pieces
 # without the demo's pauses (a test that wants them sets the setting itself).
 os.environ.setdefault("OFFLINE_STREAM_DELAY_MS", "0")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    drop_templates()
+
 
 WEBHOOK_SECRET = "test-webhook-secret"
 ADMIN_TOKEN = "test-admin-token"

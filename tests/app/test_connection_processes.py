@@ -22,7 +22,8 @@ from tests.fakes import telegram as tg
 from tests.fakes.telegram import FakeTelegram
 from tests.support.servers import ServerProcess
 
-pytestmark = pytest.mark.slow
+# serial: replicas take over within a lease TTL: timing that a loaded machine upsets.
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 TTL = 3.0
 

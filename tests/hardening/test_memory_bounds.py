@@ -20,6 +20,10 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from tests.conftest import ADMIN_TOKEN
 from tests.support.servers import ServerProcess
 
+# serial: floods of oversized bodies and frames measured by the server's peak RSS; other
+# workers' load turns the bounded reads into timeouts.
+pytestmark = pytest.mark.serial
+
 MiB = 1024 * 1024
 
 

@@ -9,12 +9,17 @@ from __future__ import annotations
 import asyncio
 
 import asyncpg
+import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.sessions import lease as leases
 from app.sessions.messages import ChatMessage, tool_call
 from app.sessions.store import Lifecycle, SessionStore
 from tests.support.pipeline import store_for
+
+# serial: pg_stat_wal counts the WAL flushes of the whole cluster, so commits of tests on
+# other workers would be counted as this test's.
+pytestmark = pytest.mark.serial
 
 COMMITS = 100
 

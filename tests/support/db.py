@@ -6,6 +6,11 @@ pass without them. `TEST_POSTGRES_URL` points at the server (default: local, tru
 Each database is a copy of one migrated at head once per test process (PostgreSQL:
 `CREATE DATABASE … TEMPLATE`; SQLite: a copy of the file), so a test pays for a copy
 instead of the whole migration history; `migrated=False` gives an empty one.
+
+Under pytest-xdist every worker is its own process with its own template: template and
+copy names carry the worker id (`gw0`, …; `main` without xdist) and the process id, so
+workers never share, race for or drop each other's databases (PostgreSQL refuses to
+copy a template another session is connected to).
 """
 
 from __future__ import annotations
@@ -26,8 +31,10 @@ from app.migrate import upgrade
 
 ADMIN_URL = os.environ.get("TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "main")
 _templates: dict[str, str] = {}  # kind -> template database name / file path
 _template_lock = asyncio.Lock()
+_atexit_registered: list[bool] = []
 
 
 def _with_database(url: str, name: str) -> str:
@@ -47,11 +54,13 @@ async def _admin(sql: str) -> None:
         await conn.close()
 
 
-def _drop_templates_at_exit() -> None:
-    name = _templates.get("postgres")
+def drop_templates() -> None:
+    """Drop this process's templates: at the end of the pytest session (an xdist worker
+    may end without running atexit handlers), and at exit for anything else that made one."""
+    name = _templates.pop("postgres", None)
     if name:
         asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    path = _templates.get("sqlite")
+    path = _templates.pop("sqlite", None)
     if path:
         shutil.rmtree(Path(path).parent, ignore_errors=True)
 
@@ -60,15 +69,16 @@ async def _template(kind: str) -> str:
     async with _template_lock:
         if kind in _templates:
             return _templates[kind]
-        if not _templates:
-            atexit.register(_drop_templates_at_exit)
+        if not _atexit_registered:
+            _atexit_registered.append(True)
+            atexit.register(drop_templates)
         if kind == "postgres":
-            name = f"chatgate_template_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+            name = f"chatgate_template_{_WORKER}_{os.getpid()}_{uuid.uuid4().hex[:8]}"
             await _admin(f'CREATE DATABASE "{name}"')
             _templates[kind] = name
             await upgrade(_sqlalchemy_url(name))
         else:
-            path = Path(tempfile.mkdtemp(prefix="chatgate-template-")) / "chatgate.db"
+            path = Path(tempfile.mkdtemp(prefix=f"chatgate-template-{_WORKER}-")) / "chatgate.db"
             _templates[kind] = str(path)
             await upgrade(f"sqlite+aiosqlite:///{path}")
         return _templates[kind]
@@ -77,7 +87,7 @@ async def _template(kind: str) -> str:
 @asynccontextmanager
 async def postgres_database(*, migrated: bool = True) -> AsyncIterator[str]:
     """Create a database (at head unless `migrated=False`); yield its URL; drop it afterwards."""
-    name = f"chatgate_test_{uuid.uuid4().hex[:12]}"
+    name = f"chatgate_test_{_WORKER}_{uuid.uuid4().hex[:12]}"
     template = f' TEMPLATE "{await _template("postgres")}"' if migrated else ""
     await _admin(f'CREATE DATABASE "{name}"{template}')
     try:

@@ -61,10 +61,17 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+class _PortTaken(Exception):
+    """The server process could not bind its port: someone else took it first."""
+
+
 class ServerProcess:
     """`python -m app serve` in its own process, for multi-process and crash tests."""
 
     def __init__(self, env: Mapping[str, str], port: int | None = None) -> None:
+        # A port picked here is free now, but another test worker (pytest-xdist) may bind
+        # it before the server does: then start() picks another one (a given port is kept).
+        self._pick_port = port is None
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = {**os.environ, **env}
@@ -73,6 +80,15 @@ class ServerProcess:
         self.log_path: Path | None = None
 
     def start(self, timeout: float = 30.0) -> ServerProcess:
+        for _ in range(3):
+            try:
+                return self._start(timeout)
+            except _PortTaken:
+                self.port = free_port()
+                self.url = f"http://127.0.0.1:{self.port}"
+        return self._start(timeout)
+
+    def _start(self, timeout: float) -> ServerProcess:
         import tempfile
 
         fd, name = tempfile.mkstemp(prefix="chatgate-server-", suffix=".log")
@@ -89,6 +105,8 @@ class ServerProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                if self._pick_port and "address already in use" in self.log().lower():
+                    raise _PortTaken(self.port)
                 raise RuntimeError(f"server exited early:\n{self.log()}")
             try:
                 if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:

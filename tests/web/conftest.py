@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from collections.abc import AsyncIterator
@@ -56,8 +57,14 @@ def ignore_expected(errors: list[str], *patterns: str) -> list[str]:
 
 
 async def shot(page: Page, name: str) -> Path:
-    """Save a full-page screenshot under test-artifacts/web/ (gitignored)."""
+    """Save a full-page screenshot under test-artifacts/web/ (gitignored).
+
+    The SQLite and PostgreSQL runs of a test save the same name, possibly at the same time
+    on two xdist workers: each writes its own file and renames it into place, so the
+    artifact is always one whole PNG."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     path = ARTIFACTS / f"{name}.png"
-    await page.screenshot(path=str(path), full_page=True)
+    partial = path.with_name(f"{name}.{os.getpid()}.part")
+    partial.write_bytes(await page.screenshot(full_page=True))
+    partial.replace(path)
     return path

@@ -13,7 +13,8 @@ from app.db.models import messages, outbox, sessions
 from tests.channels.a2a.test_a2a import TOKEN_A, TOKEN_B, only_task, sdk_client, user_message, wait_state
 from tests.support.servers import ServerProcess
 
-pytestmark = pytest.mark.slow
+# serial: SIGKILL and restart of server processes: start-up under load outruns the ready timeout.
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 
 def _env(db_url: str) -> dict[str, str]:

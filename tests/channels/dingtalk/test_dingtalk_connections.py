@@ -26,7 +26,8 @@ from tests.fakes import dingtalk as dt
 from tests.fakes.dingtalk import FakeDingTalk
 from tests.support.servers import ServerProcess
 
-pytestmark = pytest.mark.slow
+# serial: replicas take over within a lease TTL: timing that a loaded machine upsets.
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 TTL = 3.0
 

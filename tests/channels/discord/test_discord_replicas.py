@@ -15,7 +15,8 @@ from tests.fakes import discord as dc
 from tests.fakes.discord import FakeDiscord
 from tests.support.servers import ServerProcess
 
-pytestmark = pytest.mark.slow
+# serial: replicas take over within a lease TTL: timing that a loaded machine upsets.
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 TTL = 3.0
 
