@@ -79,7 +79,7 @@ class ServerProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path: Path | None = None
 
-    def start(self, timeout: float = 30.0) -> ServerProcess:
+    def start(self, timeout: float = 60.0) -> ServerProcess:  # start-up on a loaded machine
         for _ in range(3):
             try:
                 return self._start(timeout)
