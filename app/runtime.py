@@ -379,6 +379,7 @@ class Runtime:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         await self.scheduler.stop()
+        await self.senders.stop()
         await self.sender.stop()
         await self.previews.stop()
         for adapter in self.adapters.values():

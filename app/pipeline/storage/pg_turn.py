@@ -40,8 +40,8 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from app.db.direct import Direct
 from app.db.engine import lax_commit
-from app.db.models import INBOX_UNFINISHED, inbox, messages, one_of, outbox, runs, session_keys, sessions
-from app.pipeline.storage.inbox_queries import unfinished_rows
+from app.db.models import inbox, messages, outbox, runs, session_keys, sessions
+from app.pipeline.storage.inbox_queries import NOT_CANCELED, unfinished_rows
 from app.pipeline.storage.pg_inbox import (
     LIMIT,
     WATCHED,
@@ -276,7 +276,7 @@ def _count_attempt_statement() -> Any:
         update(inbox)
         .where(
             inbox.c.id == func.any(_INBOX_IDS),
-            one_of(inbox.c.status, INBOX_UNFINISHED),
+            NOT_CANCELED,
             select(fence.c.key).exists(),
         )
         .values(status="processing", attempts=inbox.c.attempts + 1, updated_at=func.now())
