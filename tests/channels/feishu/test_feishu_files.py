@@ -89,3 +89,33 @@ async def test_a_too_large_file_gets_a_polite_reply_and_nothing_is_stored(
     [reply] = fake.delivered()
     assert "too large" in reply.text and reply.body["receive_id"] == "oc_f2"
     assert not list(tmp_path.rglob("inbox/*"))  # noqa: ASYNC240 (a test's look at the disk)
+
+
+async def test_a_voice_message_is_transcribed_with_speech_to_text(serve: ServeApp) -> None:
+    async with FakeOpenAI() as llm, FakeFeishu() as fake:
+        fake.resources["file_v3_voice"] = VOICE
+        llm.transcript = "remind me to buy milk"
+        llm.enqueue(text("Noted."))
+        async with (
+            serve(
+                channel_settings={"feishu": feishu_settings(fake, streaming="off")},
+                llm_provider="openai",
+                llm_base_url=llm.url,
+                llm_api_key="sk-test",
+                llm_model="fake-model",
+                stt_model="whisper-1",
+            ) as srv,
+            httpx.AsyncClient(timeout=30) as client,
+        ):
+            event = fs.message_event(
+                "audio", {"file_key": "file_v3_voice", "duration": 2000}, chat_id="oc_f3"
+            )
+            assert (await post_callback(client, srv.url, event)).status_code == 200
+            await wait_outbox_final(srv.runtime)
+            async with srv.runtime.engine.connect() as conn:
+                query = select(messages.c.content, messages.c.parts).where(messages.c.role == "user")
+                [(content, parts)] = (await conn.execute(query)).all()
+    assert llm.transcriptions == [{"model": "whisper-1", "audio": VOICE}]
+    assert content == "remind me to buy milk"
+    assert [(p["type"], p["mime_type"], p["name"]) for p in parts] == [("file", "audio/opus", "voice.opus")]
+    assert [c.text for c in fake.delivered()] == ["Noted."]
