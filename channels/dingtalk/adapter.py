@@ -140,8 +140,9 @@ class DingTalkChannel:
         return body
 
     async def _with_media(self, event: InboundEvent) -> InboundEvent | None:
-        """Pictures downloaded (download code → temporary URL → bytes); None when one is too
-        large (after a polite reply). Voice is not transcribed: DingTalk's `recognition` is."""
+        """Pictures (and, when the gateway keeps received files, files, voice and video)
+        downloaded (download code → temporary URL → bytes); None when one is too large
+        (after a polite reply). Voice is not transcribed: DingTalk's `recognition` is."""
         api, limit = self.api, self.settings.media_max_bytes
         if api is None:
             return event
@@ -155,7 +156,9 @@ class DingTalkChannel:
             return await download_capped(self.context.http, url, limit)
 
         try:
-            return await inline_media(event, fetch, transcribe=None, channel=self.name)
+            return await inline_media(
+                event, fetch, transcribe=None, channel=self.name, files=self.context.keeps_files
+            )
         except MediaTooLarge:
             try:
                 await self._post(answer_to(event, ""), too_large_text(self.settings.locale, limit))

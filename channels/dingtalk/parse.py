@@ -15,6 +15,7 @@ operator may send long after the message came), so:
 
 from __future__ import annotations
 
+import mimetypes
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,10 +124,32 @@ def _media_of(kind: Any, payload: dict[str, Any]) -> list[Part]:
             if isinstance(item, dict) and item.get("type") == "picture" and (url := ref(item)):
                 parts.append(ImagePart(url=url))
     elif kind in ("file", "audio", "video") and (url := ref(content)):
-        name = content.get("fileName")
-        mime = "audio/amr" if kind == "audio" else None
-        parts.append(FilePart(url=url, name=name if isinstance(name, str) else None, mime_type=mime))
+        parts.append(FilePart(url=url, name=_file_name(kind, content), mime_type=_file_mime(kind, content)))
     return parts
+
+
+def _video_type(content: dict[str, Any]) -> str:
+    video_type = content.get("videoType")
+    return video_type if isinstance(video_type, str) and video_type.isalnum() else "mp4"
+
+
+def _file_name(kind: str, content: dict[str, Any]) -> str | None:
+    """`file` has `fileName`; voice (AMR) and video (`videoType`) come without a name."""
+    name = content.get("fileName")
+    if isinstance(name, str) and name:
+        return name
+    if kind == "audio":
+        return "voice.amr"
+    return f"video.{_video_type(content)}" if kind == "video" else None
+
+
+def _file_mime(kind: str, content: dict[str, Any]) -> str | None:
+    if kind == "audio":
+        return "audio/amr"
+    if kind == "video":
+        return f"video/{_video_type(content)}"
+    name = _file_name(kind, content)
+    return mimetypes.guess_type(name)[0] if name else None
 
 
 def _text_of(kind: Any, payload: dict[str, Any]) -> str | None:

@@ -287,8 +287,10 @@ class FeishuChannel:
     # --- inbound media ------------------------------------------------------------------
 
     async def _with_media(self, event: InboundEvent) -> InboundEvent | None:
-        """Images (and, with speech to text, audio) downloaded from the message's resources
-        with the tenant token; None when one is too large (after a polite reply)."""
+        """Images (with speech to text, audio; when the gateway keeps received files, every
+        file, voice and video) downloaded from the message's resources with the tenant
+        token (`?type=file` for all but images); None when one is too large (after a polite
+        reply)."""
         limit = self.settings.media_max_bytes
         prefix = self.settings.api_base.rstrip("/") + "/open-apis/im/v1/messages/"
 
@@ -301,7 +303,13 @@ class FeishuChannel:
             return await download_capped(self.context.http, part.url, limit, headers=headers)
 
         try:
-            return await inline_media(event, fetch, transcribe=self.context.transcribe, channel=self.name)
+            return await inline_media(
+                event,
+                fetch,
+                transcribe=self.context.transcribe,
+                channel=self.name,
+                files=self.context.keeps_files,
+            )
         except MediaTooLarge:
             reply = answer_to(event, "")
             text = json.dumps({"text": too_large_text(self.settings.locale, limit)}, ensure_ascii=False)

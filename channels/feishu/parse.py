@@ -10,6 +10,7 @@ where `content` is itself a JSON string whose shape depends on `message_type`.
 from __future__ import annotations
 
 import json
+import mimetypes
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -161,6 +162,9 @@ def _is_self(mention: _Mention, bot_open_id: str | None) -> bool:
     return bot_open_id is None or mention.open_id == bot_open_id
 
 
+_KIND_MIME = {"audio": "audio/opus", "media": "video/mp4"}
+
+
 def _parts(
     kind: str,
     content: dict[str, Any],
@@ -187,8 +191,10 @@ def _parts(
     elif kind in ("file", "audio", "media"):
         key = _str(content.get("file_key"))
         if key:
-            name = _str(content.get("file_name"))
-            parts.append(FilePart(url=resource(key, "file"), name=name))
+            # Voice messages are Opus without a name; videos (`media`) are MP4.
+            name = _str(content.get("file_name")) or ("voice.opus" if kind == "audio" else None)
+            mime = _KIND_MIME.get(kind) or (mimetypes.guess_type(name)[0] if name else None)
+            parts.append(FilePart(url=resource(key, "file"), name=name, mime_type=mime))
     return parts
 
 

@@ -155,7 +155,11 @@ class SlackChannel:
             return event
         try:
             return await inline_media(
-                event, self._fetch, transcribe=None, channel="slack", files=self.context.keeps_files
+                event,
+                self._fetch,
+                transcribe=self.context.transcribe,
+                channel="slack",
+                files=self.context.keeps_files,
             )
         except MediaTooLarge as exc:
             await self._too_large(event, exc.limit)

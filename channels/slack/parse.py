@@ -104,7 +104,7 @@ def _file_parts(files: Any) -> list[Part]:
     for item in files:
         if not isinstance(item, dict):
             continue
-        mime = item.get("mimetype")
+        mime = _audio_clip_mime(item) or item.get("mimetype")
         url = item.get("url_private")
         if isinstance(mime, str) and mime.startswith("image/"):
             parts.append(ImagePart(url=url, mime_type=mime))
@@ -119,3 +119,15 @@ def _file_parts(files: Any) -> list[Part]:
                 )
             )
     return parts
+
+
+def _audio_clip_mime(item: dict[str, Any]) -> str | None:
+    """An audio clip recorded in Slack (`subtype` `slack_audio`, shown as audio) may carry a
+    video mimetype (`video/mp4`); it is audio, so speech to text applies."""
+    mime = item.get("mimetype")
+    if item.get("subtype") != "slack_audio" and item.get("media_display_type") != "audio":
+        return None
+    if not isinstance(mime, str) or mime.startswith("audio/"):
+        return None
+    container = mime.partition("/")[2]
+    return f"audio/{container or 'mp4'}"

@@ -368,7 +368,10 @@ class FakeDingTalk(LocalServer):
             self._changed.notify_all()
         if code not in self.files:
             return web.Response(status=404)
-        return web.Response(body=self.files[code], content_type="image/png")
+        # The temporary link serves pictures as images, any other file as a download.
+        data = self.files[code]
+        kind = "image/png" if data.startswith(b"\x89PNG") else "application/octet-stream"
+        return web.Response(body=data, content_type=kind)
 
     def _auth_failure(
         self, path: str, body: dict[str, Any], headers: dict[str, str], query: dict[str, str]

@@ -300,7 +300,13 @@ class FakeFeishu(LocalServer):
         await self._record(call)
         if failure is not None:
             return _fail(failure)
-        return web.Response(body=self.resources[key], content_type="image/png")
+        # Images come back as what they are; files as a download (octet-stream, with the name).
+        if request.query["type"] == "image":
+            return web.Response(body=self.resources[key], content_type="image/png")
+        headers = {"Content-Disposition": f'attachment; filename="{key}"'}
+        return web.Response(
+            body=self.resources[key], content_type="application/octet-stream", headers=headers
+        )
 
     # --- CardKit ----------------------------------------------------------------------------
 
