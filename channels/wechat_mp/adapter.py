@@ -94,7 +94,9 @@ class WeChatMpSettings(ChannelSettings):
     rate_limit_retry_seconds: float = Field(60.0, description="Wait after WeChat's quota errcodes.")
     max_body_bytes: int = Field(64 * 1024, description="Larger request bodies get 413.")
     media_max_bytes: int = Field(
-        10_000_000, ge=1, description="Larger images/voice are refused with a polite reply (media/get)."
+        10_000_000,
+        ge=1,
+        description="Larger images, voice and videos are refused with a polite reply (media/get).",
     )
     streaming: StreamingMode = Field(
         StreamingMode.NATIVE,

@@ -75,7 +75,9 @@ class WeComSettings(ChannelSettings):
     rate_limit_retry_seconds: float = Field(60.0, description="Wait after WeCom's rate-limit errcodes.")
     max_body_bytes: int = Field(64 * 1024, description="Larger request bodies get 413.")
     media_max_bytes: int = Field(
-        10_000_000, ge=1, description="Larger images/voice are refused with a polite reply (media/get)."
+        10_000_000,
+        ge=1,
+        description="Larger images, voice, videos and files are refused with a polite reply (media/get).",
     )
     streaming: StreamingMode = Field(
         StreamingMode.OFF, description="off only: WeCom cannot edit a sent message (no previews)."
