@@ -122,8 +122,10 @@ class WeChatMessage:
 
         Text and images become text/image parts; a recognised voice message becomes its
         transcript (the Official Account's `Recognition`), other voice messages an audio
-        part to fetch by `MediaId`; a menu click becomes its EventKey as text (so a menu button can carry
-        a command such as /new); locations and links become short text descriptions.
+        part to fetch by `MediaId`; videos (`video`, `shortvideo`) and files (`file`, with
+        its `FileName` when given) become file parts to fetch by `MediaId` (the type comes
+        from `media/get`'s Content-Type); a menu click becomes its EventKey as text (so a
+        menu button can carry a command such as /new); locations and links become short text descriptions.
         Other message types are stored with a placeholder so the agent can say it cannot
         read them. Subscriptions, enter-app and other notifications return None.
         """
@@ -138,6 +140,10 @@ class WeChatMessage:
         if kind == "voice":  # the audio itself, fetched by MediaId (speech to text, if on)
             fmt = (f.get("Format") or "amr").lower()
             return (FilePart(name=f"voice.{fmt}", mime_type=f"audio/{fmt}"),)
+        if kind in ("video", "shortvideo") and f.get("MediaId"):  # fetched by MediaId when kept
+            return (FilePart(name=f"{kind}.mp4"),)
+        if kind == "file" and f.get("MediaId"):  # WeCom; the Official Account has no file messages
+            return (FilePart(name=f.get("FileName") or None),)
         if kind == "location":
             label = f.get("Label", "")
             where = f"{f.get('Location_X', '')},{f.get('Location_Y', '')}"

@@ -269,7 +269,8 @@ class OneBotChannel:
     # --- inbound media -----------------------------------------------------------------
 
     async def _with_media(self, event: InboundEvent, *, fetch: bool = True) -> InboundEvent | None:
-        """Images (and, with speech to text, voice records) downloaded from their URLs as
+        """Images (and, with speech to text, voice records; and, when the gateway keeps
+        received files, `file`, `video` and `record` segments) downloaded from their URLs as
         data; over `ONEBOT_MEDIA_MAX_BYTES` a polite reply and None (nothing is stored).
         Without `fetch` (an unsigned HTTP POST report) the URLs stay references."""
         if not fetch:
@@ -280,7 +281,13 @@ class OneBotChannel:
             return await download_capped(self.context.http, part.url, limit) if part.url else None
 
         try:
-            return await inline_media(event, download, transcribe=self.context.transcribe, channel=self.name)
+            return await inline_media(
+                event,
+                download,
+                transcribe=self.context.transcribe,
+                channel=self.name,
+                files=self.context.keeps_files,  # file/video/record segments, kept in the workspace
+            )
         except MediaTooLarge as exc:
             reply = answer_to(event, too_large_text(self.settings.locale, exc.limit))
             try:  # best-effort: the event itself is not stored

@@ -25,7 +25,9 @@ class OneBotSettings(ChannelSettings):
         1024 * 1024, ge=1, description="Largest reverse-WebSocket frame; larger ones close with 1009."
     )
     media_max_bytes: int = Field(
-        10_000_000, ge=1, description="Larger images/voice records are refused with a polite reply."
+        10_000_000,
+        ge=1,
+        description="Larger images, records, videos and files are refused with a polite reply.",
     )
     streaming: StreamingMode = Field(
         StreamingMode.OFF, description="off only: OneBot v11 cannot edit a sent message (no previews)."

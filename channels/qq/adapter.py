@@ -200,8 +200,9 @@ class QQChannel:
         )
 
     async def _with_media(self, event: InboundEvent) -> InboundEvent | None:
-        """Images (and, with speech to text, voice without the platform's transcript)
-        downloaded from their URLs as data; over `QQ_MEDIA_MAX_BYTES` a polite reply and
+        """Images (and, with speech to text, voice without the platform's transcript; and,
+        when the gateway keeps received files, every other attachment) downloaded from
+        their URLs as data; over `QQ_MEDIA_MAX_BYTES` a polite reply and
         None (nothing is stored)."""
         limit = self.settings.media_max_bytes
 
@@ -209,7 +210,13 @@ class QQChannel:
             return await download_capped(self.context.http, part.url, limit) if part.url else None
 
         try:
-            return await inline_media(event, fetch, transcribe=self.context.transcribe, channel=self.name)
+            return await inline_media(
+                event,
+                fetch,
+                transcribe=self.context.transcribe,
+                channel=self.name,
+                files=self.context.keeps_files,  # kept in the session's workspace
+            )
         except MediaTooLarge as exc:
             try:  # best-effort: the event itself is not stored
                 await self.send(answer_to(event, too_large_text(self.settings.locale, exc.limit)))

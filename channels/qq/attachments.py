@@ -1,5 +1,6 @@
 """QQ message attachments as parts: images, voice (the platform's transcript when it has
-one, else the WAV transcoding or the SILK original), other files."""
+one, else the WAV transcoding or the SILK original), other files (documents, whose
+`content_type` is "file", and videos)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def attachment_part(att: dict[str, Any]) -> Part:
     return FilePart(
         url=url,
         name=clean_str(att.get("filename")),
-        mime_type=content_type or None,
+        mime_type=content_type if "/" in content_type else None,  # "file": from the download
         size=size if isinstance(size, int) else None,
     )
 

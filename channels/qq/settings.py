@@ -25,7 +25,9 @@ class QQSettings(ChannelSettings):
     max_text_chars: int = Field(2000, description="Longer replies are sent as several messages.")
     api_timeout_seconds: float = Field(10.0, description="Timeout of one OpenAPI request.")
     media_max_bytes: int = Field(
-        10_000_000, ge=1, description="Larger images/voice are refused with a polite reply."
+        10_000_000,
+        ge=1,
+        description="Larger images, voice, videos and files are refused with a polite reply.",
     )
     streaming: StreamingMode = Field(
         StreamingMode.OFF, description="off only: the QQ bot API cannot edit a sent message (no previews)."

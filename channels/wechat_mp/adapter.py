@@ -14,7 +14,8 @@ later through `cgi-bin/message/custom/send` (客服消息), because WeChat only 
 
 Media: a voice message with WeChat's speech recognition arrives as its transcript
 (`Recognition`); an image (and, with speech to text, a voice message without one) is
-downloaded by its `MediaId` (`cgi-bin/media/get`) before the event is stored. Images of a
+downloaded by its `MediaId` (`cgi-bin/media/get`) before the event is stored; so are
+videos and short videos when the gateway keeps received files in per-session workspaces. Images of a
 reply are uploaded as temporary media (`cgi-bin/media/upload?type=image`) and sent as
 image messages; the Official Account has no file messages, so a file is named in the text.
 While a turn runs the user sees "typing" (`cgi-bin/message/custom/typing`,
@@ -93,7 +94,9 @@ class WeChatMpSettings(ChannelSettings):
     rate_limit_retry_seconds: float = Field(60.0, description="Wait after WeChat's quota errcodes.")
     max_body_bytes: int = Field(64 * 1024, description="Larger request bodies get 413.")
     media_max_bytes: int = Field(
-        10_000_000, ge=1, description="Larger images/voice are refused with a polite reply (media/get)."
+        10_000_000,
+        ge=1,
+        description="Larger images, voice and videos are refused with a polite reply (media/get).",
     )
     streaming: StreamingMode = Field(
         StreamingMode.NATIVE,
@@ -219,7 +222,13 @@ class WeChatMpChannel:
         async def fetch(_part: ImagePart | FilePart) -> Media | None:
             return await self._media.download(media_id, limit) if media_id else None
 
-        return await inline_media(event, fetch, transcribe=self.context.transcribe, channel=self.name)
+        return await inline_media(
+            event,
+            fetch,
+            transcribe=self.context.transcribe,
+            channel=self.name,
+            files=self.context.keeps_files,  # videos and files, kept in the session's workspace
+        )
 
     async def _too_large(self, event: InboundEvent, limit: int) -> None:
         text = too_large_text(self.settings.locale, limit)

@@ -10,8 +10,10 @@ Outbound: the reply is sent later through `cgi-bin/message/send` with an access 
 `cgi-bin/gettoken`, cached until shortly before it expires and refreshed once when WeCom
 says it is no longer valid.
 
-Media: an inbound image (and, with speech to text, a voice message) is downloaded by its
-`MediaId` (`cgi-bin/media/get`) before the event is stored; images and files of a reply
+Media: an inbound image (and, with speech to text, a voice message; and, when the gateway
+keeps received files in per-session workspaces, a video or file message) is downloaded by
+its `MediaId` (`cgi-bin/media/get`) under `WECOM_MEDIA_MAX_BYTES` before the event is
+stored; images and files of a reply
 are uploaded as temporary media (`cgi-bin/media/upload`) and sent as image/file messages
 after its text. WeCom cannot edit a sent message: progress is at most one "working…"
 notice (`WECOM_WORKING_NOTICE_SECONDS`).
@@ -73,7 +75,9 @@ class WeComSettings(ChannelSettings):
     rate_limit_retry_seconds: float = Field(60.0, description="Wait after WeCom's rate-limit errcodes.")
     max_body_bytes: int = Field(64 * 1024, description="Larger request bodies get 413.")
     media_max_bytes: int = Field(
-        10_000_000, ge=1, description="Larger images/voice are refused with a polite reply (media/get)."
+        10_000_000,
+        ge=1,
+        description="Larger images, voice, videos and files are refused with a polite reply (media/get).",
     )
     streaming: StreamingMode = Field(
         StreamingMode.OFF, description="off only: WeCom cannot edit a sent message (no previews)."
@@ -178,7 +182,13 @@ class WeComChannel:
         async def fetch(_part: ImagePart | FilePart) -> Media | None:
             return await self._media.download(media_id, limit) if media_id else None
 
-        return await inline_media(event, fetch, transcribe=self.context.transcribe, channel=self.name)
+        return await inline_media(
+            event,
+            fetch,
+            transcribe=self.context.transcribe,
+            channel=self.name,
+            files=self.context.keeps_files,  # videos and files, kept in the session's workspace
+        )
 
     async def _too_large(self, event: InboundEvent, limit: int) -> None:
         try:  # best-effort: WeCom already has its answer

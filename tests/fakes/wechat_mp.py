@@ -118,6 +118,20 @@ class WeChatMpCallbacks:
             }
         )
 
+    def video(self, openid: str, media_id: str, msg_id: int, *, kind: str = "video") -> str:
+        """A `video` or `shortvideo` message (`MediaId`, `ThumbMediaId`)."""
+        return cdata_xml(
+            {
+                "ToUserName": self.account,
+                "FromUserName": openid,
+                "CreateTime": int(time.time()),
+                "MsgType": kind,
+                "MediaId": media_id,
+                "ThumbMediaId": f"thumb-{media_id}",
+                "MsgId": msg_id,
+            }
+        )
+
     def event(self, openid: str, event: str, create_time: int, event_key: str = "") -> str:
         return cdata_xml(
             {

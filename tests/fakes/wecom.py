@@ -173,6 +173,36 @@ class WeComCallbacks:
             }
         )
 
+    def video(self, user: str, media_id: str, msg_id: int) -> str:
+        """A video message (`MediaId`, `ThumbMediaId`), as WeCom documents it."""
+        return cdata_xml(
+            {
+                "ToUserName": self.corp_id,
+                "FromUserName": user,
+                "CreateTime": int(time.time()),
+                "MsgType": "video",
+                "MediaId": media_id,
+                "ThumbMediaId": f"thumb-{media_id}",
+                "MsgId": msg_id,
+                "AgentID": self.agent_id,
+            }
+        )
+
+    def file(self, user: str, media_id: str, msg_id: int, *, file_name: str | None = None) -> str:
+        """A file message: `MediaId` (and `FileName` when the client sends one)."""
+        fields: dict[str, Any] = {
+            "ToUserName": self.corp_id,
+            "FromUserName": user,
+            "CreateTime": int(time.time()),
+            "MsgType": "file",
+            "MediaId": media_id,
+            "MsgId": msg_id,
+            "AgentID": self.agent_id,
+        }
+        if file_name is not None:
+            fields["FileName"] = file_name
+        return cdata_xml(fields)
+
     def event(self, user: str, event: str, create_time: int, event_key: str = "") -> str:
         return cdata_xml(
             {
