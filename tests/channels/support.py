@@ -12,9 +12,10 @@ import httpx
 from sqlalchemy import func, select
 
 from app.channel import AcceptResult, ChannelContext, WaitResult
-from app.db.models import inbox, outbox
+from app.db.models import inbox, messages, outbox
 from app.events import InboundEvent
 from tests.conftest import ADMIN_TOKEN
+from tests.fakes.openai_server import FakeOpenAI
 
 
 async def count(runtime: Any, table: Any, *where: Any) -> int:
@@ -101,3 +102,17 @@ def send_only_context(http: httpx.AsyncClient) -> ChannelContext:
         raise AssertionError("sending never waits for replies")
 
     return ChannelContext(no_accept, no_wait, http)
+
+
+def llm_settings(fake: FakeOpenAI, **extra: Any) -> dict[str, Any]:
+    """Settings that point the OpenAI provider at the fake model server."""
+    return dict(
+        llm_provider="openai", llm_base_url=fake.url, llm_api_key="sk-test", llm_model="fake-model", **extra
+    )
+
+
+async def stored_answer(runtime: Any) -> str:
+    """The newest assistant message stored."""
+    async with runtime.engine.connect() as conn:
+        rows = (await conn.execute(select(messages.c.role, messages.c.content).order_by(messages.c.id))).all()
+    return [content for role, content in rows if role == "assistant"][-1]

@@ -7,8 +7,8 @@ import pytest
 from pydantic import ValidationError
 
 from tests.channels.dingtalk.support import dingtalk_settings, post_message
-from tests.channels.discord.test_discord_streaming import ANSWER, llm_settings, stored_answer
-from tests.channels.support import wait_outbox_final
+from tests.channels.discord.test_discord_streaming import ANSWER
+from tests.channels.support import llm_settings, stored_answer, wait_outbox_final
 from tests.conftest import ServeApp
 from tests.fakes import dingtalk as dt
 from tests.fakes.dingtalk import FakeDingTalk

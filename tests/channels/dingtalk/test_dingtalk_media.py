@@ -12,8 +12,7 @@ from app.db.models import inbox, outbox
 from app.events import FilePart, ImagePart, OutboundMessage, TextPart
 from app.pipeline.replies import outbox_values
 from tests.channels.dingtalk.support import dingtalk_settings, post_message
-from tests.channels.discord.test_discord_streaming import llm_settings
-from tests.channels.support import count, wait_outbox_final
+from tests.channels.support import count, llm_settings, wait_outbox_final
 from tests.channels.telegram.test_telegram_media import PIXEL
 from tests.conftest import ServeApp
 from tests.fakes import dingtalk as dt

@@ -2,32 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import httpx
-from sqlalchemy import select
 
-from app.db.models import messages
 from tests.channels.discord.support import command, discord_settings, post_interaction
-from tests.channels.support import wait_outbox_final
+from tests.channels.support import llm_settings, stored_answer, wait_outbox_final
 from tests.conftest import ServeApp
 from tests.fakes import discord as dc
 from tests.fakes.discord import FakeDiscord
 from tests.fakes.openai_server import FakeOpenAI, Reply
 
 ANSWER = " ".join(f"word{i}" for i in range(60))
-
-
-def llm_settings(fake: FakeOpenAI, **extra: Any) -> dict[str, Any]:
-    return dict(
-        llm_provider="openai", llm_base_url=fake.url, llm_api_key="sk-test", llm_model="fake-model", **extra
-    )
-
-
-async def stored_answer(runtime: Any) -> str:
-    async with runtime.engine.connect() as conn:
-        rows = (await conn.execute(select(messages.c.role, messages.c.content).order_by(messages.c.id))).all()
-    return [content for role, content in rows if role == "assistant"][-1]
 
 
 def _posts(fake: FakeDiscord, channel_id: str) -> list[dc.Call]:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import httpx
 
-from tests.channels.discord.test_discord_streaming import ANSWER, llm_settings, stored_answer
+from tests.channels.discord.test_discord_streaming import ANSWER
 from tests.channels.feishu.support import feishu_settings, post_callback
-from tests.channels.support import wait_outbox_final
+from tests.channels.support import llm_settings, stored_answer, wait_outbox_final
 from tests.conftest import ServeApp
 from tests.fakes import feishu as fs
 from tests.fakes.feishu import FakeFeishu

@@ -7,30 +7,17 @@ stop), so what is asserted is what the conversation shows.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import httpx
-from sqlalchemy import select
 
-from app.db.models import messages
 from tests.channels.slack.support import post_event, slack_settings
-from tests.channels.support import wait_outbox_final
+from tests.channels.support import llm_settings, stored_answer, wait_outbox_final
 from tests.conftest import ServeApp
 from tests.fakes import slack as sl
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall, calls
 from tests.fakes.slack import FakeSlack
 
 ANSWER = " ".join(f"word{i}" for i in range(60))
-
-
-def _llm(fake: FakeOpenAI) -> dict[str, Any]:
-    return dict(llm_provider="openai", llm_base_url=fake.url, llm_api_key="sk-test", llm_model="fake-model")
-
-
-async def _stored_answer(runtime: Any) -> str:
-    async with runtime.engine.connect() as conn:
-        rows = (await conn.execute(select(messages.c.role, messages.c.content).order_by(messages.c.id))).all()
-    return [content for role, content in rows if role == "assistant"][-1]
 
 
 def _ok(fake: FakeSlack, method: str) -> list[sl.Call]:
@@ -41,13 +28,15 @@ async def test_streamed_turn_is_start_appends_and_a_stop_completing_the_answer(s
     async with FakeOpenAI(default=Reply(content=ANSWER, chunk_delay=0.03)) as llm, FakeSlack() as fake:
         settings = slack_settings(fake, streaming="native", stream_edit_seconds=0.4)
         async with (
-            serve(channel_settings={"slack": settings}, stream_first_preview_seconds=0.3, **_llm(llm)) as srv,
+            serve(
+                channel_settings={"slack": settings}, stream_first_preview_seconds=0.3, **llm_settings(llm)
+            ) as srv,
             httpx.AsyncClient(timeout=30) as client,
         ):
             dm = sl.dm("tell me a story")
             await post_event(client, srv.url, sl.event_callback(dm))
             [row] = await wait_outbox_final(srv.runtime)
-            stored = await _stored_answer(srv.runtime)
+            stored = await stored_answer(srv.runtime)
     [start] = _ok(fake, "chat.startStream")
     appends = _ok(fake, "chat.appendStream")
     [stop] = _ok(fake, "chat.stopStream")
@@ -70,13 +59,15 @@ async def test_channel_stream_names_its_recipient_and_streams_in_the_thread(serv
     async with FakeOpenAI(default=Reply(content=ANSWER, chunk_delay=0.02)) as llm, FakeSlack() as fake:
         settings = slack_settings(fake, streaming="native", stream_edit_seconds=0.3)
         async with (
-            serve(channel_settings={"slack": settings}, stream_first_preview_seconds=0.2, **_llm(llm)) as srv,
+            serve(
+                channel_settings={"slack": settings}, stream_first_preview_seconds=0.2, **llm_settings(llm)
+            ) as srv,
             httpx.AsyncClient(timeout=30) as client,
         ):
             event = sl.mention("tell me a story", user="UBOB")
             await post_event(client, srv.url, sl.event_callback(event))
             [row] = await wait_outbox_final(srv.runtime)
-            stored = await _stored_answer(srv.runtime)
+            stored = await stored_answer(srv.runtime)
     [start] = _ok(fake, "chat.startStream")
     assert start.params["channel"] == "C0GENERAL"
     assert start.params["thread_ts"] == event["ts"]
@@ -94,13 +85,13 @@ async def test_rate_limited_appends_slow_the_stream_and_never_drop_the_answer(se
                 channel_settings={"slack": settings},
                 stream_first_preview_seconds=0.2,
                 outbox_backoff_base_seconds=0.05,
-                **_llm(llm),
+                **llm_settings(llm),
             ) as srv,
             httpx.AsyncClient(timeout=30) as client,
         ):
             await post_event(client, srv.url, sl.event_callback(sl.dm("go")))
             [row] = await wait_outbox_final(srv.runtime, timeout=30)
-            stored = await _stored_answer(srv.runtime)
+            stored = await stored_answer(srv.runtime)
     assert row["status"] == "sent"
     assert len(fake.calls_of("chat.appendStream")) >= 2
     assert len(fake.calls_of("chat.stopStream")) == 2  # refused once, then through
@@ -113,12 +104,14 @@ async def test_refused_start_stream_posts_the_answer_plainly(serve: ServeApp) ->
         fake.always["chat.startStream"] = sl.Failure(200, "not_allowed_token_type")
         settings = slack_settings(fake, streaming="native", stream_edit_seconds=0.2)
         async with (
-            serve(channel_settings={"slack": settings}, stream_first_preview_seconds=0.2, **_llm(llm)) as srv,
+            serve(
+                channel_settings={"slack": settings}, stream_first_preview_seconds=0.2, **llm_settings(llm)
+            ) as srv,
             httpx.AsyncClient(timeout=30) as client,
         ):
             await post_event(client, srv.url, sl.event_callback(sl.dm("go")))
             [row] = await wait_outbox_final(srv.runtime)
-            stored = await _stored_answer(srv.runtime)
+            stored = await stored_answer(srv.runtime)
     assert row["status"] == "sent"
     assert len(fake.calls_of("chat.startStream")) == 1, "a refused stream is not tried again in the turn"
     assert fake.calls_of("chat.appendStream") == [] and fake.calls_of("chat.stopStream") == []
@@ -133,12 +126,14 @@ async def test_tool_lines_in_the_stream_are_replaced_by_the_answer(serve: ServeA
         llm.enqueue(calls(ToolCall("current_time"), delay=0.6), Reply(content=ANSWER, chunk_delay=0.02))
         settings = slack_settings(fake, streaming="native", stream_edit_seconds=0.2)
         async with (
-            serve(channel_settings={"slack": settings}, stream_first_preview_seconds=0.2, **_llm(llm)) as srv,
+            serve(
+                channel_settings={"slack": settings}, stream_first_preview_seconds=0.2, **llm_settings(llm)
+            ) as srv,
             httpx.AsyncClient(timeout=30) as client,
         ):
             await post_event(client, srv.url, sl.event_callback(sl.dm("what time is it?")))
             [row] = await wait_outbox_final(srv.runtime)
-            stored = await _stored_answer(srv.runtime)
+            stored = await stored_answer(srv.runtime)
     [start] = _ok(fake, "chat.startStream")
     assert start.params["markdown_text"] == "🔧 current_time …"
     assert len(_ok(fake, "chat.stopStream")) == 1
@@ -151,13 +146,15 @@ async def test_a_long_answer_ends_the_stream_with_its_first_part_and_posts_the_r
     async with FakeOpenAI(default=Reply(content=ANSWER, chunk_delay=0.03)) as llm, FakeSlack() as fake:
         settings = slack_settings(fake, streaming="native", stream_edit_seconds=0.3, max_message_chars=150)
         async with (
-            serve(channel_settings={"slack": settings}, stream_first_preview_seconds=0.2, **_llm(llm)) as srv,
+            serve(
+                channel_settings={"slack": settings}, stream_first_preview_seconds=0.2, **llm_settings(llm)
+            ) as srv,
             httpx.AsyncClient(timeout=30) as client,
         ):
             dm = sl.dm("a long one")
             await post_event(client, srv.url, sl.event_callback(dm))
             [row] = await wait_outbox_final(srv.runtime)
-            stored = await _stored_answer(srv.runtime)
+            stored = await stored_answer(srv.runtime)
     assert len(_ok(fake, "chat.startStream")) == 1
     ts = row["platform_message_id"]
     posts = fake.posted()
@@ -172,7 +169,9 @@ async def test_a_deleted_stream_is_replaced_by_the_answer_as_a_new_message(serve
     async with FakeOpenAI(default=Reply(content=ANSWER, chunk_delay=0.03)) as llm, FakeSlack() as fake:
         settings = slack_settings(fake, streaming="native", stream_edit_seconds=0.3)
         async with (
-            serve(channel_settings={"slack": settings}, stream_first_preview_seconds=0.2, **_llm(llm)) as srv,
+            serve(
+                channel_settings={"slack": settings}, stream_first_preview_seconds=0.2, **llm_settings(llm)
+            ) as srv,
             httpx.AsyncClient(timeout=30) as client,
         ):
             dm = sl.dm("go")
@@ -183,7 +182,7 @@ async def test_a_deleted_stream_is_replaced_by_the_answer_as_a_new_message(serve
             del fake.texts[ts]  # the user deleted the streaming message
             fake.streaming.discard(ts)
             [row] = await wait_outbox_final(srv.runtime)
-            stored = await _stored_answer(srv.runtime)
+            stored = await stored_answer(srv.runtime)
     [post] = fake.posted()
     assert row["status"] == "sent"
     assert post["text"] == stored == ANSWER and post["thread_ts"] == dm["ts"]

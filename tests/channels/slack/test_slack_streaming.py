@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import httpx
-from sqlalchemy import select
 
-from app.db.models import messages
 from tests.channels.slack.support import post_event, slack_settings
-from tests.channels.support import wait_outbox_final
+from tests.channels.support import llm_settings, stored_answer, wait_outbox_final
 from tests.conftest import ServeApp
 from tests.fakes import slack as sl
 from tests.fakes.openai_server import FakeOpenAI, Reply
@@ -18,26 +14,18 @@ from tests.fakes.slack import FakeSlack
 ANSWER = " ".join(f"word{i}" for i in range(60))
 
 
-def _llm(fake: FakeOpenAI) -> dict[str, Any]:
-    return dict(llm_provider="openai", llm_base_url=fake.url, llm_api_key="sk-test", llm_model="fake-model")
-
-
-async def _stored_answer(runtime: Any) -> str:
-    async with runtime.engine.connect() as conn:
-        rows = (await conn.execute(select(messages.c.role, messages.c.content).order_by(messages.c.id))).all()
-    return [content for role, content in rows if role == "assistant"][-1]
-
-
 async def test_streamed_turn_is_one_message_updated_in_place(serve: ServeApp) -> None:
     async with FakeOpenAI(default=Reply(content=ANSWER, chunk_delay=0.03)) as llm, FakeSlack() as fake:
         settings = slack_settings(fake, stream_edit_seconds=0.5)
         async with (
-            serve(channel_settings={"slack": settings}, stream_first_preview_seconds=0.3, **_llm(llm)) as srv,
+            serve(
+                channel_settings={"slack": settings}, stream_first_preview_seconds=0.3, **llm_settings(llm)
+            ) as srv,
             httpx.AsyncClient(timeout=30) as client,
         ):
             await post_event(client, srv.url, sl.event_callback(sl.dm("tell me a story")))
             [row] = await wait_outbox_final(srv.runtime)
-            stored = await _stored_answer(srv.runtime)
+            stored = await stored_answer(srv.runtime)
     posts = fake.posted()
     updates = [c for c in fake.calls_of("chat.update") if c.ok]
     assert row["status"] == "sent"
@@ -55,12 +43,14 @@ async def test_rate_limit_on_an_update_never_drops_the_answer(serve: ServeApp) -
         fake.fail("chat.update", sl.RATE_LIMITED, sl.RATE_LIMITED, sl.RATE_LIMITED)
         settings = slack_settings(fake, stream_edit_seconds=0.2)
         async with (
-            serve(channel_settings={"slack": settings}, stream_first_preview_seconds=0.2, **_llm(llm)) as srv,
+            serve(
+                channel_settings={"slack": settings}, stream_first_preview_seconds=0.2, **llm_settings(llm)
+            ) as srv,
             httpx.AsyncClient(timeout=30) as client,
         ):
             await post_event(client, srv.url, sl.event_callback(sl.dm("go")))
             [row] = await wait_outbox_final(srv.runtime, timeout=30)
-            stored = await _stored_answer(srv.runtime)
+            stored = await stored_answer(srv.runtime)
     assert row["status"] == "sent"
     assert len(fake.posted()) == 1
     assert list(fake.texts.values()) == [stored]

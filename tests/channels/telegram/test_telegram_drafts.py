@@ -6,13 +6,9 @@ is asserted is what the user sees: drafts while the model writes, then one messa
 
 from __future__ import annotations
 
-from typing import Any
-
 import httpx
-from sqlalchemy import select
 
-from app.db.models import messages
-from tests.channels.support import wait_outbox_final
+from tests.channels.support import llm_settings, stored_answer, wait_outbox_final
 from tests.channels.telegram.support import post_update, tg_settings
 from tests.conftest import ServeApp
 from tests.fakes import telegram as tg
@@ -20,16 +16,6 @@ from tests.fakes.openai_server import FakeOpenAI, Reply
 from tests.fakes.telegram import FakeTelegram
 
 ANSWER = " ".join(f"word{i}" for i in range(60))
-
-
-def _llm(fake: FakeOpenAI) -> dict[str, Any]:
-    return dict(llm_provider="openai", llm_base_url=fake.url, llm_api_key="sk-test", llm_model="fake-model")
-
-
-async def _stored_answer(runtime: Any) -> str:
-    async with runtime.engine.connect() as conn:
-        rows = (await conn.execute(select(messages.c.role, messages.c.content).order_by(messages.c.id))).all()
-    return [content for role, content in rows if role == "assistant"][-1]
 
 
 def _ok(fake: FakeTelegram, method: str) -> list[tg.Call]:
@@ -41,13 +27,13 @@ async def test_drafts_while_writing_then_the_answer_as_one_message(serve: ServeA
         settings = tg_settings(fake, streaming="native", stream_edit_seconds=0.4)
         async with (
             serve(
-                channel_settings={"telegram": settings}, stream_first_preview_seconds=0.3, **_llm(llm)
+                channel_settings={"telegram": settings}, stream_first_preview_seconds=0.3, **llm_settings(llm)
             ) as srv,
             httpx.AsyncClient(timeout=30) as client,
         ):
             await post_update(client, srv.url, tg.update(600, tg.message("tell me a story")))
             [row] = await wait_outbox_final(srv.runtime)
-            stored = await _stored_answer(srv.runtime)
+            stored = await stored_answer(srv.runtime)
     drafts = _ok(fake, "sendMessageDraft")
     [sent] = _ok(fake, "sendMessage")
     assert row["status"] == "sent" and stored == ANSWER
@@ -73,13 +59,13 @@ async def test_flood_control_on_drafts_never_drops_the_answer(serve: ServeApp) -
                 channel_settings={"telegram": settings},
                 stream_first_preview_seconds=0.2,
                 outbox_backoff_base_seconds=0.05,
-                **_llm(llm),
+                **llm_settings(llm),
             ) as srv,
             httpx.AsyncClient(timeout=30) as client,
         ):
             await post_update(client, srv.url, tg.update(601, tg.message("go")))
             [row] = await wait_outbox_final(srv.runtime, timeout=30)
-            stored = await _stored_answer(srv.runtime)
+            stored = await stored_answer(srv.runtime)
     assert row["status"] == "sent"
     assert len(fake.calls_of("sendMessageDraft")) >= 4  # two refused, the preview went on
     assert len(fake.calls_of("sendMessage")) == 2  # refused once, then through
@@ -93,13 +79,13 @@ async def test_refused_draft_sends_the_answer_plainly(serve: ServeApp) -> None:
         settings = tg_settings(fake, streaming="native", stream_edit_seconds=0.2)
         async with (
             serve(
-                channel_settings={"telegram": settings}, stream_first_preview_seconds=0.2, **_llm(llm)
+                channel_settings={"telegram": settings}, stream_first_preview_seconds=0.2, **llm_settings(llm)
             ) as srv,
             httpx.AsyncClient(timeout=30) as client,
         ):
             await post_update(client, srv.url, tg.update(602, tg.message("go")))
             [row] = await wait_outbox_final(srv.runtime)
-            stored = await _stored_answer(srv.runtime)
+            stored = await stored_answer(srv.runtime)
     assert row["status"] == "sent"
     assert len(fake.calls_of("sendMessageDraft")) == 1, "a refused draft is not tried again in the turn"
     assert fake.sent_texts() == [stored]
@@ -113,14 +99,14 @@ async def test_groups_have_no_drafts_and_preview_by_editing(serve: ServeApp) -> 
         )
         async with (
             serve(
-                channel_settings={"telegram": settings}, stream_first_preview_seconds=0.3, **_llm(llm)
+                channel_settings={"telegram": settings}, stream_first_preview_seconds=0.3, **llm_settings(llm)
             ) as srv,
             httpx.AsyncClient(timeout=30) as client,
         ):
             msg = tg.message("tell me a story", chat=tg.group_chat())
             await post_update(client, srv.url, tg.update(603, msg))
             [row] = await wait_outbox_final(srv.runtime)
-            stored = await _stored_answer(srv.runtime)
+            stored = await stored_answer(srv.runtime)
     assert not fake.calls_of("sendMessageDraft")
     assert len(_ok(fake, "sendMessage")) == 1
     assert _ok(fake, "editMessageText")[-1].params["text"] == stored
@@ -137,7 +123,7 @@ async def test_a_draft_unchanged_for_a_while_is_sent_again_before_it_fades(serve
                 channel_settings={"telegram": settings},
                 stream_first_preview_seconds=0.2,
                 stream_still_working_seconds=0.3,
-                **_llm(llm),
+                **llm_settings(llm),
             ) as srv,
             httpx.AsyncClient(timeout=30) as client,
         ):

@@ -6,13 +6,9 @@ with the real PTB client. What is asserted is what the chat shows.
 
 from __future__ import annotations
 
-from typing import Any
-
 import httpx
-from sqlalchemy import select
 
-from app.db.models import messages
-from tests.channels.support import wait_outbox_final
+from tests.channels.support import llm_settings, stored_answer, wait_outbox_final
 from tests.channels.telegram.support import post_update, tg_settings
 from tests.conftest import ServeApp
 from tests.fakes import telegram as tg
@@ -22,28 +18,18 @@ from tests.fakes.telegram import FakeTelegram
 ANSWER = " ".join(f"word{i}" for i in range(60))  # ~400 characters, 100 pieces of 4
 
 
-def _llm(fake: FakeOpenAI) -> dict[str, Any]:
-    return dict(llm_provider="openai", llm_base_url=fake.url, llm_api_key="sk-test", llm_model="fake-model")
-
-
-async def _stored_answer(runtime: Any) -> str:
-    async with runtime.engine.connect() as conn:
-        rows = (await conn.execute(select(messages.c.role, messages.c.content).order_by(messages.c.id))).all()
-    return [content for role, content in rows if role == "assistant"][-1]
-
-
 async def test_streamed_turn_is_one_message_edited_in_place(serve: ServeApp) -> None:
     async with FakeOpenAI(default=Reply(content=ANSWER, chunk_delay=0.03)) as llm, FakeTelegram() as fake:
         settings = tg_settings(fake, stream_edit_seconds=0.5)
         async with (
             serve(
-                channel_settings={"telegram": settings}, stream_first_preview_seconds=0.3, **_llm(llm)
+                channel_settings={"telegram": settings}, stream_first_preview_seconds=0.3, **llm_settings(llm)
             ) as srv,
             httpx.AsyncClient(timeout=30) as client,
         ):
             await post_update(client, srv.url, tg.update(500, tg.message("tell me a story")))
             [row] = await wait_outbox_final(srv.runtime)
-            stored = await _stored_answer(srv.runtime)
+            stored = await stored_answer(srv.runtime)
     sends = [c for c in fake.calls_of("sendMessage") if c.ok]
     edits = [c for c in fake.calls_of("editMessageText") if c.ok]
     assert row["status"] == "sent"
@@ -66,13 +52,13 @@ async def test_flood_control_on_an_edit_slows_the_preview_never_drops_the_answer
         settings = tg_settings(fake, stream_edit_seconds=0.2)
         async with (
             serve(
-                channel_settings={"telegram": settings}, stream_first_preview_seconds=0.2, **_llm(llm)
+                channel_settings={"telegram": settings}, stream_first_preview_seconds=0.2, **llm_settings(llm)
             ) as srv,
             httpx.AsyncClient(timeout=30) as client,
         ):
             await post_update(client, srv.url, tg.update(501, tg.message("go")))
             [row] = await wait_outbox_final(srv.runtime, timeout=30)
-            stored = await _stored_answer(srv.runtime)
+            stored = await stored_answer(srv.runtime)
     assert row["status"] == "sent"
     assert len([c for c in fake.calls_of("sendMessage") if c.ok]) == 1
     assert list(fake.texts.values()) == [stored]
@@ -102,7 +88,7 @@ async def test_tool_progress_and_still_working_show_in_the_preview(serve: ServeA
                 channel_settings={"telegram": settings},
                 stream_first_preview_seconds=0.2,
                 stream_still_working_seconds=0.5,
-                **_llm(llm),
+                **llm_settings(llm),
             ) as srv,
             httpx.AsyncClient(timeout=30) as client,
         ):
@@ -125,14 +111,14 @@ async def test_a_turn_started_by_several_messages_is_one_preview_completed_once(
                 channel_settings={"telegram": settings},
                 stream_first_preview_seconds=0.2,
                 collect_debounce_seconds=0.5,
-                **_llm(llm),
+                **llm_settings(llm),
             ) as srv,
             httpx.AsyncClient(timeout=30) as client,
         ):
             await post_update(client, srv.url, tg.update(510, tg.message("first part")))
             await post_update(client, srv.url, tg.update(511, tg.message("second part")))
             [row] = await wait_outbox_final(srv.runtime)
-            stored = await _stored_answer(srv.runtime)
+            stored = await stored_answer(srv.runtime)
     assert len(llm.requests) == 1  # one turn for both messages
     assert row["status"] == "sent"
     assert len([c for c in fake.calls_of("sendMessage") if c.ok]) == 1
