@@ -13,7 +13,7 @@ import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Annotated, Any, Literal, Protocol, runtime_checkable
+from typing import Annotated, Any, ClassVar, Literal, Protocol, runtime_checkable
 
 import httpx
 from pydantic import BaseModel, Field, field_validator
@@ -22,6 +22,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from app.connections import ConnectionRun, ConnectionStates, LocalConnections
 from app.errors import InvalidPayload, UnsupportedMediaType
 from app.events import BusyPolicy, InboundEvent, OutboundMessage, SessionScope
+from app.fetch import GuardedFetcher
 
 
 class ChannelSettings(BaseSettings):
@@ -32,6 +33,9 @@ class ChannelSettings(BaseSettings):
     """
 
     model_config = SettingsConfigDict(env_file=".env", extra="ignore")
+    # Whether the adapter deletes its own messages (an outbound `DELETE_KEY`): our answer to
+    # a recalled message is then deleted too (`app.pipeline.platform_events`).
+    deletes_messages: ClassVar[bool] = False
 
     session_scope: SessionScope = Field(SessionScope.CHAT, description="chat, thread or user_in_chat.")
     busy_policy: BusyPolicy = Field(BusyPolicy.QUEUE, description="queue, collect or steer.")
@@ -78,6 +82,38 @@ class ChannelSettings(BaseSettings):
     expire_after_seconds: float | None = Field(None, description="Overrides the global default.")
     archive_after_seconds: float | None = Field(None, description="Overrides the global default.")
     llm_model: str | None = Field(None, description="Model for this channel's sessions.")
+    # --- who is who in a group (app.access.roles, docs/access.md) ---
+    admins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Comma-separated sender ids with the admin role in this channel's groups.",
+    )
+    # --- platform-native events: edits, recalls, reactions, joins (docs/events.md) ---
+    edit_policy: Literal["annotate", "rerun"] = Field(
+        "annotate",
+        description="An answered message edited: annotate (the model is told on the next turn) "
+        "or rerun (answered again). A message still queued is always replaced by its edit.",
+    )
+    welcome_text: str = Field(
+        "",
+        description="Said when a member joins a group ({name} is their name); empty: nothing.",
+    )
+    farewell_text: str = Field(
+        "",
+        description="Said when a member leaves a group ({name} is their name); empty: nothing.",
+    )
+    conversation_commands: Literal["admin", "member"] = Field(
+        "admin",
+        description="Who may run commands that change a group's shared conversation "
+        "(/new /reset /undo /model …): admin, or member to open them to everyone.",
+    )
+    tool_roles: dict[str, str] = Field(
+        default_factory=dict,
+        description='JSON {"<tool name or glob>": "<role>"}: the least role (guest, member, admin, '
+        "owner) a tool needs here, instead of the role the tool declares (member by default).",
+    )
+    role_cache_seconds: float = Field(
+        60.0, gt=0, description="How long a role the platform reported (a lookup) is trusted."
+    )
     approvers: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="Comma-separated sender ids allowed to /approve."
     )
@@ -97,7 +133,7 @@ class ChannelSettings(BaseSettings):
     )
 
     @field_validator(
-        "allowed_senders", "allowed_chats", "approvers", "tools_allow", "tools_deny", mode="before"
+        "allowed_senders", "allowed_chats", "admins", "approvers", "tools_allow", "tools_deny", mode="before"
     )
     @classmethod
     def _comma_list(cls, value: Any) -> Any:
@@ -192,6 +228,9 @@ class Reply(BaseModel):
     text: str
     parts: list[dict[str, Any]] = Field(default_factory=list)
     status: str
+    # For the event's sender only (`PRIVATE_NOTICE_KEY`): a platform that answers the event's
+    # own request (a Feishu card callback, a Discord interaction) shows it privately.
+    private: bool = False
 
 
 class WaitResult(BaseModel):
@@ -215,6 +254,10 @@ class EventStatus:
     updated_at: datetime
     awaiting_approval: bool = False  # a tool call of the session waits for /approve
     replies: list[Reply] = field(default_factory=list)
+    # The model tokens of the run that handled the event (0 before it ran; shared by the
+    # events one run answered together).
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
 
 
 class EventReader(Protocol):
@@ -223,6 +266,18 @@ class EventReader(Protocol):
     async def status(self, event_id: str) -> EventStatus | None: ...
     async def find(self, external_id: str) -> str | None:
         """The event id stored under the platform id `external_id`, if any."""
+        ...
+
+    async def list_ids(
+        self,
+        key_prefix: str,
+        *,
+        external_prefix: str = "",
+        limit: int = 50,
+        before: int | None = None,
+        updated_after: datetime | None = None,
+    ) -> list[tuple[int, str, str]]:
+        """(row id, event id, session key) of stored events under a session-key prefix, newest first."""
         ...
 
     async def count(self, session_key: str) -> int:
@@ -240,6 +295,17 @@ class _NoEvents:
 
     async def find(self, external_id: str) -> str | None:
         return None
+
+    async def list_ids(
+        self,
+        key_prefix: str,
+        *,
+        external_prefix: str = "",
+        limit: int = 50,
+        before: int | None = None,
+        updated_after: datetime | None = None,
+    ) -> list[tuple[int, str, str]]:
+        return []
 
     async def count(self, session_key: str) -> int:
         return 0
@@ -273,6 +339,11 @@ class RecordStore(Protocol):
         """Into the outbox once per message id; sent through the channel's `send`."""
         ...
 
+    async def delivery_failed(self, platform_message_id: str, error: str) -> bool:
+        """The platform reported later that a sent message did not arrive (WhatsApp's
+        `failed` status): its outbox row becomes failed with `error`; whether one was found."""
+        ...
+
 
 @dataclass(frozen=True)
 class AgentListing:
@@ -300,8 +371,9 @@ class ChannelContext:
     connection_state: ConnectionStates = field(default_factory=LocalConnections)
     # Read-only view of this channel's stored events (`app.event_reader`).
     events: EventReader = field(default_factory=_NoEvents)
-    # Speech to text (audio bytes, file name, MIME type) → transcript; None when STT is off.
-    transcribe: Callable[[bytes, str, str], Awaitable[str]] | None = None
+    # Speech to text (audio bytes, file name, MIME type, the event whose voice note it is)
+    # → transcript, its seconds recorded as that sender's usage; None when STT is off.
+    transcribe: Callable[[bytes, str, str, InboundEvent], Awaitable[str]] | None = None
     # The channel's own durable records and outbox hand-off (`app.channel_records`); None
     # where nothing is stored (tests building a bare context).
     records: RecordStore | None = None
@@ -310,6 +382,9 @@ class ChannelContext:
     # Whether received documents are kept in the session's workspace (per-session
     # workspaces are on): then a channel downloads every file, not only images.
     keeps_files: bool = False
+    # Every URL a payload controls (a media segment's URL, a push URL) is fetched through
+    # it (`app.fetch`): private addresses refused, redirects checked, decoded bytes capped.
+    fetcher: GuardedFetcher = field(default_factory=GuardedFetcher)
 
 
 @dataclass(frozen=True)
@@ -347,6 +422,25 @@ def delivers(adapter: ChannelAdapter) -> bool:
     return bool(getattr(adapter, "delivers", True))
 
 
+@dataclass(frozen=True)
+class ConnectionConflicts:
+    """How the platform answers this replica's long-lived connection: `streak` refusals in
+    a row as a conflict (Telegram's getUpdates 409: another poller with the token, or a
+    webhook set), `detail` what the last one said; a streak of 0 when it answers."""
+
+    streak: int
+    detail: str = ""
+
+
+@runtime_checkable
+class ReportsConflicts(Protocol):
+    """An adapter whose connection a platform can refuse as a conflict (`app.alerts`)."""
+
+    def connection_conflicts(self) -> ConnectionConflicts | None:
+        """None while this replica does not run the connection (it cannot know)."""
+        ...
+
+
 @runtime_checkable
 class HttpChannel(Protocol):
     async def handle_request(self, request: ChannelRequest) -> ChannelResponse: ...
@@ -364,3 +458,6 @@ class ChannelSpec:
     name: str
     settings_class: type[ChannelSettings]
     factory: Callable[[Any, ChannelContext], ChannelAdapter]
+    # `chatgate doctor`'s own check of the channel (app settings, channel settings) → (ok,
+    # detail), for what settings alone do not tell (a login stored in the database).
+    doctor: Callable[[Any, Any], Awaitable[tuple[bool, str]]] | None = None

@@ -130,3 +130,18 @@ class ChannelRecords:
         async with self.engine.begin() as conn:
             await conn.execute(insert_ignore(conn, outbox, ["message_id"]), rows)
         self.on_outbox()
+
+    async def delivery_failed(self, platform_message_id: str, error: str) -> bool:
+        """Mark this channel's sent outbox row of `platform_message_id` failed, with the
+        platform's reason: a dead letter the operator sees, may retry or discard."""
+        async with self.engine.begin() as conn:
+            changed = await conn.execute(
+                update(outbox)
+                .where(
+                    outbox.c.channel == self.channel,
+                    outbox.c.platform_message_id == platform_message_id,
+                    outbox.c.status == "sent",
+                )
+                .values(status="failed", last_error=error)
+            )
+        return bool(changed.rowcount)

@@ -4,204 +4,30 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import gc
-import getpass
-import json
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 from app.access.cli import add_parser as add_access_parser
+from app.chat_cli import cmd_chat
+from app.cli_output import print_json as _print_json
+from app.cli_output import print_table as _print_table
 from app.config import Settings
 from app.dead_letters.cli import add_parser as add_dead_letters_parser
 from app.events import SessionScope
+from app.records_cli import add_records_parsers
 from app.scheduling.cli import add_parser as add_cron_parser
-
-
-def _print_json(data: Any) -> None:
-    print(json.dumps(data, indent=2, default=str, ensure_ascii=False))
-
-
-def _print_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:
-    """A plain text table of `columns` (missing values blank)."""
-    cells = [[("" if r.get(c) is None else str(r.get(c))) for c in columns] for r in rows]
-    widths = [max([len(c), *(len(row[i]) for row in cells)]) for i, c in enumerate(columns)]
-    print("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
-    for row in cells:
-        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
-    if not rows:
-        print("(none)")
-
-
-def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from app.api.app import create_app, server_options
-    from app.doctor import model_settings_problem
-    from app.firstrun import FirstRunError, banner, prepare
-
-    host = args.host or settings.host
-    port = args.port or settings.port
-    try:
-        plan = prepare(host, settings.channels, generate=args.first_run)
-    except FirstRunError as exc:
-        print(f"chatgate: {exc}", file=sys.stderr)
-        return 2
-    if plan.generated_file is not None:
-        settings = Settings()  # now with the local secrets in the environment
-    problem = model_settings_problem(settings)
-    if problem is not None:
-        print(f"chatgate: configuration error: {problem}", file=sys.stderr)
-        return 2
-    asyncio.run(_reach_database(settings))
-    app = create_app(settings)
-    webhook = "webhook" in settings.channels and bool(os.environ.get("WEBHOOK_SECRET") or _webhook_secret())
-    chat_on = "browser" in settings.channels and bool(
-        settings.gateway_tokens or settings.gateway_token_secret
-    )
-    chat_token = settings.gateway_tokens[0].token if chat_on and settings.gateway_tokens else None
-    shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
-    lines = banner(
-        f"http://{shown}:{port}",
-        webhook=webhook,
-        admin=bool(settings.admin_token),
-        chat=chat_on,
-        chat_token=chat_token,
-        secrets_file=plan.generated_file,
-        model=(
-            "offline (built in, deterministic)"
-            if settings.llm_provider == "offline"
-            else f"{settings.llm_model} at {settings.llm_base_url or 'api.openai.com'}"
-        ),
-    )
-    # Everything imported and built so far lives as long as the process: frozen, the
-    # cyclic GC stops rescanning it. Under load a full collection otherwise walked
-    # ~180,000 objects and stalled the event loop for 100-150 ms, several times a minute.
-    gc.collect()
-    gc.freeze()
-    config = uvicorn.Config(
-        app,
-        host=host,
-        port=port,
-        log_level=settings.log_level.lower(),
-        access_log=False,
-        **server_options(app),
-    )
-    server = _server_class()(config, lines)
-    server.run()
-    return 0 if server.started else 1
-
-
-async def _reach_database(settings: Settings) -> None:
-    """Fail fast, with the reason, on a database that waiting does not cure."""
-    from app.db.engine import create_engine
-    from app.migrate import wait_for_database
-
-    engine = create_engine(settings)
-    try:
-        await wait_for_database(engine, settings.db_connect_retry_seconds)
-    finally:
-        await engine.dispose()
-
-
-def _server_class() -> Any:
-    import uvicorn
-
-    class Server(uvicorn.Server):
-        """uvicorn's server, printing what is on and the URLs once it listens."""
-
-        def __init__(self, config: uvicorn.Config, lines: list[str]) -> None:
-            super().__init__(config)
-            self.lines = lines
-
-        async def startup(self, sockets: Any = None) -> None:
-            await super().startup(sockets=sockets)
-            if self.started:
-                print("\n".join(self.lines), flush=True)
-
-    return Server
-
-
-def _webhook_secret() -> str | None:
-    from channels.webhook.adapter import WebhookSettings
-
-    return WebhookSettings().secret
+from app.serve_cli import cmd_serve, reach_database
 
 
 def cmd_migrate(settings: Settings, _args: argparse.Namespace) -> int:
+    from app.db.engine import driver_connect_args
     from app.migrate import upgrade_to_head
 
-    asyncio.run(_reach_database(settings))
-    upgrade_to_head(settings.database_url)
+    asyncio.run(reach_database(settings))
+    upgrade_to_head(settings.database_url, driver_connect_args(settings))
     print("database is at the newest migration")
     return 0
-
-
-class _Chat:
-    """`chatgate chat`: the runtime on one event loop, input read in the main thread.
-
-    Reading input outside the loop is what makes Ctrl-C work: at the prompt it quits at
-    once; during an answer it stops waiting (and sends `/stop` so the run ends too).
-    """
-
-    def __init__(self, settings: Settings, chat_id: str) -> None:
-        from app.runtime import Runtime
-        from channels.cli import CliSettings
-
-        self.chat_id = chat_id
-        self.runtime = Runtime(settings, channel_settings={"cli": CliSettings()})
-
-    async def send(self, line: str) -> None:
-        """Send one line and print the replies to it once they are delivered."""
-        from app.events import InboundEvent
-        from channels.cli import CliChannel
-
-        cli = self.runtime.adapters["cli"]
-        assert isinstance(cli, CliChannel)
-        event = InboundEvent.from_text("cli", self.chat_id, self.chat_id, line)
-        [accepted] = await self.runtime.ingest.accept("cli", [event])
-        done = await self.runtime.waiters.wait_for_replies(accepted.event_id, 300)
-        wanted = {reply.message_id for reply in done.replies}
-        while wanted:
-            message = await asyncio.wait_for(cli.delivered.get(), 30)
-            wanted.discard(message.message_id)
-            print(f"bot> {message.text}", flush=True)  # a late answer to an earlier line too
-        if not done.done:
-            print("(still working — the answer will appear when ready)")
-
-    def run(self) -> int:
-        from app.events import InboundEvent
-        from app.logs import configure_logging
-
-        configure_logging("WARNING", "console")
-        with asyncio.Runner() as runner:
-            runner.run(self.runtime.__aenter__())
-            try:
-                key = InboundEvent.from_text("cli", self.chat_id, self.chat_id, "").session_key
-                print(f"chatgate — session {key}. /help lists commands, /new starts over, Ctrl-D quits.")
-                while True:
-                    try:
-                        line = input("you> ")
-                    except (EOFError, KeyboardInterrupt):
-                        print()
-                        return 0
-                    if not line.strip():
-                        continue
-                    try:
-                        runner.run(self.send(line))
-                    except KeyboardInterrupt:
-                        print("\n(stopped)")
-                        with contextlib.suppress(Exception, KeyboardInterrupt):
-                            runner.run(self.send("/stop"))
-            finally:
-                with contextlib.suppress(KeyboardInterrupt):
-                    runner.run(self.runtime.__aexit__(None, None, None))
-
-
-def cmd_chat(settings: Settings, args: argparse.Namespace) -> int:
-    return _Chat(settings, args.chat or getpass.getuser()).run()
 
 
 async def _sessions(settings: Settings, args: argparse.Namespace) -> int:
@@ -254,6 +80,10 @@ def cmd_sessions(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_channels(settings: Settings, args: argparse.Namespace) -> int:
+    if args.channel == "weixin":
+        from channels.weixin.cli import run_cli as weixin_cli
+
+        return asyncio.run(weixin_cli(settings, args.action))
     from channels.telegram.webhook_admin import run_cli
 
     return asyncio.run(run_cli(args.action, settings.public_base_url, drop_pending=args.drop_pending))
@@ -296,9 +126,9 @@ def cmd_doctor(settings: Settings, args: argparse.Namespace) -> int:
     if load_existing() is not None:
         settings = Settings()  # what `make run` serves with
 
-    checks = asyncio.run(doctor(settings))
+    checks = asyncio.run(doctor(settings, offline=args.offline))
     if args.json:
-        _print_json([{"check": c.name, "ok": c.ok, "detail": c.detail} for c in checks])
+        _print_json([{"check": c.name, "ok": c.ok, "warning": c.warning, "detail": c.detail} for c in checks])
     else:
         for check in checks:
             print(check.line())
@@ -306,17 +136,37 @@ def cmd_doctor(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
-    from app.doctor import status
+    from app.doctor import StatusUnavailable, server_status, status
 
-    data = asyncio.run(status(settings))
+    if args.url:
+        token = args.admin_token or settings.admin_token
+        if not token:
+            print("chatgate: status --url needs ADMIN_TOKEN (or --admin-token)", file=sys.stderr)
+            return 2
+        try:
+            data = asyncio.run(server_status(args.url, token))
+        except (StatusUnavailable, OSError) as exc:
+            print(f"chatgate: status: {exc}", file=sys.stderr)
+            return 1
+    else:
+        data = asyncio.run(status(settings))
     if args.json:
         _print_json(data)
         return 0
-    print(f"database: {data['database']}    channels: {', '.join(data['channels'])}")
+    print(f"server: {data['server']}" if "server" in data else f"database: {data['database']}")
     print("backlog:  " + "  ".join(f"{k}={v}" for k, v in data["backlog"].items()))
     print("sessions: " + ("  ".join(f"{k}={v}" for k, v in data["sessions"].items()) or "none"))
-    print("workers holding leases:")
-    _print_table(data["workers"], ["worker", "leases"])
+    print("channels:")
+    columns = (
+        ["channel", "health", "inbound_last_hour"] if "server" in data else ["channel", "inbound_last_hour"]
+    )
+    _print_table(data["channels"], columns)
+    if "connections" in data:
+        print("connections:")
+        _print_table(data["connections"], ["connection", "owner", "expires_at", "takeovers"])
+    if "workers" in data:
+        print("workers holding leases:")
+        _print_table(data["workers"], ["worker", "leases"])
     return 0
 
 
@@ -342,9 +192,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     doctor = sub.add_parser("doctor", help="check database, schema, channels, model, secrets, clock")
     doctor.add_argument("--json", action="store_true", help="JSON for scripts")
+    doctor.add_argument(
+        "--offline", action="store_true", help="skip the live checks of platform credentials and the model"
+    )
     doctor.set_defaults(func=cmd_doctor)
-    status = sub.add_parser("status", help="backlog, sessions and the workers holding leases")
+    status = sub.add_parser(
+        "status", help="the running deployment: channels, connections, backlog, sessions, workers"
+    )
     status.add_argument("--json", action="store_true", help="JSON for scripts")
+    status.add_argument("--url", help="ask this running server's admin API instead of the database")
+    status.add_argument("--admin-token", help="the server's ADMIN_TOKEN (default: from the environment)")
     status.set_defaults(func=cmd_status)
 
     serve = sub.add_parser("serve", help="run the HTTP server")
@@ -358,6 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(func=cmd_serve)
 
     sub.add_parser("migrate", help="upgrade the database to the newest schema").set_defaults(func=cmd_migrate)
+    add_records_parsers(sub)
 
     chat = sub.add_parser("chat", help="talk to the agent in this terminal (channel cli)")
     chat.add_argument("--chat", help="conversation id (default: your user name)")
@@ -386,6 +244,8 @@ def build_parser() -> argparse.ArgumentParser:
     telegram = csub.add_parser("telegram", help="Telegram webhook registration")
     telegram.add_argument("action", choices=["set-webhook", "delete-webhook"])
     telegram.add_argument("--drop-pending", action="store_true", help="discard updates Telegram queued")
+    weixin = csub.add_parser("weixin", help="personal WeChat (iLink): QR-code login, login status")
+    weixin.add_argument("action", choices=["login", "status"])
     channels.set_defaults(func=cmd_channels)
 
     from app.memory.__main__ import add_subcommands

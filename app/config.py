@@ -13,6 +13,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from app.pacing_limits import parse_limits
+from app.usage_settings import Budget, ModelPrice
+
 
 class GatewayTokenSpec(BaseModel):
     """A static browser-gateway token (`GATEWAY_TOKENS`, a JSON list of these)."""
@@ -33,6 +36,22 @@ class Settings(BaseSettings):
     )
     db_pool_size: int = Field(
         20, description="Connections per process at most (PostgreSQL); opened as needed, then kept."
+    )
+    bus_database_url: str | None = Field(
+        None,
+        description="PostgreSQL URL of the session bus (LISTEN/NOTIFY across replicas); unset: "
+        "DATABASE_URL. Behind a pooler in transaction mode, a direct connection to the primary.",
+    )
+    database_pooler: Literal["none", "pgbouncer"] = Field(
+        "none",
+        description="pgbouncer: DATABASE_URL goes through PgBouncer in transaction mode, so no "
+        "named prepared statements on pooled connections (docs/operations.md).",
+    )
+    db_connect_timeout_seconds: float = Field(
+        10.0, gt=0, description="A connection attempt to the database gives up after this."
+    )
+    db_outage_retry_after_seconds: int = Field(
+        5, ge=1, description="Retry-After of the 503 answered while the database cannot be reached."
     )
     auto_migrate: bool = Field(True, description="Run migrations to head at start-up.")
     db_connect_retry_seconds: float = Field(
@@ -58,6 +77,12 @@ class Settings(BaseSettings):
     trusted_proxies: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="Comma-separated proxy addresses whose X-Forwarded-For is believed; empty: none.",
+    )
+    media_allow_private_hosts: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Comma-separated host names, addresses or networks (192.168.1.0/24) that URLs from "
+        "payloads may reach although private or loopback (e.g. a OneBot bridge serving files on the LAN); "
+        "empty: none (docs/security.md).",
     )
 
     channels: Annotated[list[str], NoDecode] = Field(
@@ -107,6 +132,23 @@ class Settings(BaseSettings):
         "(the channel's model is always allowed).",
     )
     llm_fallback_model: str | None = Field(None, description="Model of the fallback endpoint.")
+    usage_currency: str = Field(
+        "USD",
+        min_length=3,
+        max_length=8,
+        description="Currency of costs. The built-in price table (genai-prices) is in USD; with "
+        "another currency, give every model's price in USAGE_PRICES.",
+    )
+    usage_prices: Annotated[dict[str, ModelPrice], NoDecode] = Field(
+        default_factory=dict,
+        description='Own prices per million tokens, winning over the table: {"model": {"input": 0.15, '
+        '"output": 0.6, "cached": 0.075}}.',
+    )
+    usage_budgets: Annotated[list[Budget], NoDecode] = Field(
+        default_factory=list,
+        description='Limits checked before each model call (docs/usage.md): [{"scope": "sender", '
+        '"period": "day", "tokens": 200000}, {"scope": "deployment", "period": "month", "cost": 50}].',
+    )
     llm_context_tokens: int = Field(
         128_000, ge=256, description="Context window of the models in tokens: no request exceeds it."
     )
@@ -115,7 +157,13 @@ class Settings(BaseSettings):
         description="Per-model context windows, comma-separated MODEL=TOKENS (e.g. llama3=8192).",
     )
     llm_reply_tokens: int = Field(4096, ge=0, description="Tokens of the context left free for the answer.")
-    tool_result_max_chars: int = Field(16_000, description="Longer tool results are cut with a marker.")
+    tool_result_max_chars: int = Field(
+        16_000,
+        description="Longer tool results are cut with a marker before they reach history or the model.",
+    )
+    llm_answer_max_chars: int = Field(
+        200_000, ge=1000, description="A longer model answer is cut (the stream is closed) with a marker."
+    )
     stop_poll_seconds: float = Field(1.0, description="How often a run looks for /stop from other replicas.")
 
     # --- tools -----------------------------------------------------------------------
@@ -181,9 +229,34 @@ class Settings(BaseSettings):
     outbox_poll_seconds: float = 0.5
     outbox_max_attempts: int = 8
     outbox_claim_seconds: float = Field(
-        30.0, description="A delivery claimed by a replica that died is retried after this."
+        30.0,
+        description="A delivery claimed by a replica that died is retried after this or LEASE_TTL_SECONDS, "
+        "whichever is shorter (a delivery in flight renews its claim).",
+    )
+    shutdown_grace_seconds: float = Field(
+        20.0,
+        description="On SIGTERM, turns in flight get this long to finish before their sessions are "
+        "handed to another replica (docs/operations.md).",
     )
     outbox_backoff_base_seconds: float = 1.0
+    # --- outbound pacing (`app.pipeline.pacing`; docs/operations.md "Pacing")
+    pacing_enabled: bool = Field(
+        True,
+        description="Send replies and previews within each platform's rate limits, counted in the "
+        "database so every replica shares the same budget.",
+    )
+    pacing_limits: str = Field(
+        "",
+        description="Overrides of the per-platform limits: channel.scope=count/seconds, comma-separated "
+        "(scope: bot, chat, group, or card for streaming-card edits; `off` drops one), "
+        "e.g. `telegram.group=20/60,slack.chat=1/1`.",
+    )
+    pacing_max_wait_seconds: float = Field(
+        1.0,
+        description="A reply whose slot is further away goes back to the outbox until then, so one "
+        "chat over its budget never holds up the others.",
+    )
+    # --- end outbound pacing
     # --- streaming previews on chat platforms (`app.streaming`; <CHANNEL>_STREAMING)
     stream_first_preview_seconds: float = Field(
         1.0, description="A turn answered sooner shows no preview, only a typing state."
@@ -235,6 +308,11 @@ class Settings(BaseSettings):
     )
     mcp_call_timeout_seconds: float = Field(60.0, description="Upper bound of one MCP tool call.")
     mcp_connect_timeout_seconds: float = Field(15.0, description="Upper bound of connecting to a server.")
+    mcp_result_max_bytes: int = Field(
+        4 * 1024 * 1024,
+        ge=1024,
+        description="An MCP answer is read up to this many bytes; a larger one is a tool error, unread.",
+    )
 
     # --- browser gateway (WS /ws; docs/gateway.md) -------------------------------------
     gateway_tokens: list[GatewayTokenSpec] = Field(
@@ -266,7 +344,15 @@ class Settings(BaseSettings):
     log_level: str = "INFO"
     log_format: Literal["json", "console"] = "json"
 
-    @field_validator("channels", "tools_allow", "tools_deny", "trusted_proxies", "llm_models", mode="before")
+    @field_validator(
+        "channels",
+        "tools_allow",
+        "tools_deny",
+        "trusted_proxies",
+        "llm_models",
+        "media_allow_private_hosts",
+        mode="before",
+    )
     @classmethod
     def _comma_list(cls, value: object) -> object:
         if isinstance(value, str):
@@ -283,6 +369,12 @@ class Settings(BaseSettings):
             return {model.strip(): int(tokens) for model, _, tokens in pairs}
         return value
 
+    @field_validator("pacing_limits")
+    @classmethod
+    def _pacing_limits(cls, value: str) -> str:
+        parse_limits(value)  # a typo fails at start-up, not at the first send
+        return value
+
     @field_validator("mcp_servers", mode="before")
     @classmethod
     def _json_list(cls, value: object) -> object:
@@ -297,9 +389,11 @@ class Settings(BaseSettings):
             return json.loads(value) if value.strip() else []
         return value
 
-    @field_validator("database_url")
+    @field_validator("database_url", "bus_database_url")
     @classmethod
-    def _async_driver(cls, url: str) -> str:
+    def _async_driver(cls, url: str | None) -> str | None:
+        if url is None:
+            return None
         if url.startswith("postgres://"):
             url = "postgresql://" + url[len("postgres://") :]
         if url.startswith("postgresql://"):
@@ -311,3 +405,8 @@ class Settings(BaseSettings):
     @property
     def is_sqlite(self) -> bool:
         return self.database_url.startswith("sqlite")
+
+    @property
+    def bus_url(self) -> str:
+        """Where the session bus connects: `BUS_DATABASE_URL`, else `DATABASE_URL`."""
+        return self.bus_database_url or self.database_url

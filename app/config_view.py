@@ -6,8 +6,9 @@ A setting is secret when its type is `SecretStr`/`SecretBytes`, when its field s
 it holds text or structures rather than a number or a flag (`gateway_token_ttl_seconds`
 is not a secret). Inside structured values (`gateway_tokens`, `mcp_servers`) keys with
 such names, and `headers`/`env` maps, are redacted too, and a password in any URL
-(`database_url`) is replaced. A redacted value is `REDACTED`; an unset one stays `null`,
-so the page still tells "set" from "not set".
+(`database_url`) is replaced, as is the value of a query parameter with such a name
+(`https://hook.example/cb?token=…`, `?key=…`, `?sig=…`). A redacted value is
+`REDACTED`; an unset one stays `null`, so the page still tells "set" from "not set".
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import re
 from collections.abc import Mapping
 from types import UnionType
 from typing import Annotated, Any, Union, get_args, get_origin
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote_plus, urlsplit, urlunsplit
 
 from pydantic import BaseModel, SecretBytes, SecretStr
 from pydantic.fields import FieldInfo
@@ -31,6 +32,11 @@ _SECRET_NAME = re.compile(
 )
 _OPAQUE_KEYS = {"headers", "env", "environment"}
 _URL_WITH_PASSWORD = re.compile(r"^[a-z][a-z0-9+.-]*://[^/@\s]*:[^/@\s]*@", re.IGNORECASE)
+_URL = re.compile(r"^[a-z][a-z0-9+.-]*://", re.IGNORECASE)
+# Query parameter names that carry credentials in callback and webhook URLs.
+_SECRET_PARAM = re.compile(
+    r"token|secret|passw|key|sig|auth|credential|session|ticket|access|code", re.IGNORECASE
+)
 
 
 def _types(annotation: Any) -> set[Any]:
@@ -56,7 +62,26 @@ def is_secret_field(name: str, field: FieldInfo) -> bool:
     return bool(_SECRET_NAME.search(name)) and not scalar_only
 
 
+def _redact_query(value: str) -> str:
+    """Each secret-named parameter's value replaced; the rest kept as written."""
+    parts = urlsplit(value)
+    if not parts.query:
+        return value
+    pieces = []
+    for piece in parts.query.split("&"):
+        name, eq, given = piece.partition("=")
+        secret = eq and given and _SECRET_PARAM.search(unquote_plus(name))
+        pieces.append(f"{name}={REDACTED}" if secret else piece)
+    return urlunsplit(parts._replace(query="&".join(pieces)))
+
+
 def _redact_url(value: str) -> str:
+    if not _URL.match(value):
+        return value
+    try:
+        value = _redact_query(value)
+    except ValueError:  # not a URL after all (an invalid port, a bad IPv6 literal)
+        return value
     if not _URL_WITH_PASSWORD.match(value):
         return value
     parts = urlsplit(value)

@@ -14,6 +14,15 @@ by several replicas. For each connection name (`telegram:<fingerprint>`,
   `run()` is cancelled too, because another replica may now take the connection.
 - Giving up: when `run()` returns or fails, or the holder is cancelled (shutdown), the
   lease is released so another replica takes it without waiting for the expiry.
+- Polling (Telegram `getUpdates`): a connection that is a series of requests calls
+  `confirm(name)` before each one: a fenced renewal that says for how long the hold is
+  certain, so the request's long-poll timeout ends before another replica could take the
+  connection. Two holders' polls can then never be in flight together: not after an
+  expiry (the old poll ended before it), not after a hand-over (below).
+- Handing over (`hand_over`, SIGTERM): `confirm` answers 0 from then on, so a polling
+  connection ends after the request in flight (its server may keep a cancelled long poll
+  open: cancelling it is no stop); a socket connection is closed at once. Then each lease
+  is released with its state saved, and nothing here seeks a hold again.
 
 A connection hands what it receives to `ChannelContext.accept` (the inbox, deduplicated
 on the platform's ids), and platforms redeliver what was not acknowledged: an event seen
@@ -158,19 +167,79 @@ class DatabaseConnections:
         self.owner = owner
         self.ttl = ttl
         self.renew_every = ttl / 3
-        self.retry_seconds = retry_seconds if retry_seconds is not None else min(ttl / 3, 5.0)
+        # A released connection is sought again within a second: a hand-over is taken at once.
+        self.retry_seconds = retry_seconds if retry_seconds is not None else min(ttl / 3, 1.0)
         self._on_change = on_change
         self._on_takeover = on_takeover
         self.held: dict[str, ConnectionLease] = {}  # the connections this process holds now
+        self._closing = False
+        self._runs: dict[str, asyncio.Future[None]] = {}  # each held connection's run()
+        self._polling: set[str] = set()  # connections that `confirm` before each request
+        self._confirmed: dict[str, float] = {}  # monotonic time of each hold's last confirmation
+        self._holds = 0  # hold_connection calls still running
+        self._idle = asyncio.Event()  # set when none is
+        self._idle.set()
 
     async def hold_connection(self, name: str, run: ConnectionRun) -> None:
-        while True:
-            lease = await self._wait_for_lease(name)
-            try:
-                await self._run_while_held(lease, run)
-            finally:
-                await self._let_go(lease)
-            await asyncio.sleep(self.retry_seconds)
+        """Run `run()` while this process holds `name`; returns only after `hand_over`."""
+        self._holds += 1
+        self._idle.clear()
+        try:
+            while not self._closing:
+                lease = await self._wait_for_lease(name)
+                if lease is None:
+                    return
+                try:
+                    await self._run_while_held(lease, run)
+                finally:
+                    await self._let_go(lease)
+                if self._closing:
+                    return
+                await asyncio.sleep(self.retry_seconds)
+        finally:
+            self._holds -= 1
+            if self._holds == 0:
+                self._idle.set()
+
+    async def confirm(self, name: str) -> float:
+        """Renew the hold of `name` (fenced) before a request; seconds it is certain for.
+
+        0 when this process does not hold it, lost it, or is handing over: then the
+        connection must not send another request.
+        """
+        self._polling.add(name)
+        lease = self.held.get(name)
+        if lease is None or self._closing:
+            return 0.0
+        asked = time.monotonic()
+        try:
+            still_ours = await asyncio.wait_for(renew(self.engine, lease, self.ttl), self.renew_every)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("connection_lease_renew_failed", connection=name, error=repr(exc))
+            still_ours = False
+        if not still_ours or self._closing:
+            return 0.0
+        self._confirmed[name] = asked
+        # Clocks of replicas differ a little, and the request needs time to arrive: a margin.
+        return max(0.0, self.ttl - (time.monotonic() - asked) - min(1.0, self.ttl / 10))
+
+    async def hand_over(self, grace: float) -> None:
+        """Stop every connection and give its lease up (see the module); within `grace`."""
+        self._closing = True
+        for name, task in list(self._runs.items()):
+            if name not in self._polling:  # a socket: closed now; the next holder reconnects
+                task.cancel()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(grace):
+                await self._idle.wait()
+                return
+        for task in list(self._runs.values()):  # a request that outlasted the grace
+            task.cancel()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(5.0):
+                await self._idle.wait()
 
     async def load_state(self, name: str) -> dict[str, Any] | None:
         async with self.engine.connect() as conn:
@@ -186,11 +255,18 @@ class DatabaseConnections:
             saved = await conn.execute(_SAVE_STATE, {**_mine(lease), "state": state})
         return saved.rowcount == 1
 
-    async def _wait_for_lease(self, name: str) -> ConnectionLease:
-        while True:
+    async def _wait_for_lease(self, name: str) -> ConnectionLease | None:
+        while not self._closing:
+            acquiring = asyncio.ensure_future(acquire(self.engine, name, self.owner, self.ttl))
             try:
-                lease = await acquire(self.engine, name, self.owner, self.ttl)
+                lease = await asyncio.shield(acquiring)
             except asyncio.CancelledError:
+                # Stopped while the statement ran: it may have taken the lease all the same.
+                # Give it back before going, or it would stay ours until the TTL.
+                with contextlib.suppress(Exception):
+                    taken = await asyncio.shield(acquiring)
+                    if taken is not None:
+                        await asyncio.shield(release(self.engine, taken))
                 raise
             except Exception as exc:  # the database is away: keep asking
                 log.warning("connection_lease_unavailable", connection=name, error=repr(exc))
@@ -210,12 +286,15 @@ class DatabaseConnections:
                 )
                 return lease
             await asyncio.sleep(self.retry_seconds)
+        return None
 
     async def _run_while_held(self, lease: ConnectionLease, run: ConnectionRun) -> None:
         task = asyncio.ensure_future(run())
+        self._runs[lease.name] = task
         try:
             await self._renew_until_done(lease, task)
         finally:
+            self._runs.pop(lease.name, None)
             if not task.done():
                 task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -228,33 +307,56 @@ class DatabaseConnections:
             log.info("connection_ended", connection=lease.name)
 
     async def _renew_until_done(self, lease: ConnectionLease, task: asyncio.Future[None]) -> None:
-        """Return when `task` ends or the hold is lost (then `task` is cancelled by the caller)."""
-        confirmed = time.monotonic()  # the hold is certain until `confirmed + ttl`
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=self.renew_every)
-            if done:
-                return
-            asked = time.monotonic()
-            try:
-                still_ours = await asyncio.wait_for(renew(self.engine, lease, self.ttl), self.renew_every)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                if time.monotonic() - confirmed >= self.ttl:
-                    log.error("connection_lease_expired", connection=lease.name, error=repr(exc))
+        """Return when `task` ends or the hold is lost (then `task` is cancelled by the caller).
+
+        The hold is certain until the last confirmed renewal plus `ttl` (less a margin for
+        clocks): `run()` is stopped by then even while the database does not answer, so it
+        never runs beside a replica that took the expired lease over.
+        """
+        margin = min(1.0, self.ttl / 10)
+        self._confirmed[lease.name] = time.monotonic()
+        try:
+            while True:
+                confirmed = self._confirmed[lease.name]
+                left = confirmed + self.ttl - margin - time.monotonic()
+                if left <= 0:
+                    log.error("connection_lease_expired", connection=lease.name)
                     return
-                log.warning("connection_lease_renew_failed", connection=lease.name, error=repr(exc))
-                continue
-            if not still_ours:
-                log.error("connection_lost", connection=lease.name, owner=self.owner, fence=lease.fence)
-                return
-            confirmed = asked
+                done, _ = await asyncio.wait({task}, timeout=min(self.renew_every, left))
+                if done:
+                    return
+                if time.monotonic() - self._confirmed[lease.name] < self.renew_every:
+                    continue  # `confirm` renewed it meanwhile
+                asked = time.monotonic()
+                try:
+                    still_ours = await asyncio.wait_for(
+                        renew(self.engine, lease, self.ttl), min(self.renew_every, max(left, 0.01))
+                    )
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    log.warning("connection_lease_renew_failed", connection=lease.name, error=repr(exc))
+                    continue
+                if not still_ours:
+                    log.error("connection_lost", connection=lease.name, owner=self.owner, fence=lease.fence)
+                    return
+                self._confirmed[lease.name] = max(self._confirmed[lease.name], asked)
+        finally:
+            self._confirmed.pop(lease.name, None)
 
     async def _let_go(self, lease: ConnectionLease) -> None:
         if self.held.get(lease.name) == lease:
             del self.held[lease.name]
             if self._on_change is not None:
                 self._on_change(lease.name, False)
-        # Shielded: a shutdown cancelling the holder still frees the connection for a peer.
-        with contextlib.suppress(Exception):
-            await asyncio.shield(release(self.engine, lease))
+        # Shielded: a shutdown cancelling the holder still frees the connection for a peer,
+        # and the holder ends only once it is free (whoever looks next sees it released).
+        releasing = asyncio.ensure_future(release(self.engine, lease))
+        try:
+            await asyncio.shield(releasing)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(releasing)
+            raise
+        except Exception:  # the database is away: the lease expires by itself
+            pass

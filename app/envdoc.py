@@ -11,6 +11,7 @@ from typing import Any
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings
 
+from app.alerts.settings import AlertSettings
 from app.config import Settings
 from app.tracing import TracingSettings
 
@@ -52,6 +53,7 @@ def settings_classes() -> list[tuple[str, type[BaseSettings]]]:
 
     classes: list[tuple[str, type[BaseSettings]]] = [("service", Settings)]
     classes.append(("tracing (OpenTelemetry; docs/observability.md)", TracingSettings))
+    classes.append(("alerts (docs/alerts.md)", AlertSettings))
     for name in available_channels():
         classes.append((f"channel {name}", load_spec(name).settings_class))
     return classes

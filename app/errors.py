@@ -124,6 +124,14 @@ class LeaseLost(ChatgateError):
         self.fence = fence
 
 
+class RowsCanceled(ChatgateError):
+    """Inbox rows a turn's start was to count were canceled meanwhile: it wrote nothing."""
+
+    def __init__(self, ids: frozenset[int]) -> None:
+        super().__init__(f"inbox rows {sorted(ids)} were canceled before their turn started")
+        self.ids = ids
+
+
 class ProviderError(ChatgateError):
     """The model provider failed (after its own retries)."""
 

@@ -110,6 +110,10 @@ def build_session_key(
     return ":".join(parts)
 
 
+# The event metadata key where an adapter puts the sender's role in a group chat as the
+# platform reported it: owner, admin, member or guest (`app.access.roles`).
+ROLE_KEY = "role"
+
 DEFAULT_AGENT = "default"
 AGENT_MARK = "%agent="  # the key component naming a non-default agent (`InboundEvent`)
 
@@ -122,6 +126,65 @@ def agent_in_key(key: str) -> str | None:
     return None
 
 
+# The event metadata key where an adapter puts the platform's own id of a message (Telegram
+# `message_id`, Slack `ts`, OneBot `message_id`), so a later edit, recall or reaction of it
+# can find the event it belongs to (`app.pipeline.platform_events`).
+MESSAGE_REF_KEY = "message_ref"
+# The outbound metadata key of an approval prompt's id: adapters with buttons add
+# approve/deny buttons to it (their press comes back as `/approve <id>` or `/deny <id>`).
+APPROVAL_KEY = "approval_id"
+# The outbound metadata key of a notice meant only for the sender of the event it answers
+# (a refused button press): adapters show it privately where the platform can (Telegram's
+# answerCallbackQuery alert, Slack's ephemeral message) instead of posting it in the chat.
+PRIVATE_NOTICE_KEY = "private_notice"
+# The outbound metadata key of a deletion: the adapter deletes its own message with this
+# platform id instead of sending anything (adapters whose settings say `deletes_messages`).
+DELETE_KEY = "delete_message_id"
+# The event metadata key of a platform-native event (`NativeEvent`, docs/events.md).
+NATIVE_KEY = "native"
+
+
+class NativeKind(StrEnum):
+    EDITED = "edited"  # the message `target` now reads as the event's text
+    RECALLED = "recalled"  # the message `target` was recalled (deleted) by its sender
+    REACTION = "reaction"  # `emoji` added to (or, `removed`, taken off) the message `target`
+    JOINED = "joined"  # the sender joined the chat
+    LEFT = "left"  # the sender left the chat (or was removed)
+    ACTION = "action"  # a button or card action: `action` (and `value`) on the message `target`
+
+
+class NativeEvent(BaseModel):
+    """What a platform-native event says, beyond who and where (`InboundEvent.metadata["native"]`).
+
+    It travels through the same inbox as messages (durable, deduplicated on the event's
+    `external_id`, in order with the session's messages); the pipeline's policies decide
+    what it does (`app.pipeline.platform_events`)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    kind: NativeKind
+    target: str | None = None  # the platform's id of the message it is about (MESSAGE_REF_KEY)
+    emoji: str | None = None
+    removed: bool = False
+    action: str | None = None
+    value: str | None = None
+    name: str | None = None  # the member's display name (joined/left)
+    # False: the platform does not say who wrote the recalled message (Feishu's recall
+    # event), so it is not checked against the event's sender.
+    author_known: bool = True
+
+
+def native_of(event: InboundEvent) -> NativeEvent | None:
+    """The platform-native event `event` carries, or None for a message."""
+    raw = event.metadata.get(NATIVE_KEY)
+    if not isinstance(raw, dict):
+        return None
+    try:
+        return NativeEvent.model_validate(raw)
+    except ValueError:
+        return None
+
+
 MAX_EXTERNAL_ID_CHARS = 256  # inbox.external_id
 MAX_SESSION_KEY_CHARS = 512  # inbox.session_key, session_keys.key
 
@@ -130,6 +193,14 @@ MAX_SESSION_KEY_CHARS = 512  # inbox.session_key, session_keys.key
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 # Identifiers become session-key components and log fields: no control characters either.
 _BAD_ID = re.compile("[\x00-\x1f\x7f\ud800-\udfff]")
+_ID_FIELDS = (
+    "chat_id",
+    "sender_id",
+    "thread_id",
+    "external_id",
+    "session_key_override",
+    "source_session_key",
+)
 
 
 def unstorable_text(value: str) -> bool:
@@ -177,26 +248,29 @@ class InboundEvent(BaseModel):
     @model_validator(mode="after")
     def _storable(self) -> InboundEvent:
         """Refuse, at the door, what could be acknowledged but never stored (issue 16)."""
-        ids = {
-            "chat_id": self.chat_id,
-            "sender_id": self.sender_id,
-            "thread_id": self.thread_id,
-            "external_id": self.external_id,
-            "session_key_override": self.session_key_override,
-            "source_session_key": self.source_session_key,
-        }
-        for name, value in ids.items():
-            if value is not None and _BAD_ID.search(value):
-                raise ValueError(f"{name} contains a control character, NUL or lone surrogate")
+        # Every event passes here (and again when read back): one search over all the ids
+        # joined (joining adds no character); naming the one at fault only when one is.
+        ids = (self.chat_id, self.sender_id, self.thread_id, self.external_id)
+        keys = (self.session_key_override, self.source_session_key)
+        if _BAD_ID.search("".join(filter(None, (*ids, *keys)))):
+            for name in _ID_FIELDS:
+                value = getattr(self, name)
+                if value is not None and _BAD_ID.search(value):
+                    raise ValueError(f"{name} contains a control character, NUL or lone surrogate")
         # The inbox's columns: a longer id or key would be refused by PostgreSQL only after
         # the platform was as good as answered (SQLite does not check lengths at all).
         if self.external_id is not None and len(self.external_id) > MAX_EXTERNAL_ID_CHARS:
             raise ValueError(f"the platform's message id is longer than {MAX_EXTERNAL_ID_CHARS} characters")
         if len(self.session_key) > MAX_SESSION_KEY_CHARS:
             raise ValueError(f"the session key would be longer than {MAX_SESSION_KEY_CHARS} characters")
-        if unstorable_in([p.model_dump() for p in self.parts]):
-            raise ValueError("text contains a NUL character or a lone surrogate (\\u0000, \\ud800-\\udfff)")
-        if unstorable_in(self.metadata):
+        # Parts are flat models of strings and numbers: their strings as they are.
+        for part in self.parts:
+            for value in vars(part).values():
+                if isinstance(value, str) and _UNSTORABLE.search(value):
+                    raise ValueError(
+                        "text contains a NUL character or a lone surrogate (\\u0000, \\ud800-\\udfff)"
+                    )
+        if self.metadata and unstorable_in(self.metadata):
             raise ValueError("metadata contains a NUL character or a lone surrogate")
         return self
 
@@ -222,6 +296,23 @@ class InboundEvent(BaseModel):
     @property
     def text(self) -> str:
         return "\n".join(p.text for p in self.parts if isinstance(p, TextPart))
+
+    @classmethod
+    def native(
+        cls,
+        native: NativeEvent,
+        *,
+        channel: str,
+        chat_id: str,
+        sender_id: str,
+        text: str = "",
+        metadata: dict[str, Any] | None = None,
+        **kw: Any,
+    ) -> InboundEvent:
+        """A platform-native event (`NativeEvent`); `text` is an edit's new text."""
+        parts = (TextPart(text=text),) if text else ()
+        meta = {**(metadata or {}), NATIVE_KEY: native.model_dump(mode="json", exclude_defaults=True)}
+        return cls(channel=channel, chat_id=chat_id, sender_id=sender_id, parts=parts, metadata=meta, **kw)
 
     @classmethod
     def from_text(cls, channel: str, chat_id: str, sender_id: str, text: str, **kw: Any) -> InboundEvent:

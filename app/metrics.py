@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 
 
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        # process_resident_memory_bytes and friends, read only when scraped (alerts on memory).
+        ProcessCollector(registry=self.registry)
         r = self.registry
         self.events_accepted = Counter(
             "chatgate_events_accepted", "Events stored in the inbox", ["channel"], registry=r
@@ -57,6 +59,18 @@ class Metrics:
             ["connection", "owner"],
             registry=r,
         )
+        self.connection_conflicts = Gauge(
+            "chatgate_connection_conflicts",
+            "Times in a row the platform refused this process's connection as a conflict "
+            "(Telegram getUpdates 409); only while this process runs the connection",
+            ["channel"],
+            registry=r,
+        )
+        self.cron_undelivered = Gauge(
+            "chatgate_cron_undelivered",
+            "Cron results whose delivery failed (dead letters of cron fires nobody retried or discarded)",
+            registry=r,
+        )
         self.connection_takeovers = Counter(
             "chatgate_connection_takeovers",
             "Long-lived connections this process took over from an owner whose lease expired",
@@ -65,6 +79,24 @@ class Metrics:
         )
         self.provider_errors = Counter(
             "chatgate_provider_errors", "Model provider failures", ["provider"], registry=r
+        )
+        self.model_tokens = Counter(
+            "chatgate_model_tokens",
+            "Model tokens used, by model and kind (input, output, cached)",
+            ["model", "kind"],
+            registry=r,
+        )
+        self.speech_seconds = Counter(
+            "chatgate_speech_seconds",
+            "Seconds of audio transcribed (speech to text), by model",
+            ["model"],
+            registry=r,
+        )
+        self.model_cost = Counter(
+            "chatgate_model_cost",
+            "Cost of model calls, by model and currency",
+            ["model", "currency"],
+            registry=r,
         )
         self.ws_connections = Gauge("chatgate_ws_connections", "Open browser gateway connections", registry=r)
         self.ws_closed = Counter(

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import structlog
 from alembic import command
@@ -59,26 +61,30 @@ async def wait_for_database(engine: AsyncEngine, timeout: float) -> None:
             if reason is not None:
                 raise DatabaseUnusable(reason) from exc
             if loop.time() + delay > deadline:
-                raise
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                raise DatabaseUnusable(f"not reachable after {timeout:.0f} s of retries: {first}") from exc
             log.warning("database_not_reachable_yet", error=str(exc)[:200], retry_in=delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
 
 
-def alembic_config(database_url: str) -> Config:
+def alembic_config(database_url: str, connect_args: Mapping[str, Any] | None = None) -> Config:
+    """`connect_args`: the driver's arguments (`app.db.engine.driver_connect_args`), so the
+    migrations connect as the pool does (behind PgBouncer: no named statements)."""
     cfg = Config()
     cfg.set_main_option("script_location", str(Path(migrations.__file__).parent))
     cfg.set_main_option("sqlalchemy.url", database_url.replace("%", "%%"))
+    cfg.attributes["connect_args"] = dict(connect_args or {})
     return cfg
 
 
-def upgrade_to_head(database_url: str) -> None:
+def upgrade_to_head(database_url: str, connect_args: Mapping[str, Any] | None = None) -> None:
     """Blocking; alembic's env.py runs its own event loop, so call it from a thread."""
-    command.upgrade(alembic_config(database_url), "head")
+    command.upgrade(alembic_config(database_url, connect_args), "head")
 
 
-async def upgrade(database_url: str) -> None:
-    await asyncio.to_thread(upgrade_to_head, database_url)
+async def upgrade(database_url: str, connect_args: Mapping[str, Any] | None = None) -> None:
+    await asyncio.to_thread(upgrade_to_head, database_url, connect_args)
 
 
 def head_revision(database_url: str) -> str | None:

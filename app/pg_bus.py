@@ -9,7 +9,13 @@ PostgreSQL from merging equal payloads sent in one transaction.
 
 When the listening connection drops, the bus reconnects, LISTENs again and hands every
 local subscriber a `{"type": "resync"}` marker: events may have been missed, and the
-gateway re-reads the history it needs from the database.
+gateway re-reads the history it needs from the database. Whatever connecting raises
+(`BUS_ERRORS`: an OSError, any asyncpg error, `TargetServerAttributeNotMatched` while
+every listed host is a standby during a failover) is retried, never fatal: with a
+multi-host URL (`?host=a:5432&host=b:5432&target_session_attrs=read-write`) the bus
+finds the new primary the way the pool does (`app.db.dsn`). It connects to
+`BUS_DATABASE_URL` (default `DATABASE_URL`): LISTEN needs a session of its own, so
+behind a pooler in transaction mode it must be a direct connection (docs/operations.md).
 
 Most keys are watched by nobody (no browser is attached anywhere), and a NOTIFY for them
 is work for nothing: three statements per answered event. So a replica that LISTENs for
@@ -38,9 +44,9 @@ from typing import Any
 
 import asyncpg
 import structlog
-from sqlalchemy.engine import make_url
 
 from app.bus import LocalSessionBus, is_session_key
+from app.db.dsn import asyncpg_connect_kwargs
 
 log = structlog.get_logger(__name__)
 
@@ -63,17 +69,29 @@ def channel_for(key: str) -> str:
     return "cg_" + hashlib.sha256(key.encode()).hexdigest()[:40]
 
 
-def asyncpg_dsn(database_url: str) -> str:
-    """The SQLAlchemy URL (`postgresql+asyncpg://…`) as a plain libpq DSN for asyncpg."""
-    url = make_url(database_url).set(drivername="postgresql")
-    return url.render_as_string(hide_password=False)
+# Everything connecting or talking to PostgreSQL may raise: asyncpg's server errors, its
+# client-side errors (a closed connection), its internal ones (no listed host is the
+# primary yet: `TargetServerAttributeNotMatched`), and the OS's (refused, reset, timed out).
+BUS_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+)
 
 
 class PgSessionBus:
     def __init__(
-        self, database_url: str, *, reconnect_delay: float = 1.0, check_interval: float = 15.0
+        self,
+        database_url: str,
+        *,
+        reconnect_delay: float = 1.0,
+        check_interval: float = 15.0,
+        connect_timeout: float = 10.0,
     ) -> None:
-        self._dsn = asyncpg_dsn(database_url)
+        # A bounded attempt per host: a host that does not answer at all (a partition)
+        # must not hold the reconnect for asyncpg's default minute.
+        self._connect_kwargs = {"timeout": connect_timeout, **asyncpg_connect_kwargs(database_url)}
         self._reconnect_delay = reconnect_delay
         self._check_interval = check_interval
         self._local = LocalSessionBus()
@@ -96,7 +114,7 @@ class PgSessionBus:
         self._stopping = False
         try:
             await self._connect_listener()
-        except (OSError, asyncpg.PostgresError) as exc:
+        except BUS_ERRORS as exc:
             log.warning("bus_listen_connect_failed", error=str(exc))
             self._schedule_reconnect()
         self._tasks.append(asyncio.create_task(self._publish_loop(), name="pg-bus-publisher"))
@@ -214,7 +232,7 @@ class PgSessionBus:
     # --- listening ----------------------------------------------------------------------
 
     async def _connect_listener(self) -> None:
-        conn = await asyncpg.connect(self._dsn)
+        conn = await asyncpg.connect(**self._connect_kwargs)
         conn.add_termination_listener(self._on_listener_lost)
         async with self._listen_lock:
             self._listen_conn = conn
@@ -229,7 +247,7 @@ class PgSessionBus:
             try:
                 await self._listen_conn.add_listener(channel_for(key), self._on_notification)
                 await self._mark_watched(self._listen_conn, [key])
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            except BUS_ERRORS as exc:
                 log.warning("bus_listen_failed", error=str(exc))
                 self._schedule_reconnect()
 
@@ -244,7 +262,7 @@ class PgSessionBus:
         async with self._listen_lock:
             if self._listen_conn is None or self._listen_conn.is_closed():
                 return
-            with contextlib.suppress(OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            with contextlib.suppress(*BUS_ERRORS):
                 await self._listen_conn.remove_listener(channel_for(key), self._on_notification)
 
     async def _check_loop(self) -> None:
@@ -261,7 +279,7 @@ class PgSessionBus:
                         await asyncio.wait_for(self._mark_watched(conn, sessions), 5.0)
                     else:
                         await asyncio.wait_for(conn.fetchval("SELECT 1"), 5.0)
-            except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            except BUS_ERRORS as exc:  # TimeoutError is an OSError
                 log.warning("bus_listener_unhealthy", error=str(exc) or type(exc).__name__)
                 self._schedule_reconnect()
 
@@ -283,8 +301,8 @@ class PgSessionBus:
         while not self._stopping:
             try:
                 await self._connect_listener()
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-                log.warning("bus_reconnect_failed", error=str(exc))
+            except Exception as exc:
+                log.warning("bus_reconnect_failed", error=str(exc) or type(exc).__name__)
                 await asyncio.sleep(self._reconnect_delay)
                 continue
             log.info("bus_reconnected", keys=len(self._watched))
@@ -309,14 +327,14 @@ class PgSessionBus:
         for attempt in range(5):
             try:
                 if self._publish_conn is None or self._publish_conn.is_closed():
-                    self._publish_conn = await asyncpg.connect(self._dsn)
+                    self._publish_conn = await asyncpg.connect(**self._connect_kwargs)
                 # One round trip: asyncpg pipelines the batch and ends it with one Sync,
                 # so it runs as one implicit transaction (no BEGIN/COMMIT needed).
                 await self._publish_conn.executemany("SELECT pg_notify($1, $2)", batch)
                 return
             except asyncio.CancelledError:
                 raise
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            except BUS_ERRORS as exc:
                 log.warning("bus_notify_failed", error=str(exc), attempt=attempt + 1)
                 if self._publish_conn is not None:
                     with contextlib.suppress(Exception):

@@ -6,6 +6,10 @@ both sent this way, each through the outbox (retries with backoff, durable):
 HMAC-SHA256(secret, "{timestamp}.{raw body}")>`, the same rule the webhook channel
 checks on what it receives. The receiver's answer is turned into the outbox's error
 tree: 429 and 5xx (and an unreachable receiver) are retried, other 4xx are not.
+
+A URL the operator configured (`WEBHOOK_CALLBACK_URL`) is posted to with the plain
+client; a URL a caller gave (an A2A push config) goes through the guarded fetcher
+(`app.fetch`), and one it refuses (a private address) is rejected, not retried.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from collections.abc import Mapping
 import httpx
 
 from app.errors import ChannelRateLimited, ChannelRejected, ChannelUnavailable
+from app.fetch import FetchRefused, GuardedFetcher
 
 SIGNATURE_HEADER = "x-chatgate-signature"
 TIMESTAMP_HEADER = "x-chatgate-timestamp"
@@ -34,18 +39,28 @@ def signed_headers(secret: str, body: bytes, *, now: float | None = None) -> dic
 
 
 async def post_signed(
-    http: httpx.AsyncClient,
+    http: httpx.AsyncClient | GuardedFetcher,
     url: str,
     body: bytes,
     *,
     secret: str,
     headers: Mapping[str, str] | None = None,
     what: str = "callback",
+    allow_private: bool = False,
 ) -> httpx.Response:
-    """POST `body` (JSON) signed with `secret`; raise the outbox's delivery errors on failure."""
+    """POST `body` (JSON) signed with `secret`; raise the outbox's delivery errors on failure.
+
+    `http`: the plain client for an operator's URL, the guarded fetcher for a caller's
+    (`allow_private`: the operator allowed private addresses for these)."""
     sent = {"Content-Type": "application/json", **(headers or {}), **signed_headers(secret, body)}
     try:
-        resp = await http.post(url, content=body, headers=sent)
+        if isinstance(http, GuardedFetcher):
+            answer = await http.post(url, content=body, headers=sent, allow_private=allow_private)
+            resp = answer.as_response("POST")
+        else:
+            resp = await http.post(url, content=body, headers=sent)
+    except FetchRefused as exc:
+        raise ChannelRejected(f"{what} refused: {exc}") from exc
     except httpx.HTTPError as exc:
         raise ChannelUnavailable(f"{what} unreachable: {exc!r}") from exc
     if resp.status_code == 429:

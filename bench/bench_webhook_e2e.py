@@ -155,12 +155,21 @@ async def run(
 
 
 def _requests(
-    procs: list[ServerProcess], numbers: range, chat: Callable[[int], str]
+    procs: list[ServerProcess],
+    numbers: range,
+    chat: Callable[[int], str],
+    message_id: Callable[[int], str] | None = None,
 ) -> list[tuple[int, bytes]]:
-    """The signed requests, built before the clock starts: (server index, HTTP/1.1 request)."""
+    """The signed requests, built before the clock starts: (server index, HTTP/1.1 request).
+
+    `message_id`: each event carries the platform's message id (as every platform's does),
+    so the gateway deduplicates on it."""
     built = []
     for i in numbers:
-        body = json.dumps({"chat_id": chat(i), "sender_id": "bench", "text": f"event {i}"}).encode()
+        fields = {"chat_id": chat(i), "sender_id": "bench", "text": f"event {i}"}
+        if message_id is not None:
+            fields["message_id"] = message_id(i)
+        body = json.dumps(fields).encode()
         ts = str(int(time.time()))
         sig = hmac.new(SECRET.encode(), ts.encode() + b"." + body, hashlib.sha256).hexdigest()
         head = (

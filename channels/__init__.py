@@ -28,6 +28,13 @@ KNOWN_CHANNELS: dict[str, str] = {
     "discord": "channels.discord",
     "dingtalk": "channels.dingtalk",
     "a2a": "channels.a2a",
+    "weixin": "channels.weixin",
+    "whatsapp": "channels.whatsapp",
+    "openai": "channels.openai_api",
+    "mcp": "channels.mcp_server",
+    "line": "channels.line",
+    "matrix": "channels.matrix",
+    "email": "channels.email",
 }
 
 

@@ -30,7 +30,11 @@ def _run(connection: Connection) -> None:
 
 
 async def _run_async() -> None:
-    engine = create_async_engine(config.get_main_option("sqlalchemy.url") or "", poolclass=NullPool)
+    engine = create_async_engine(
+        config.get_main_option("sqlalchemy.url") or "",
+        poolclass=NullPool,
+        connect_args=config.attributes.get("connect_args", {}),  # app.migrate.alembic_config
+    )
     async with engine.connect() as connection:
         await connection.run_sync(_run)
     await engine.dispose()

@@ -16,8 +16,10 @@ PROJECT=chatgate-e2e
 COMPOSE=(docker-compose -p "$PROJECT" -f docker-compose.yml -f docker/compose.e2e.yml)
 WEBHOOK_SECRET=e2e-webhook-secret-$RANDOM$RANDOM
 ADMIN_TOKEN=e2e-admin-token-$RANDOM$RANDOM
-export BASE_IMAGE WEBHOOK_SECRET ADMIN_TOKEN
 mkdir -p "$WORK"
+CHATGATE_ENV_FILE="$WORK/chatgate.env"  # the compose file's env file: nothing more than the above
+: >"$CHATGATE_ENV_FILE"
+export BASE_IMAGE WEBHOOK_SECRET ADMIN_TOKEN CHATGATE_ENV_FILE
 step() { printf '== %s\n' "$*"; }
 
 DAEMON_PID=""

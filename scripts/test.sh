@@ -17,6 +17,20 @@ if [ ! -x /usr/bin/chromium ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null
 fi
+# PgBouncer for the pooler tests (tests/app/db/test_pgbouncer.py start their own).
+if ! command -v pgbouncer >/dev/null 2>&1 && [ ! -x /usr/sbin/pgbouncer ]; then
+  echo "installing pgbouncer"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get install -y -qq pgbouncer >/dev/null 2>&1 \
+    || { apt-get update -qq && apt-get install -y -qq pgbouncer >/dev/null; }
+fi
+# Dovecot (IMAP) for the email channel's tests (tests/channels/email start their own).
+if [ ! -x /usr/sbin/dovecot ]; then
+  echo "installing dovecot-imapd"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get install -y -qq dovecot-imapd >/dev/null 2>&1 \
+    || { apt-get update -qq && apt-get install -y -qq dovecot-imapd >/dev/null; }
+fi
 # A CJK font, so the Chinese dashboard screenshots show characters, not boxes (5 MB).
 if ! fc-list :lang=zh 2>/dev/null | grep -q .; then
   export DEBIAN_FRONTEND=noninteractive
@@ -24,6 +38,25 @@ if ! fc-list :lang=zh 2>/dev/null | grep -q .; then
     || { apt-get update -qq && apt-get install -y -qq fonts-wqy-microhei >/dev/null; } \
     || echo "no CJK font installed: Chinese screenshots will show boxes (the tests still run)"
 fi
+
+# promtool for the Prometheus alerting rules' tests (deploy/prometheus).
+if ! command -v promtool >/dev/null 2>&1; then
+  echo "installing prometheus (promtool)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get install -y -qq --no-install-recommends prometheus >/dev/null 2>&1 \
+    || { apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
+fi
+
+# Synapse for the Matrix tests (a real homeserver): from PyPI into its own virtualenv
+# (CHATGATE_SYNAPSE_VENV, default ~/.cache/chatgate-test/synapse-venv), not ours.
+"$VENV/bin/python" -m tests.support.synapse >/dev/null
+
+# Cache compiled bytecode for the run, outside the tree. The suite starts a few hundred
+# Python processes (`chatgate serve`, the CLI) and every pytest worker rewrites the asserts of
+# every test module while collecting; with PYTHONDONTWRITEBYTECODE set (as in the machines
+# the suite runs on, and in our Docker image) each of them compiled it all from source again.
+unset PYTHONDONTWRITEBYTECODE
+export PYTHONPYCACHEPREFIX="${PYTHONPYCACHEPREFIX:-${XDG_CACHE_HOME:-$HOME/.cache}/chatgate-test/pycache}"
 
 "$VENV/bin/ruff" check .
 "$VENV/bin/ruff" format --check .

@@ -81,6 +81,7 @@ def make_settings(db_url: str, **overrides: Any) -> Settings:
         outbox_backoff_base_seconds=0.05,
         collect_debounce_seconds=0.2,
         offline_stream_delay_ms=0,  # pieces still stream, without the demo's pauses
+        pacing_enabled=False,  # platform limits would slow most tests; the pacing tests turn it on
     )
     values.update(overrides)
     return Settings(_env_file=None, **values)  # type: ignore[call-arg]
@@ -102,6 +103,8 @@ def serve(db_url: str) -> ServeApp:
         channel_settings: Mapping[str, ChannelSettings] | None = None,
         provider: Any = None,
         tools: Any = None,
+        wrap_store: Any = None,
+        alert_settings: Any = None,
         **overrides: Any,
     ) -> AbstractAsyncContextManager[RunningApp]:
         settings = make_settings(db_url, **overrides)
@@ -112,6 +115,8 @@ def serve(db_url: str) -> ServeApp:
             else {"webhook": webhook_settings()},
             provider=provider,
             tools=tools,
+            wrap_store=wrap_store,
+            alert_settings=alert_settings,
         )
         return serve_in_loop(app)
 

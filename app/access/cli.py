@@ -1,7 +1,8 @@
 """`chatgate access …`: approve pairing codes and edit the stored allowlists.
 
 Changes are made straight in the database; running servers see them with the next
-message (nothing is cached), on every replica.
+message (nothing is cached), on every replica; an `--admin` entry within the channel's
+`role_cache_seconds`.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         one.add_argument("channel")
         one.add_argument("id", help="the sender's (or chat's) id on that platform")
         one.add_argument("--chat", action="store_true", help="ID is a group chat, not a sender")
+        one.add_argument(
+            "--admin", action="store_true", help="ID is a sender who is an admin in the channel's groups"
+        )
         if action == "allow":
             one.add_argument("--note", help="why (shown in lists)")
     return parser
@@ -70,7 +74,7 @@ async def run(settings: Settings, args: argparse.Namespace) -> int:
         if args.action == "list":
             _print({"entries": await store.entries(args.channel)})
             return 0
-        kind = "chat" if args.chat else "sender"
+        kind = "chat" if args.chat else "admin" if args.admin else "sender"
         try:
             if args.action == "allow":
                 added = await store.add(args.channel, kind, args.id, note=args.note, added_by=_operator())

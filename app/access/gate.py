@@ -24,6 +24,7 @@ from datetime import UTC, datetime, timedelta
 import structlog
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.access.attempts import Attempts
 from app.access.counters import DAY, MINUTE, QuotaCounters, window_of
 from app.access.limits import QuotaLimits, strictest
 from app.access.notices import Notices
@@ -37,7 +38,10 @@ log = structlog.get_logger(__name__)
 AgentLimits = Callable[[InboundEvent], tuple[str, QuotaLimits]]
 """The serving agent's name and its limits, for an event whose agent is set (`app.agents`)."""
 
+NO_LIMITS = QuotaLimits()
 _SUBJECT_MAX = 800  # access_counters.subject
+# Code requests one unknown sender may make per hour; beyond them nothing is minted or said.
+PAIRING_ATTEMPTS_PER_HOUR = 10
 
 
 def access_mode(settings: ChannelSettings) -> str:
@@ -74,10 +78,18 @@ class AccessGate:
         self.store = AccessStore(engine)
         self.counters = QuotaCounters(engine)
         self.notices = notices or Notices(engine)
-        self.agent_limits: AgentLimits = agent_limits or (lambda event: ("", QuotaLimits()))
+        self.agent_limits: AgentLimits = agent_limits or (lambda event: ("", NO_LIMITS))
+        self._agents_limited = agent_limits is not None
         self.clock = clock
         # Read once: each channel's limits (the agents' come with `agent_limits`).
         self._channel_limits = {name: QuotaLimits.of(cs) for name, cs in channel_settings.items()}
+        self.pairing_attempts = Attempts(
+            engine,
+            "pairing",
+            limit=PAIRING_ATTEMPTS_PER_HOUR,
+            window_seconds=3600,
+            clock=lambda: self.clock(),
+        )
 
     # --- who may talk -----------------------------------------------------------------
 
@@ -97,6 +109,8 @@ class AccessGate:
             return Verdict("not_allowed")
         if group:  # codes are given in direct chats only, never in front of a group
             return Verdict("not_allowed")
+        if not await self.pairing_attempts.allow(_subject("pairing", event.channel, event.sender_id)):
+            return Verdict("pairing")
         code = await self.store.request_code(
             event.channel,
             event.sender_id,
@@ -114,6 +128,10 @@ class AccessGate:
         return Verdict("pairing", notice)
 
     # --- how much ---------------------------------------------------------------------
+
+    def may_limit(self, settings: ChannelSettings, channel: str) -> bool:
+        """Whether any quota could apply to an event of `channel` (its own, or an agent's)."""
+        return self._agents_limited or (self._channel_limits.get(channel) or QuotaLimits.of(settings)).any
 
     def _limits(self, settings: ChannelSettings, event: InboundEvent, metric: str) -> dict[str, int]:
         """The limits that apply to `event` for `metric` (messages, tokens), by counter subject."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from functools import cached_property
 from typing import Any
 
 
@@ -28,7 +29,7 @@ class QuotaLimits:
                 values[f.name] = value
         return cls(**values)
 
-    @property
+    @cached_property  # asked three times per event; the limits never change
     def any(self) -> bool:
         return any(getattr(self, f.name) is not None for f in fields(self))
 

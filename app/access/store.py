@@ -24,8 +24,9 @@ from app.db.models import utcnow
 from app.db.upsert import insert_for
 from app.events import unstorable_text
 
-Kind = Literal["sender", "chat"]
-KINDS: tuple[Kind, ...] = ("sender", "chat")
+# `admin`: the sender is an admin in the channel's groups (`app.access.roles`).
+Kind = Literal["sender", "chat", "admin"]
+KINDS: tuple[Kind, ...] = ("sender", "chat", "admin")
 
 # No 0/O, 1/I/L: a code is read out and typed by people.
 _ALPHABET = "ABCDEFGHJKMNPQRSTUVWXYZ23456789"
@@ -105,6 +106,16 @@ class AccessStore:
             )
             return found.first() is not None
 
+    async def has(self, channel: str, kind: str, subject: str) -> bool:
+        """Whether the entry (`kind`, `subject`) is stored for `channel`."""
+        async with self.engine.connect() as conn:
+            found = await conn.execute(
+                select(entries.c.id)
+                .where(entries.c.channel == channel, entries.c.kind == kind, entries.c.subject == subject)
+                .limit(1)
+            )
+            return found.first() is not None
+
     async def add(
         self, channel: str, kind: str, subject: str, *, note: str | None = None, added_by: str | None = None
     ) -> bool:
@@ -146,20 +157,6 @@ class AccessStore:
         replaced, so repeated messages mint nothing; two replicas racing mint one.
         """
         now = utcnow()
-        async with self.engine.connect() as conn:
-            pending = (
-                await conn.execute(
-                    select(func.count())
-                    .select_from(pairings)
-                    .where(
-                        pairings.c.channel == channel,
-                        pairings.c.status == "pending",
-                        pairings.c.expires_at > now,
-                    )
-                )
-            ).scalar_one()
-        if pending >= max_pending:
-            return None
         for _ in range(3):  # a clash of random codes is retried with another one
             values = dict(
                 channel=channel,
@@ -175,6 +172,11 @@ class AccessStore:
             )
             try:
                 async with self.engine.begin() as conn:
+                    # Counted and minted in one transaction that holds the channel's lock, so
+                    # the cap holds exactly however many newcomers arrive at once.
+                    await _lock_pairings(conn, channel)
+                    if await _pending(conn, channel, now) >= max_pending:
+                        return None
                     stmt = insert_for(conn.dialect.name, pairings).values(**values)
                     stmt = stmt.on_conflict_do_update(
                         index_elements=["channel", "sender_id"],
@@ -242,6 +244,31 @@ class AccessStore:
                 delete(pairings).where(pairings.c.status == "pending", pairings.c.expires_at < older_than)
             )
         return int(gone.rowcount or 0)
+
+
+async def _lock_pairings(conn: AsyncConnection, channel: str) -> None:
+    """Take the channel's pairing lock for the rest of the transaction.
+
+    PostgreSQL: a transaction-scoped advisory lock (every replica). SQLite: a write that
+    changes nothing takes the database's one write lock now, not at the insert, so no
+    other transaction counts between this one's count and its insert."""
+    if conn.dialect.name == "postgresql":
+        await conn.execute(select(func.pg_advisory_xact_lock(func.hashtext("chatgate.pairing:" + channel))))
+    else:
+        await conn.execute(
+            update(pairings)
+            .where(pairings.c.channel == channel, pairings.c.code == "")
+            .values(status=pairings.c.status)
+        )
+
+
+async def _pending(conn: AsyncConnection, channel: str, now: datetime) -> int:
+    found = await conn.execute(
+        select(func.count())
+        .select_from(pairings)
+        .where(pairings.c.channel == channel, pairings.c.status == "pending", pairings.c.expires_at > now)
+    )
+    return int(found.scalar_one())
 
 
 async def _add(

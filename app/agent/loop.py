@@ -10,10 +10,13 @@ of the same session (the `steer` busy policy) are appended there, after the comp
 tool-result group, and a `/stop` ends the run. While the model or a tool is working the
 loop also races `RunHooks.wait_stop`, so `/stop` does not wait for a slow model call.
 
-A risky tool call asks `RunHooks.gate` first. The gate may allow it, deny it (no human
-could approve it here), or answer `ask`: then `RunHooks.pause` stores a pending
-approval and finishes the turn with the question, and the run continues later through
-`AgentRunner.resume` when `/approve` or `/deny` (or the timeout) arrives.
+Every call is checked against the role of the person the run serves (`ToolContext.trust`,
+`app.agent.trust`): a tool that needs more is refused with an error the model can explain,
+and nothing runs. A risky tool call, and a guarded one once content nobody trusts is in
+the turn (a tool result, a file, another member's message), asks `RunHooks.gate` first.
+The gate may allow it, deny it (no human could approve it here), or answer `ask`: then
+`RunHooks.pause` stores a pending approval and finishes the turn with the question, and the
+run continues later through `AgentRunner.resume` when `/approve` or `/deny` (or the timeout) arrives.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from app import tracing
 from app.agent.provider import ChatProvider, DeltaCallback, ProviderReply, StreamingChatProvider, ToolSpec
 from app.agent.send_file import answer_parts, keep
 from app.agent.tools import Risk, ToolContext, ToolRegistry
+from app.agent.trust import labelled
 from app.errors import LeaseLost, ProviderError
 from app.sessions.messages import ChatMessage
 from app.sessions.window import is_legal_provider_input, trim_to_legal_window
@@ -54,6 +58,15 @@ PROVIDER_DOWN_TEXT = "Sorry, the model is not reachable right now. Please try ag
 
 def denied_result(reason: str) -> str:
     return json.dumps({"error": f"denied: {reason}"})
+
+
+def role_refusal(name: str, needed: Any, role: Any) -> str:
+    """The error a call gets when the person served may not use the tool (nothing ran)."""
+    return (
+        f"tool {name!r} needs the {needed.label} role in this chat; the person who asked is "
+        f"{'an' if role.label[0] in 'aeiou' else 'a'} {role.label} here, so nothing was run. "
+        f"Tell them that someone with the {needed.label} role has to ask for it."
+    )
 
 
 def truncate_tool_result(text: str, limit: int) -> str:
@@ -103,6 +116,18 @@ class RunHooks:
     pause: Callable[[dict[str, Any], RunRecord], Awaitable[None]] | None = None
     # The window that fits the model's context with the system text and tool specs.
     fit: FitWindow | None = None
+    # Before each model call (a budget may refuse it: `BudgetReached`), and after it with
+    # the reply and its usage (app.usage records what it cost).
+    before_model: Callable[[str | None], Awaitable[None]] | None = None
+    after_model: Callable[[ProviderReply, str | None], Awaitable[None]] | None = None
+
+
+class BudgetReached(Exception):
+    """A usage budget is spent: the model is not called; `user_text` tells the sender."""
+
+    def __init__(self, user_text: str) -> None:
+        super().__init__(user_text)
+        self.user_text = user_text
 
 
 @dataclass
@@ -236,13 +261,23 @@ class AgentRunner:
                 specs = self.tools.specs(tool_ctx.policy)
                 if hooks.fit is not None:
                     window = self._prepare(await hooks.fit(system, window, specs))
+                if hooks.before_model is not None:
+                    await hooks.before_model(model)
                 started = time.monotonic()
                 with tracing.model_call(self.provider, model) as span:
                     reply = await self._guard(
-                        hooks, self._complete([system, *window], specs, model=model, on_delta=hooks.on_delta)
+                        hooks,
+                        self._complete(
+                            labelled(system, window, tool_ctx.trust),
+                            specs,
+                            model=model,
+                            on_delta=hooks.on_delta,
+                        ),
                     )
                     tracing.model_answered(span, reply)
                 record.add_usage(reply, round((time.monotonic() - started) * 1000))
+                if hooks.after_model is not None:
+                    await hooks.after_model(reply, model)
                 if not reply.tool_calls:
                     record.outcome = "ok"
                     final = await self._answer(reply.content or "", record, tool_ctx, reply.parts)
@@ -277,6 +312,9 @@ class AgentRunner:
             else:
                 await hooks.finish(final, record)
             return record
+        except BudgetReached as exc:
+            record.outcome = "budget"
+            text = exc.user_text
         except ProviderError as exc:
             log.warning("provider_failed", error=exc.detail, status=exc.status)
             record.outcome, record.error = "provider_error", exc.detail
@@ -345,7 +383,12 @@ class AgentRunner:
             elif not tool_ctx.policy.allows(name):
                 entry["decision"] = "refused:policy"
                 result = json.dumps({"error": f"tool {name!r} is not allowed here"})
-            elif risk is Risk.RISKY:
+            elif (needed := tool_ctx.trust.needed(name, self.tools.role(name))) > (
+                role := await tool_ctx.trust.least_role()
+            ):
+                entry["decision"] = "refused:role"
+                result = json.dumps({"error": role_refusal(name, needed, role)})
+            elif risk is Risk.RISKY or (risk is Risk.GUARDED and tool_ctx.trust.untrusted):
                 decision = decisions.get(call["id"])
                 if decision is None:
                     decision = (
@@ -373,6 +416,8 @@ class AgentRunner:
                 entry["ms"] = round((time.monotonic() - started) * 1000)
                 record.tool_ms += entry["ms"]
             result = truncate_tool_result(result, self.max_tool_result_chars)
+            if entry["decision"] in ("auto", "approved"):
+                tool_ctx.trust.untrusted = True  # what a tool returned is nobody's word
             record.tool_calls.append(entry)
             await hooks.append([ChatMessage(role="tool", content=result, tool_call_id=call["id"], name=name)])
             pending.pop(0)

@@ -86,6 +86,7 @@ class McpToolSource:
         connect_timeout: float = 15.0,
         probe_interval: float = 15.0,
         probe_timeout: float = 10.0,
+        result_max_bytes: int = 4 * 1024 * 1024,
     ) -> None:
         self.registry = registry
         self.connect_timeout = connect_timeout
@@ -96,6 +97,7 @@ class McpToolSource:
                 connect_timeout=connect_timeout,
                 probe_interval=probe_interval,
                 probe_timeout=probe_timeout,
+                result_max_bytes=result_max_bytes,
                 on_tools=self._register,
             )
             for c in configs
@@ -116,6 +118,7 @@ class McpToolSource:
             registry,
             call_timeout=settings.mcp_call_timeout_seconds,
             connect_timeout=settings.mcp_connect_timeout_seconds,
+            result_max_bytes=settings.mcp_result_max_bytes,
         )
 
     def _register(self, server: McpServerConnection, tools: Sequence[Any]) -> None:

@@ -17,6 +17,7 @@ import anyio
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from app.agent.mcp_bounded import bounded_stdio_client, capped_http_client, oversized_limit
 from app.agent.tools import ToolError
 
 log = structlog.get_logger(__name__)
@@ -134,8 +135,10 @@ class McpServerConnection:
         on_tools: Callable[[McpServerConnection, Sequence[Any]], None],
         probe_interval: float = 15.0,
         probe_timeout: float = 10.0,
+        result_max_bytes: int = 4 * 1024 * 1024,
     ) -> None:
         self.config = config
+        self.result_max_bytes = result_max_bytes
         self.name = config.name
         self.call_timeout = call_timeout
         self.connect_timeout = connect_timeout
@@ -156,26 +159,20 @@ class McpServerConnection:
 
     def _target(self, stack: contextlib.AsyncExitStack) -> Any:
         """The transport `mcp.Client` connects through; resources it does not own go on `stack`."""
-        from mcp import StdioServerParameters
-        from mcp.client.stdio import get_default_environment, stdio_client
+        from mcp.client.stdio import get_default_environment
         from mcp.client.streamable_http import streamable_http_client
 
+        limit = self.result_max_bytes
         if self.config.url is not None:
-            if not self.config.headers:
-                return streamable_http_client(self.config.url)
-            from mcp.shared._httpx_utils import create_mcp_http_client
-
-            http = create_mcp_http_client(headers=self.config.headers)
+            http = capped_http_client(self.config.headers, limit)
             stack.push_async_callback(http.aclose)  # a client we pass in is not closed by the SDK
-            return streamable_http_client(self.config.url, http_client=http)
+            return streamable_http_client(self.config.url, http_client=http, max_sse_event_size=limit)
         assert self.config.command is not None
-        return stdio_client(
-            StdioServerParameters(
-                command=self.config.command[0],
-                args=self.config.command[1:],
-                env={**get_default_environment(), **self.config.env},
-                cwd=self.config.cwd,
-            )
+        return bounded_stdio_client(
+            self.config.command,
+            env={**get_default_environment(), **self.config.env},
+            cwd=self.config.cwd,
+            limit=limit,
         )
 
     def status(self) -> dict[str, Any]:
@@ -358,6 +355,13 @@ class McpServerConnection:
             self.mark_down(f"a call got no answer within {self.call_timeout:g}s", generation=generation)
             raise ToolError(f"MCP server {self.name!r} did not answer within {self.call_timeout:g}s") from exc
         except MCPError as exc:
+            limit = oversized_limit(str(exc))
+            if limit is not None:  # the answer was dropped unread past the cap; the connection is fine
+                log.warning("mcp_result_over_limit", server=self.name, tool=remote_name, limit=limit)
+                raise ToolError(
+                    f"MCP server {self.name!r}: tool {remote_name!r} result over {limit} bytes"
+                    " (MCP_RESULT_MAX_BYTES); ask for less"
+                ) from exc
             if exc.code == _CONNECTION_CLOSED:
                 self.mark_down(f"connection closed during a call: {exc}", generation=generation)
                 raise ToolError(f"MCP server {self.name!r} went down during the call ({exc})") from exc

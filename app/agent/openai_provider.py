@@ -168,6 +168,7 @@ class _StreamAccumulator:
         self.usage = Usage()
         self.model: str | None = None
         self.images: list[Any] = []  # image items of the answer (`answer_images`)
+        self.size = 0  # characters of text and tool-call arguments so far
 
     def add(self, chunk: Any) -> str | None:
         if getattr(chunk, "model", None):
@@ -176,6 +177,7 @@ class _StreamAccumulator:
             self.usage = Usage(
                 prompt_tokens=chunk.usage.prompt_tokens or 0,
                 completion_tokens=chunk.usage.completion_tokens or 0,
+                cached_tokens=cached_tokens(chunk.usage),
             )
         if not chunk.choices:
             return None
@@ -189,10 +191,12 @@ class _StreamAccumulator:
                     slot["name"] += tc.function.name
                 if tc.function.arguments:
                     slot["arguments"].append(tc.function.arguments)
+                    self.size += len(tc.function.arguments)
         text, images = answer_images(delta)
         self.images.extend(images)
         if text:
             self.text.append(text)
+            self.size += len(text)
             return text
         return None
 
@@ -232,8 +236,11 @@ class OpenAIProvider:
         fallback: OpenAIProvider | None = None,
         name: str = "openai",
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        answer_max_chars: int = 200_000,
     ) -> None:
         self.name = name
+        # A model (or a server) that never stops talking must not grow memory without end.
+        self.answer_max_chars = answer_max_chars
         self.model = model
         self.max_retries = max_retries
         self.backoff_base = backoff_base
@@ -243,8 +250,10 @@ class OpenAIProvider:
         self.fallback = fallback
         self._sleep = sleep
         # Some servers (older vLLM, llama.cpp) refuse `stream_options`; then usage is
-        # simply not reported for streamed answers.
-        self._stream_usage = True
+        # simply not reported for streamed answers. Decided per model, and only when a
+        # request without it succeeded right after the refusal: any other 400 (a wrong key
+        # behind a proxy, a context too long) must not switch usage off for good.
+        self._no_stream_usage: set[str] = set()
         # Ollama, vLLM and llama.cpp accept any key; the SDK refuses an empty one.
         self.client = openai.AsyncOpenAI(
             base_url=base_url, api_key=api_key or "not-needed", timeout=timeout, max_retries=0
@@ -259,6 +268,7 @@ class OpenAIProvider:
             backoff_max=settings.llm_backoff_max_seconds,
             stream=settings.llm_stream,
             vision=settings.llm_vision,
+            answer_max_chars=settings.llm_answer_max_chars,
         )
         fallback = None
         if settings.llm_fallback_base_url or settings.llm_fallback_model:
@@ -311,6 +321,7 @@ class OpenAIProvider:
         # 0.13 ms of event-loop time per message on every model call (11 ms for 81
         # messages), while ours are already plain JSON in the API's shape.
         request: dict[str, Any] = {"model": model or self.model, "messages": [], "extra_body": body}
+        with_usage = request["model"] not in self._no_stream_usage
         attempt = 0
         while True:
             emitted = False
@@ -322,14 +333,19 @@ class OpenAIProvider:
                     await on_delta(text)
 
             try:
-                if self.stream:
-                    return await self._streamed(request, _delta)
-                return await self._whole(request)
+                if not self.stream:
+                    return await self._whole(request)
+                reply = await self._streamed(request, _delta, with_usage=with_usage)
+                if not with_usage and request["model"] not in self._no_stream_usage:
+                    # Refused with `stream_options`, answered without: this endpoint's model
+                    # does not know the field.
+                    log.info("provider_without_stream_options", model=request["model"])
+                    self._no_stream_usage.add(request["model"])
+                return reply
             except openai.APIStatusError as exc:
                 status = exc.status_code
-                if status == 400 and self.stream and self._stream_usage and not emitted:
-                    log.info("provider_without_stream_options", error=_short(exc.message))
-                    self._stream_usage = False
+                if status == 400 and self.stream and with_usage and not emitted:
+                    with_usage = False  # once: is it the field, or the request itself?
                     continue
                 retryable = status in _RETRYABLE_STATUS or status >= 500
                 wait = retry_after_seconds(exc.response.headers)
@@ -373,13 +389,18 @@ class OpenAIProvider:
         usage = Usage(
             prompt_tokens=resp.usage.prompt_tokens if resp.usage else 0,
             completion_tokens=resp.usage.completion_tokens if resp.usage else 0,
+            cached_tokens=cached_tokens(resp.usage) if resp.usage else 0,
         )
         content, images = answer_images(msg)
+        if content is not None and len(content) > self.answer_max_chars:
+            content, calls = bounded_answer(content, self.answer_max_chars), ()
         return ProviderReply(content=content, tool_calls=calls, usage=usage, model=resp.model, parts=images)
 
-    async def _streamed(self, request: dict[str, Any], on_delta: DeltaCallback) -> ProviderReply:
+    async def _streamed(
+        self, request: dict[str, Any], on_delta: DeltaCallback, *, with_usage: bool
+    ) -> ProviderReply:
         acc = _StreamAccumulator()
-        extra: dict[str, Any] = {"stream_options": {"include_usage": True}} if self._stream_usage else {}
+        extra: dict[str, Any] = {"stream_options": {"include_usage": True}} if with_usage else {}
         extra["extra_headers"] = tracing.headers()  # W3C traceparent of the model-call span
         stream = await self.client.chat.completions.create(**request, stream=True, **extra)
         async with stream:
@@ -387,12 +408,39 @@ class OpenAIProvider:
                 text = acc.add(chunk)
                 if text:
                     await on_delta(text)
+                if acc.size > self.answer_max_chars:
+                    # Stop reading (closing the stream ends the request): the answer so far,
+                    # cut, without the tool calls whose arguments may be incomplete.
+                    log.warning("model_answer_cut", chars=acc.size, limit=self.answer_max_chars)
+                    reply = acc.reply()
+                    return ProviderReply(
+                        content=bounded_answer(reply.content or "", self.answer_max_chars),
+                        usage=reply.usage,
+                        model=reply.model,
+                        parts=reply.parts,
+                    )
         return acc.reply()
 
     async def aclose(self) -> None:
         await self.client.close()
         if self.fallback is not None:
             await self.fallback.aclose()
+
+
+def cached_tokens(usage: Any) -> int:
+    """Prompt tokens served from the provider's cache (`prompt_tokens_details.cached_tokens`,
+    as OpenAI, DeepSeek's compatible API and LiteLLM report them), 0 when not reported."""
+    details = getattr(usage, "prompt_tokens_details", None)
+    value = getattr(details, "cached_tokens", None) if details is not None else None
+    return int(value) if isinstance(value, int) else 0
+
+
+ANSWER_CUT_MARKER = "\n\n[answer cut at {limit} characters]"
+
+
+def bounded_answer(text: str, limit: int) -> str:
+    """An answer no longer than `limit` characters (and a marker saying it was cut)."""
+    return text if len(text) <= limit else text[:limit] + ANSWER_CUT_MARKER.format(limit=limit)
 
 
 def _short(text: str, limit: int = 300) -> str:

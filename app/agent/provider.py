@@ -40,6 +40,7 @@ class ToolSpec:
 class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0  # of the prompt tokens, those the provider read from its cache
 
 
 @dataclass(frozen=True)

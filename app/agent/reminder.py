@@ -147,7 +147,11 @@ class ScheduleReminderTool:
                 timezone=timezone,
                 name=str(name) if name else None,
                 created_by=f"{ctx.channel}:{ctx.sender_id}",
-                metadata={"created_in_session_id": ctx.session_id},
+                # Its fires run with the role of whoever asked, never more (app.access.roles).
+                metadata={
+                    "created_in_session_id": ctx.session_id,
+                    "role": (await ctx.trust.least_role()).label,
+                },
                 now=now,
             )
         except InvalidSchedule as exc:

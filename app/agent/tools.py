@@ -12,16 +12,21 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import structlog
 
+from app.access.roles import Role
 from app.agent.policy import ALLOW_ALL, ToolPolicy
 from app.agent.provider import ToolSpec
+from app.agent.trust import Trust
 from app.db.models import utcnow
 
 log = structlog.get_logger(__name__)
 
 
 class Risk(StrEnum):
-    SAFE = "safe"
-    RISKY = "risky"
+    SAFE = "safe"  # runs when asked
+    # Runs when asked in a clean turn; needs an approval once content nobody trusts (a tool
+    # result, a file, another member's message) is in the turn (`app.agent.trust`).
+    GUARDED = "guarded"
+    RISKY = "risky"  # always needs an approval
 
 
 @dataclass
@@ -39,6 +44,7 @@ class ToolContext:
     policy: ToolPolicy = ALLOW_ALL
     chat_type: str = "direct"
     generation: int = 0  # the session's generation (per-session workspaces)
+    trust: Trust = field(default_factory=Trust)  # whom the run serves, what it has read
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,9 @@ class ToolOutput:
 
 
 class Tool(Protocol):
+    """A tool. It may also declare `role`, the least role (`app.access.roles`) of the
+    person a run serves for a call to run: default `member` (guests run no tools)."""
+
     spec: ToolSpec
     risk: Risk
 
@@ -64,9 +73,15 @@ class ToolError(Exception):
     """A tool failed in a way the model should be told about."""
 
 
+SPECS_KEPT = 256  # policies whose tool lists a registry keeps
+
+
 class ToolRegistry:
     def __init__(self, tools: Iterable[Tool] = ()) -> None:
         self._tools: dict[str, Tool] = {}
+        # What each policy allows, asked once per model call: a few policies, a fixed set
+        # of tools (a registration clears it).
+        self._specs: dict[ToolPolicy, tuple[ToolSpec, ...]] = {}
         for tool in tools:
             self.register(tool)
 
@@ -74,17 +89,27 @@ class ToolRegistry:
         if tool.spec.name in self._tools:
             raise ValueError(f"tool {tool.spec.name!r} is registered twice")
         self._tools[tool.spec.name] = tool
+        self._specs.clear()
 
     def get(self, name: str) -> Tool | None:
         return self._tools.get(name)
 
     def specs(self, policy: ToolPolicy = ALLOW_ALL) -> list[ToolSpec]:
         """What the model is offered: the tools `policy` allows."""
-        return [t.spec for t in self._tools.values() if policy.allows(t.spec.name)]
+        specs = self._specs.get(policy)
+        if specs is None:
+            specs = tuple(t.spec for t in self._tools.values() if policy.allows(t.spec.name))
+            if len(self._specs) < SPECS_KEPT:
+                self._specs[policy] = specs
+        return list(specs)
 
     def risk(self, name: str) -> Risk | None:
         tool = self._tools.get(name)
         return tool.risk if tool is not None else None
+
+    def role(self, name: str) -> Role:
+        """The role a tool declares it needs (`role`), `member` when it declares none."""
+        return Role.parse(getattr(self._tools.get(name), "role", None)) or Role.MEMBER
 
     def __contains__(self, name: str) -> bool:
         return name in self._tools

@@ -46,7 +46,6 @@ from app.events import ChatType, InboundEvent, OutboundMessage, TextPart
 from app.memory.identity import IdentityLinks, identity_of, split_identity
 from app.pipeline.commands import Command, CommandCall
 from app.pipeline.replies import Replies
-from app.pipeline.storage.port import PipelineStore
 from app.pipeline.texts import say
 
 log = structlog.get_logger(__name__)
@@ -67,14 +66,12 @@ SCAN = 200  # newest inbox rows of the channel searched for the identity's direc
 class Handoffs:
     def __init__(
         self,
-        store: PipelineStore,
         replies: Replies,
         engine: AsyncEngine,
         bus: SessionBus,
         *,
         locale_of: Callable[[str], str] | None = None,
     ) -> None:
-        self.store = store
         self.replies = replies
         self.engine = engine
         self.bus = bus
@@ -147,11 +144,7 @@ class Handoffs:
         self, call: CommandCall, text: str, notices: list[OutboundMessage] | None = None
     ) -> None:
         """Answer the command, and send `notices` to other chats, in one fenced transaction."""
-        async with self.store.fenced(call.lease) as conn:
-            await self.replies.answer(conn, call.row, text, session_id=None)
-            for notice in notices or ():
-                await self.replies.insert(conn, notice, session_id=None, run_id=None, event_id=None)
-        self.replies.handled([call.row.event_id])
+        await self.replies.answer(call.lease, call.row, text, notices=notices or ())
 
     def _notice(self, to: Mapping[str, Any], key: str, text_key: str, channel: str) -> OutboundMessage:
         return OutboundMessage(

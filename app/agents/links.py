@@ -6,6 +6,8 @@ chat, links both to one person (`app.memory.identity.IdentityLinks`, the same li
 CLI and the admin API make and list): the person of whichever is linked already, else a
 new one. The code works once. `/unlink` removes the sender's own identity from its
 person. Codes are refused in groups, where someone else could read and claim them.
+Tries with a code are limited per sender (`LINK_ATTEMPTS` per `LINK_ATTEMPT_WINDOW`
+seconds, counted on every replica): a code cannot be guessed by trying many.
 """
 
 from __future__ import annotations
@@ -18,12 +20,12 @@ import structlog
 from sqlalchemy import delete, insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.access.attempts import Attempts
 from app.db.models import link_codes, utcnow
 from app.events import ChatType
 from app.memory.identity import IdentityLinks, identity_of, is_person
 from app.pipeline.commands import Command, CommandCall
 from app.pipeline.replies import Replies
-from app.pipeline.storage.port import PipelineStore
 from app.pipeline.texts import say
 
 log = structlog.get_logger(__name__)
@@ -31,6 +33,8 @@ log = structlog.get_logger(__name__)
 CODE_SECONDS = 600
 _ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"  # no 0/O, 1/I
 CODE_LENGTH = 8
+LINK_ATTEMPTS = 5
+LINK_ATTEMPT_WINDOW = 900
 
 
 def code_hash(code: str) -> str:
@@ -38,11 +42,13 @@ def code_hash(code: str) -> str:
 
 
 class LinkCommands:
-    def __init__(self, store: PipelineStore, replies: Replies, engine: AsyncEngine) -> None:
-        self.store = store
+    def __init__(self, replies: Replies, engine: AsyncEngine) -> None:
         self.replies = replies
         self.engine = engine
         self.links = IdentityLinks(engine)
+        self.attempts = Attempts(
+            engine, "link_attempts", limit=LINK_ATTEMPTS, window_seconds=LINK_ATTEMPT_WINDOW
+        )
 
     def commands(self) -> list[Command]:
         return [
@@ -63,9 +69,7 @@ class LinkCommands:
         ]
 
     async def _reply(self, call: CommandCall, text: str) -> None:
-        async with self.store.fenced(call.lease) as conn:
-            await self.replies.answer(conn, call.row, text, session_id=None)
-        self.replies.handled([call.row.event_id])
+        await self.replies.answer(call.lease, call.row, text)
 
     async def link(self, call: CommandCall) -> None:
         event = call.event
@@ -76,6 +80,10 @@ class LinkCommands:
         code = call.args.strip()
         if not code:
             await self._reply(call, await self._new_code(me, call.locale))
+            return
+        if not await self.attempts.allow(me):
+            log.info("link_attempts_exceeded", identity=me)
+            await self._reply(call, say("link.too_many", call.locale, minutes=LINK_ATTEMPT_WINDOW // 60))
             return
         now = utcnow()
         async with self.engine.begin() as conn:

@@ -29,7 +29,7 @@ async def require_admin(request: Request) -> None:
     Cookie-authenticated requests that change something must also carry
     `X-Requested-With` (any value): a cross-site form cannot set it, so the cookie alone
     never authorizes a write even if a browser ignored SameSite. The admin API checks this
-    before reading the body too (`app.api.limits.AdminAuthFirst`).
+    before reading the body too (`app.api.door.Door`).
     """
     token = get_runtime(request).settings.admin_token
     if not token:

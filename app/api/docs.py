@@ -1,23 +1,28 @@
-"""`/docs` that works offline: Swagger UI's files come from the `swagger-ui-bundle` package.
+"""`/docs` that works offline: Swagger UI 5's files come from the `swagger-ui-py` package.
 
 FastAPI's default page loads Swagger UI from a CDN, a blank page without internet; ReDoc
-(also CDN-only) is not served.
+(also CDN-only) is not served. Swagger UI 4 (the `swagger-ui-bundle` package) cannot read
+the OpenAPI 3.1 document FastAPI writes ("Unable to render this definition"); 5 can.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import swagger_ui
 from fastapi import FastAPI
 from fastapi.openapi.docs import get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
-from swagger_ui_bundle import swagger_ui_path
 
 ASSETS = "/docs-assets"
+# Only the static files of the package are used (its own page handlers are not).
+SWAGGER_UI_STATIC = Path(swagger_ui.__file__).parent / "static"
 
 
 def install(app: FastAPI) -> None:
     """Serve `/docs` from local assets; create the app with `docs_url=None, redoc_url=None`."""
-    app.mount(ASSETS, StaticFiles(directory=swagger_ui_path), name="docs-assets")
+    app.mount(ASSETS, StaticFiles(directory=SWAGGER_UI_STATIC), name="docs-assets")
     openapi_url = app.openapi_url or "/openapi.json"
     oauth2_redirect = "/docs/oauth2-redirect"
 

@@ -1,8 +1,8 @@
 """One browser gateway connection: authenticate, attach, send, and watch one session.
 
 Three tasks per connection: the reader (client frames), the pump (session bus events →
-frames, de-duplicated and gap-filled by seq) and the writer (the only one that sends on
-the socket). The pump never waits for the client: it puts frames into a bounded queue
+frames, de-duplicated and gap-filled by seq: `app.gateway.feed`) and the writer (the only
+one that sends on the socket). The pump never waits for the client: it puts frames into a bounded queue
 and a full queue closes the connection with 4008, so a slow client slows nobody else.
 """
 
@@ -15,15 +15,16 @@ import json
 import math
 import re
 import time
-from collections.abc import Sequence
-from contextlib import AsyncExitStack
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 import structlog
 from pydantic import ValidationError
 
+from app.db.outage import log_failure
 from app.events import InboundEvent, TextPart
 from app.gateway import history
+from app.gateway.feed import SessionFeed
+from app.gateway.host import GatewayHost, GatewaySocket, TooSlow
 from app.gateway.protocol import (
     CLOSE_REASONS,
     ApprovalFrame,
@@ -42,58 +43,11 @@ from app.gateway.protocol import (
 from app.gateway.ratelimit import SendRate, seconds_text
 from app.gateway.tokens import GatewayGrant, TokenInvalid
 
-if TYPE_CHECKING:
-    from sqlalchemy.ext.asyncio import AsyncEngine
-
-    from app.bus import SessionBus
-    from app.channel import AcceptResult
-    from app.config import Settings
-    from app.gateway.ratelimit import SubjectRates
-    from app.gateway.tokens import TokenVerifier
-    from app.metrics import Metrics
+__all__ = ["GatewayConnection", "GatewayHost", "GatewaySocket", "external_id_for"]
 
 log = structlog.get_logger(__name__)
 
-BUS_QUEUE_SIZE = 1000  # events between the bus and the pump; the pump never waits on the client
-
-
-class GatewaySocket(Protocol):
-    """The little a connection needs from a WebSocket (`app.api` adapts Starlette's)."""
-
-    async def accept(self) -> None: ...
-
-    async def receive_text(self) -> str | None:
-        """The next text frame, or None once the peer is gone."""
-        ...
-
-    async def send_text(self, data: str) -> None: ...
-
-    async def close(self, code: int, reason: str) -> None: ...
-
-
-class GatewayHost(Protocol):
-    """What a connection needs from the gateway it belongs to (`app.gateway.hub.GatewayHub`)."""
-
-    settings: Settings
-    engine: AsyncEngine
-    metrics: Metrics
-    verifier: TokenVerifier
-    subject_rates: SubjectRates
-
-    @property
-    def bus(self) -> SessionBus: ...
-
-    @property
-    def available(self) -> bool: ...
-
-    async def accept(self, events: Sequence[InboundEvent]) -> list[AcceptResult]: ...
-
-
 _SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-class _TooSlow(Exception):
-    pass
 
 
 def external_id_for(subject: str, key: str, client_message_id: str) -> str:
@@ -110,14 +64,10 @@ class GatewayConnection:
         self.ws = ws
         settings = hub.settings
         self.grant: GatewayGrant | None = None
-        self.key: str | None = None
-        self.session_id: int | None = None
-        self.last_seq = 0
         self.close_code: int | None = None
+        self.feed = SessionFeed(hub, self.emit)  # the attached session
         self._out: asyncio.Queue[str] = asyncio.Queue(maxsize=settings.gateway_send_queue_size)
         self._last_frame_at = time.monotonic()
-        self._subscription: AsyncExitStack | None = None
-        self._pump: asyncio.Task[None] | None = None
         self._writer: asyncio.Task[None] | None = None
         self._reader: asyncio.Task[None] | None = None
         self._ticker: asyncio.Task[None] | None = None
@@ -128,6 +78,11 @@ class GatewayConnection:
         # frame first then, so the client can match its pending message.
         self._accepting: dict[str, dict[str, Any]] = {}
         self._send_rate = SendRate(settings.gateway_sends_per_minute)
+
+    @property
+    def key(self) -> str | None:
+        """The attached session key, if any."""
+        return self.feed.key
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -140,7 +95,8 @@ class GatewayConnection:
             # end, while a cancellation of this task itself must still propagate.
             await asyncio.wait({self._reader})
         finally:
-            for task in (self._reader, self._ticker, self._pump, self._writer):
+            self.feed.cancel()
+            for task in (self._reader, self._ticker, self._writer):
                 if task is not None:
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -148,7 +104,7 @@ class GatewayConnection:
             if self._closer is not None:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await self._closer
-            await self._detach()
+            await self.feed.detach()
 
     @property
     def closing(self) -> bool:
@@ -160,7 +116,8 @@ class GatewayConnection:
             return
         self.close_code = int(code)
         current = asyncio.current_task()
-        for task in (self._writer, self._pump, self._ticker):
+        self.feed.cancel()
+        for task in (self._writer, self._ticker):
             if task is not None and task is not current:
                 task.cancel()
         # A close reason may be at most 123 bytes.
@@ -185,7 +142,7 @@ class GatewayConnection:
     def emit(self, frame: dict[str, Any]) -> None:
         """Queue a frame for the client; a full queue means the client is too slow."""
         if self.closing:
-            raise _TooSlow
+            raise TooSlow
         if frame.get("type") == "message" and frame.get("event_id") in self._accepting:
             self.emit(self._accepting.pop(frame["event_id"]))  # committed: it is on the bus
         try:
@@ -195,7 +152,7 @@ class GatewayConnection:
             self._out.put_nowait(data)
         except asyncio.QueueFull:
             self._close_soon(CloseCode.TOO_SLOW, f"too slow: more than {self._out.maxsize} frames behind")
-            raise _TooSlow from None
+            raise TooSlow from None
 
     async def _write_loop(self) -> None:
         timeout = self.hub.settings.gateway_send_timeout_seconds
@@ -255,14 +212,14 @@ class GatewayConnection:
             except BadFrame as exc:
                 self._rejected("bad_frame")
                 self._try_emit(error_frame("bad_frame", exc.detail))
-            except _TooSlow:
+            except TooSlow:
                 return
 
     def _rejected(self, reason: str) -> None:
         self.hub.metrics.events_rejected.labels("browser", reason).inc()
 
     def _try_emit(self, frame: dict[str, Any]) -> None:
-        with contextlib.suppress(_TooSlow):
+        with contextlib.suppress(TooSlow):
             self.emit(frame)
 
     def _emit_authenticated(self) -> None:
@@ -291,8 +248,8 @@ class GatewayConnection:
         elif isinstance(frame, ListSessionsFrame):
             try:
                 found = await history.sessions_in_scope(self.hub.engine, self.grant)
-            except Exception:
-                log.exception("gateway_list_failed")
+            except Exception as exc:
+                log_failure(log, "gateway_list_failed", exc)
                 self.emit(error_frame("unavailable", "could not read sessions; retry"))
                 return
             self.emit({"type": "sessions", "sessions": found})
@@ -328,7 +285,7 @@ class GatewayConnection:
             return
         self.grant = grant
         if self.key is not None and not grant.allows(self.key):
-            await self._detach()
+            await self.feed.detach()
         self._emit_authenticated()
 
     # --- inbound messages -------------------------------------------------------------
@@ -392,8 +349,8 @@ class GatewayConnection:
         self._accepting[event.event_id] = accepted
         try:
             [result] = await self.hub.accept([event])
-        except Exception:
-            log.exception("gateway_accept_failed", session_key=key)
+        except Exception as exc:
+            log_failure(log, "gateway_accept_failed", exc, session_key=key)
             self.emit(
                 error_frame(
                     "unavailable", "the message was not stored; retry", client_message_id=client_message_id
@@ -431,142 +388,14 @@ class GatewayConnection:
                 error_frame("forbidden", "this token may not attach to that session key", session_key=key)
             )
             return
-        await self._detach()
-        stack = AsyncExitStack()
         try:
-            # Subscribe first, then read: nothing committed after the read can be missed,
-            # and what both deliver is dropped by seq.
-            queue = await stack.enter_async_context(self.hub.bus.subscribe(key, maxsize=BUS_QUEUE_SIZE))
-            ready = await self._ready_frame(key, frame)
-        except Exception:
-            await stack.aclose()
-            log.exception("gateway_attach_failed", session_key=key)
+            ready = await self.feed.attach(key, frame)
+        except Exception as exc:
+            log_failure(log, "gateway_attach_failed", exc, session_key=key)
             self.emit(error_frame("unavailable", "could not read the session; retry"))
             return
-        self._subscription = stack
-        self.key = key
         self.emit(ready)
-        self._pump = asyncio.create_task(self._pump_loop(queue))
-
-    async def _ready_frame(self, key: str, frame: AttachFrame) -> dict[str, Any]:
-        """Read the key's current generation: what the client missed, or recent history."""
-        settings = self.hub.settings
-        engine = self.hub.engine
-        current = await history.current_session(engine, key)
-        messages: list[dict[str, Any]] = []
-        truncated = False
-        self.session_id, self.last_seq = None, 0
-        if current is not None:
-            self.session_id = current.id
-            since = frame.last_seq
-            resumable = (
-                since is not None and frame.session_id in (None, current.id) and since <= current.last_seq
-            )
-            if resumable and since is not None:
-                messages = await history.messages_between(
-                    engine, key, current.id, after_seq=since, limit=settings.gateway_resume_limit + 1
-                )
-                if len(messages) > settings.gateway_resume_limit:
-                    resumable = False
-                else:
-                    self.last_seq = messages[-1]["seq"] if messages else since
-            if not resumable:
-                # Not a continuation of what the client has: it must replace its view.
-                truncated = bool(since)
-                messages = await history.recent_messages(
-                    engine, key, current.id, limit=settings.gateway_history_limit
-                )
-                self.last_seq = messages[-1]["seq"] if messages else 0
-        return {
-            "type": "ready",
-            "session_key": key,
-            "session_id": current.id if current else None,
-            "generation": current.generation if current else None,
-            "status": current.status if current else None,
-            "messages": messages,
-            "last_seq": self.last_seq,
-            "truncated": truncated,
-            "pending_approvals": await history.pending_approvals(engine, key),
-        }
-
-    async def _detach(self) -> None:
-        if self._pump is not None and self._pump is not asyncio.current_task():
-            self._pump.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._pump
-        self._pump = None
-        if self._subscription is not None:
-            with contextlib.suppress(Exception):
-                await self._subscription.aclose()
-        self._subscription = None
-        self.key = None
-        self.session_id = None
-        self.last_seq = 0
-
-    # --- the session's events -----------------------------------------------------------
-
-    async def _pump_loop(self, queue: asyncio.Queue[dict[str, Any]]) -> None:
-        while True:
-            event = await queue.get()
-            try:
-                await self._deliver(event)
-            except _TooSlow:
-                return
-            except Exception:
-                log.exception("gateway_deliver_failed", session_key=self.key)
-
-    async def _deliver(self, event: dict[str, Any]) -> None:
-        kind = event.get("type")
-        if kind in ("resync", "overflow"):
-            await self._catch_up()
-            return
-        if kind != "message":
-            self.emit(event)
-            return
-        session_id, seq = event.get("session_id"), event.get("seq")
-        if not isinstance(session_id, int) or not isinstance(seq, int):
-            return
-        if session_id != self.session_id:
-            if self.session_id is not None and session_id < self.session_id:
-                return  # a late event of an older generation
-            self._new_session(session_id)
-        if seq <= self.last_seq:
-            return  # already sent (from the history read, or twice on the bus)
-        if seq > self.last_seq + 1:
-            await self._fill(before_seq=seq)  # published out of order, or a replica's NOTIFY lagged
-        self.emit(event)
-        self.last_seq = seq
-
-    def _new_session(self, session_id: int) -> None:
-        self.emit({"type": "new_session", "session_key": self.key, "session_id": session_id})
-        self.session_id = session_id
-        self.last_seq = 0
-
-    async def _fill(self, before_seq: int | None = None) -> None:
-        assert self.key is not None and self.session_id is not None
-        rows = await history.messages_between(
-            self.hub.engine,
-            self.key,
-            self.session_id,
-            after_seq=self.last_seq,
-            before_seq=before_seq,
-            limit=self.hub.settings.gateway_resume_limit,
-        )
-        for row in rows:
-            self.emit(row)
-            self.last_seq = row["seq"]
-
-    async def _catch_up(self) -> None:
-        """The bus may have lost events: read what the database has after our last seq."""
-        assert self.key is not None
-        current = await history.current_session(self.hub.engine, self.key)
-        if current is None:
-            return
-        if current.id != self.session_id:
-            if self.session_id is not None and current.id < self.session_id:
-                return
-            self._new_session(current.id)
-        await self._fill()
+        self.feed.start()
 
     # --- heartbeats, idle and expiry ------------------------------------------------------
 
@@ -587,5 +416,5 @@ class GatewayConnection:
                 next_beat = now + settings.gateway_heartbeat_seconds
                 try:
                     self.emit({"type": "heartbeat", "ts": int(time.time())})
-                except _TooSlow:
+                except TooSlow:
                     return

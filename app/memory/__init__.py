@@ -53,7 +53,17 @@ class MemoryFeatures:
     global_file: str | None = None
 
     @classmethod
-    def from_settings(cls, engine: AsyncEngine, settings: Settings, provider: ChatProvider) -> MemoryFeatures:
+    def from_settings(
+        cls,
+        engine: AsyncEngine,
+        settings: Settings,
+        provider: ChatProvider,
+        *,
+        namespace_of: Callable[[str], str] | None = None,
+        budget_of: Callable[[str], int | None] | None = None,
+    ) -> MemoryFeatures:
+        """`namespace_of`: session key → the serving agent's `memory_namespace` (memory is
+        separated by it); `budget_of`: session key → the most a summary request may cost."""
         store = MemoryStore(engine)
         consolidator = None
         if settings.memory_enabled and settings.consolidation_enabled:
@@ -66,6 +76,8 @@ class MemoryFeatures:
                     keep_messages=settings.consolidation_keep_messages,
                     summary_max_chars=settings.consolidation_summary_max_chars,
                 ),
+                namespace_of=namespace_of,
+                budget_of=budget_of,
             )
         return cls(
             store=store,
@@ -74,22 +86,12 @@ class MemoryFeatures:
                 max_items=settings.memory_recall_max_items,
                 max_chars=settings.memory_recall_max_chars,
                 user_in_shared_groups=settings.memory_user_recall_in_shared_groups,
+                namespace_of=namespace_of,
             ),
             consolidator=consolidator,
             enabled=settings.memory_enabled,
             global_file=settings.memory_global_file,
         )
-
-    def use_namespaces(self, namespace_of: Callable[[str], str]) -> None:
-        """Separate memory by the serving agent's `memory_namespace` (session key → namespace)."""
-        self.recall.namespace_of = namespace_of
-        if self.consolidator is not None:
-            self.consolidator.namespace_of = namespace_of
-
-    def bound_summaries(self, budget_of: Callable[[str], int | None]) -> None:
-        """Keep consolidation's summary requests within the context (session key → budget)."""
-        if self.consolidator is not None:
-            self.consolidator.budget_of = budget_of
 
     def context_sources(self) -> list[ContextSource]:
         return [self.recall.context] if self.enabled else []

@@ -90,17 +90,25 @@ _FRESH = _fresh_query()  # built once: it runs after every turn
 class Consolidator:
     """`TurnHandler` after-turn hook: `await consolidator(lease, session)`."""
 
-    def __init__(self, engine: AsyncEngine, summarizer: Summarizer, limits: ConsolidationLimits) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        summarizer: Summarizer,
+        limits: ConsolidationLimits,
+        *,
+        namespace_of: Callable[[str], str] | None = None,
+        budget_of: Callable[[str], int | None] | None = None,
+    ) -> None:
         self.engine = engine
         self.single = autocommit(engine)
         self.summarizer = summarizer
         self.limits = limits
-        # Session key → the serving agent's memory namespace (set by the runtime): the
-        # summary and the facts are written there.
-        self.namespace_of: Callable[[str], str] = lambda key: DEFAULT_NAMESPACE
+        # Session key → the serving agent's memory namespace: the summary and the facts
+        # are written there.
+        self.namespace_of: Callable[[str], str] = namespace_of or (lambda key: DEFAULT_NAMESPACE)
         # Session key → the most the summary request's prompt may cost in tokens (the
-        # summarizing model's context less the reply room; set by the runtime).
-        self.budget_of: Callable[[str], int | None] = lambda key: None
+        # summarizing model's context less the reply room); None: unbounded.
+        self.budget_of: Callable[[str], int | None] = budget_of or (lambda key: None)
 
     def due(self, session: SessionState) -> bool:
         """Whether consolidation may be due after a turn that left `session` so.

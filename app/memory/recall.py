@@ -16,7 +16,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sqlalchemy import and_, bindparam, func, literal, or_, select
+from sqlalchemy import and_, bindparam, func, literal, select, union_all
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -74,14 +74,15 @@ def recall_query(with_user: bool, session_id: Any = None) -> Any:
         conditions.append(mine)
     else:  # a shared group: only what the sender marked shareable (`remember`)
         conditions.append(and_(mine, memories.c.metadata["shareable"].as_boolean().is_(True)))
+    # The newest `limit` of each scope, one index probe per scope (`ix_memories_scope_owner`).
+    # Not one query over the three scopes' OR: its generic plan, made by a connection while
+    # the table was small (and kept for the connection's life without a new ANALYZE), read
+    # the whole table on every turn (35 ms per recall with 40,000 entries, `bench/RESULTS.md`).
     newest = (memories.c.updated_at.desc(), memories.c.id.desc())
-    rank = func.row_number().over(partition_by=memories.c.scope, order_by=newest).label("rank")
-    ranked = select(memories, rank).where(or_(*conditions)).subquery()
-    return (
-        select(ranked)
-        .where(ranked.c.rank <= bindparam("limit"))
-        .order_by(ranked.c.updated_at.desc(), ranked.c.id.desc())
-    )
+    limit: Any = bindparam("limit")
+    scopes = [select(memories).where(c).order_by(*newest).limit(limit).subquery() for c in conditions]
+    recalled = union_all(*(select(scope) for scope in scopes)).subquery()
+    return select(recalled).order_by(recalled.c.updated_at.desc(), recalled.c.id.desc())
 
 
 _RECALL = {False: recall_query(False), True: recall_query(True)}
@@ -100,7 +101,7 @@ class MemoryRecall:
         namespace_of: Callable[[str], str] | None = None,
     ) -> None:
         self.store = store
-        # Session key → the serving agent's memory namespace (set by the runtime).
+        # Session key → the serving agent's memory namespace.
         self.namespace_of: Callable[[str], str] = namespace_of or (lambda key: DEFAULT_NAMESPACE)
         self.max_items = max_items
         self.max_chars = max_chars

@@ -11,7 +11,7 @@ with the decision. Everything here runs inside the caller's fenced transaction.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -25,6 +25,7 @@ from app.channel import ChannelSettings
 from app.db.models import approvals, inbox, runs, utcnow
 from app.events import ChatType, InboundEvent, TextPart
 from app.sessions.lease import SessionLease
+from app.sessions.profiles import SessionProfiles
 from app.sessions.store import SessionState, SessionStore
 
 log = structlog.get_logger(__name__)
@@ -35,18 +36,21 @@ APPROVAL_TIMEOUT_SENDER = "chatgate:approval-timeout"
 class ApprovalRules:
     """Who may approve a risky call: each channel's approvers, and the serving agent's."""
 
-    def __init__(self, channel_settings: Mapping[str, ChannelSettings]) -> None:
+    def __init__(self, channel_settings: Mapping[str, ChannelSettings], profiles: SessionProfiles) -> None:
         self.channel_settings = channel_settings
-        # Set by the runtime: the approvers the agent of a session key declares (app.agents).
-        self.agent_approvers: Callable[[str], Sequence[str]] = lambda key: ()
+        self.profiles = profiles  # the approvers the agent of a session key declares (app.agents)
 
     def possible(self, origin: InboundEvent, key: str = "") -> bool:
         """Can anyone approve calls of a run that serves `origin` (in session `key`)?"""
-        if self.agent_approvers(key):
+        if self.profiles.approvers_of(key):
             return True
         settings = self.channel_settings.get(origin.channel)
         if settings is None:
             return False
+        if getattr(settings, "approvers_ask_only_for_themselves", False):
+            # API callers (the OpenAI-compatible API): a request waits for an approval
+            # only when its own caller may give it; anyone else's is refused at once.
+            return origin.sender_id in settings.approvers
         if settings.approvers:
             return True
         return settings.approve_own_requests_in_direct and origin.chat_type is ChatType.DIRECT
@@ -54,7 +58,7 @@ class ApprovalRules:
     def may_decide(
         self, origin: InboundEvent, requester: str | None, event: InboundEvent, key: str = ""
     ) -> bool:
-        if event.sender_id in self.agent_approvers(key):
+        if event.sender_id in self.profiles.approvers_of(key):
             return True
         settings = self.channel_settings.get(event.channel)
         if settings is None:
@@ -72,7 +76,17 @@ class ApprovalRules:
         if self.possible(origin, key):
             return Decision("ask")
         # Webhook and cron sessions have no human who could answer: deny, don't hang.
-        return Decision("deny", by="policy", reason="no one may approve this tool in this conversation")
+        return Decision("deny", by="policy", reason=self._no_approver_reason(origin.channel))
+
+    def _no_approver_reason(self, channel: str) -> str:
+        """Why nothing can be approved here, naming the setting that changes it."""
+        settings = self.channel_settings.get(channel)
+        prefix = str(settings.model_config.get("env_prefix", "")) if settings is not None else ""
+        fix = f"{prefix}APPROVERS" if prefix else "the channel's APPROVERS setting"
+        return (
+            "no one may approve this tool in this conversation "
+            f"(the operator can name approvers' sender ids in {fix}, or an agent's approvers)"
+        )
 
 
 @dataclass(frozen=True)
@@ -93,6 +107,7 @@ class NoDecision:
 
     reply: str | None
     session_id: int | None = None
+    refused: bool = False  # the sender may not decide: the reply is a private notice to them
 
 
 def call_name_and_arguments(call: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -190,7 +205,9 @@ async def decide(
             .values(details={**details, "approval_refusals": refusals})
         )
         log.warning("approval_refused", approval_id=approval_id, sender=event.sender_id)
-        return NoDecision("You are not allowed to decide this approval.", approval["session_id"])
+        return NoDecision(
+            "You are not allowed to decide this approval.", approval["session_id"], refused=True
+        )
     session = await store.open_current(conn, lease.key, session_channel, fence=lease.fence)
     open_ids = [c["id"] for c in open_calls(await store.tail(session.id, 64, conn=conn))]
     if session.id != approval["session_id"] or approval["tool_call_id"] not in open_ids:

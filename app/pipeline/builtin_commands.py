@@ -4,17 +4,13 @@
 from __future__ import annotations
 
 import structlog
-from sqlalchemy import select
 
 from app.agent.loop import STOPPED_TEXT
 from app.agent.send_file import stored_attachments, without_bytes
-from app.db.models import approvals, runs, utcnow
-from app.pipeline.approvals import Decided, cancel_pending, decide
+from app.pipeline.approvals import Decided, NoDecision
 from app.pipeline.commands import Command, CommandCall, CommandHandler, CommandRegistry
-from app.pipeline.replies import Replies, conversation_channel, reply_for
-from app.pipeline.storage.history import close_open_group
-from app.pipeline.storage.inbox_queries import MARK
-from app.pipeline.storage.port import PipelineStore
+from app.pipeline.replies import Replies, conversation_channel
+from app.pipeline.storage.port import Answer, PipelineStore
 from app.pipeline.texts import say
 from app.pipeline.turn import TurnRunner
 from app.sessions.messages import ChatMessage
@@ -23,14 +19,15 @@ log = structlog.get_logger(__name__)
 
 
 class BuiltinCommands:
-    def __init__(self, store: PipelineStore, replies: Replies, turns: TurnRunner) -> None:
+    def __init__(
+        self, store: PipelineStore, replies: Replies, turns: TurnRunner, registry: CommandRegistry
+    ) -> None:
         self.store = store
         self.replies = replies
         self.turns = turns
-        self.registry: CommandRegistry | None = None  # for /help: set by `commands`
+        self.registry = registry  # what /help lists: every family's commands, these among them
 
-    def commands(self, registry: CommandRegistry) -> list[Command]:
-        self.registry = registry
+    def commands(self) -> list[Command]:
         return [
             Command("/help", {"en": "List the commands.", "zh": "列出可用命令。"}, self.help),
             Command(
@@ -75,13 +72,7 @@ class BuiltinCommands:
     # --- /help ------------------------------------------------------------------------
 
     async def help(self, call: CommandCall) -> None:
-        assert self.registry is not None
-        await self._answer(call, self.registry.help_text(call.locale))
-
-    async def _answer(self, call: CommandCall, text: str, *, session_id: int | None = None) -> None:
-        async with self.store.fenced(call.lease) as conn:
-            await self.replies.answer(conn, call.row, text, session_id=session_id)
-        self.replies.handled([call.row.event_id])
+        await self.replies.answer(call.lease, call.row, self.registry.help_text(call.locale))
 
     # --- /new /reset /end -------------------------------------------------------------
 
@@ -93,68 +84,41 @@ class BuiltinCommands:
 
     async def _close_session(self, call: CommandCall, done_text: str) -> None:
         """Expire the key's open session; the next event opens a new generation. History stays."""
-        event, lease, sessions = call.event, call.lease, self.store.sessions
-        async with self.store.fenced(lease) as conn:
-            current = await sessions._current(conn, lease.key)
-            if current is not None:
-                # A run waiting for approval cannot continue in a closed session.
-                await cancel_pending(conn, current.id, call.name)
-            closed = await sessions.close_current(conn, lease.key)
-            if event.metadata.get("silent"):
-                await conn.execute(MARK, {"ids": [call.row.id], "status": "done", "updated_at": utcnow()})
-            else:
-                text = say(done_text, call.locale)
-                await self.replies.answer(conn, call.row, text, session_id=closed.id if closed else None)
+        event = call.event
+        silent = bool(event.metadata.get("silent"))
+        text = None if silent else say(done_text, call.locale)
+        closed = await self.store.close_session(
+            call.lease, by=call.name, answer=self.replies.answer_of(call.row, text)
+        )
         log.info("session_closed", command=call.name, session_id=closed.id if closed else None)
-        self.replies.handled([event.event_id], outbox=not event.metadata.get("silent"))
+        self.replies.handled([event.event_id], outbox=not silent)
 
     # --- /stop with no running turn -------------------------------------------------
 
     async def stop(self, call: CommandCall) -> None:
         """Cancel a run waiting for approval, if any (a running turn handles `/stop` itself)."""
-        event, lease, sessions = call.event, call.lease, self.store.sessions
-        async with self.store.fenced(lease) as conn:
-            session = await sessions.open_current(
-                conn, lease.key, conversation_channel(event), fence=lease.fence
+        event, lease = call.event, call.lease
+        session, paused = await self.store.paused_run(lease, conversation_channel(event))
+        if paused is None:
+            await self.replies.answer(
+                lease, call.row, say("stop.nothing", call.locale), session_id=session.id
             )
-            waiting = (
-                await conn.execute(
-                    select(approvals.c.run_id).where(
-                        approvals.c.session_id == session.id, approvals.c.status == "pending"
-                    )
-                )
-            ).first()
-            if waiting is None:
-                await self.replies.answer(
-                    conn, call.row, say("stop.nothing", call.locale), session_id=session.id
-                )
-            else:
-                closing = await close_open_group(
-                    conn, sessions, session, reason=f"stopped by {event.sender_id}", by=event.sender_id
-                )
-                # What the run attached before its pause goes with the answer (`send_file`).
-                details = (
-                    await conn.execute(select(runs.c.details).where(runs.c.id == waiting.run_id))
-                ).scalar_one_or_none() or {}
-                media = await stored_attachments(
-                    details,
-                    self.turns.runner.tools,
-                    session_id=session.id,
-                    session_key=lease.key,
-                    generation=session.generation,
-                )
-                final = ChatMessage(
-                    role="assistant", content=STOPPED_TEXT, parts=without_bytes(media) if media else None
-                )
-                await sessions.append(conn, session.id, [*closing, final], run_id=waiting.run_id)
-                await self.replies.insert(
-                    conn,
-                    reply_for(event, STOPPED_TEXT, media or ()),
-                    session_id=session.id,
-                    run_id=waiting.run_id,
-                    event_id=event.event_id,
-                )
-                await conn.execute(MARK, {"ids": [call.row.id], "status": "done", "updated_at": utcnow()})
+            return
+        # What the run attached before its pause goes with the answer (`send_file`).
+        media = await stored_attachments(
+            dict(paused.details),
+            self.turns.runner.tools,
+            session_id=session.id,
+            session_key=lease.key,
+            generation=session.generation,
+        )
+        final = ChatMessage(
+            role="assistant", content=STOPPED_TEXT, parts=without_bytes(media) if media else None
+        )
+        answer = self.replies.answer_of(
+            call.row, STOPPED_TEXT, session_id=session.id, run_id=paused.run_id, media=media or ()
+        )
+        await self.store.stop_paused_run(lease, paused, by=event.sender_id, final=final, answer=answer)
         self.replies.handled([event.event_id])
 
     # --- /approve /deny ---------------------------------------------------------------
@@ -179,22 +143,22 @@ class BuiltinCommands:
 
     async def _decide(self, call: CommandCall) -> Decided | None:
         """Store a decision; None when only a reply was due (a refusal, an unknown id)."""
-        event, lease = call.event, call.lease
-        async with self.store.fenced(lease) as conn:
-            outcome = await decide(
-                conn,
-                self.store.sessions,
-                self.turns.tools.approval_rules,
-                lease,
-                event,
-                call.name,
-                conversation_channel(event),
+        event = call.event
+
+        def answer(outcome: NoDecision) -> Answer:
+            return self.replies.answer_of(
+                call.row, outcome.reply, session_id=outcome.session_id, private=outcome.refused
             )
-            if isinstance(outcome, Decided):
-                return outcome
-            if outcome.reply is None:
-                await conn.execute(MARK, {"ids": [call.row.id], "status": "done", "updated_at": utcnow()})
-            else:
-                await self.replies.answer(conn, call.row, outcome.reply, session_id=outcome.session_id)
+
+        outcome = await self.store.decide_approval(
+            call.lease,
+            event,
+            call.name,
+            conversation_channel(event),
+            self.turns.tools.approval_rules,
+            answer,
+        )
+        if isinstance(outcome, Decided):
+            return outcome
         self.replies.handled([event.event_id], outbox=outcome.reply is not None)
         return None

@@ -1,10 +1,11 @@
 """Handling a key's next events under its lease: a command, or a turn of the agent.
 
 The busy policy of the events' channel says which rows form the turn (`collect` merges a
-burst). Before anything runs, its attempt is counted in a commit of its own, so an event
-that fails for any reason, even one that kills the process, is tried at most
-`max_attempts` times: then it is failed with its last error, its sender is told where the
-channel can carry a reply, and the key's next events run.
+burst). Before anything runs, its attempt is counted and committed (a command's by a
+statement of its own, a turn's by the commit that starts it, or by one of its own if that
+start fails), so an event that fails for any reason, even one that kills the process, is
+tried at most `max_attempts` times: then it is failed with its last error, its sender is
+told where the channel can carry a reply, and the key's next events run.
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ from collections.abc import Mapping
 import structlog
 
 from app import tracing
+from app.access.roles import Role, Roles
 from app.channel import ChannelSettings
 from app.errors import LeaseLost
 from app.pipeline.busy import BusyPolicies
-from app.pipeline.commands import CommandCall, CommandRegistry
+from app.pipeline.commands import Command, CommandCall, CommandRegistry, required_role
+from app.pipeline.platform_events import PlatformEvents
 from app.pipeline.replies import Replies, reply_for
 from app.pipeline.storage.port import InboxRow, PipelineStore
 from app.pipeline.texts import say
@@ -39,6 +42,8 @@ class Handler:
         *,
         max_attempts: int,
         channel_settings: Mapping[str, ChannelSettings] | None = None,
+        roles: Roles | None = None,
+        native: PlatformEvents | None = None,
     ) -> None:
         self.store = store
         self.commands = commands
@@ -47,6 +52,9 @@ class Handler:
         self.replies = replies
         self.max_attempts = max_attempts
         self.channel_settings = dict(channel_settings or {})
+        self.roles = roles or Roles(self.channel_settings)
+        # Edits and recalls queued behind a turn's messages apply before it starts.
+        self.native = native
 
     def locale(self, channel: str) -> str:
         settings = self.channel_settings.get(channel)
@@ -69,19 +77,33 @@ class Handler:
             await self._give_up(lease, spent, f"gave up after {self.max_attempts} attempts")
         if not live:
             return Handled()
-        counted = set(await self.store.count_attempt(lease, [r.id for r in live]))
-        live = [r for r in live if r.id in counted]  # a row canceled while it waited is skipped
-        if not live:
-            return Handled()
+        found = self.commands.find(live[0].event) if len(live) == 1 else None
+        if found is None and self.native is not None:
+            live = await self.native.before_turn(lease, live)
+            if not live:
+                return Handled()
+        if found is not None:
+            counted = set(await self.store.count_attempt(lease, [r.id for r in live]))
+            live = [r for r in live if r.id in counted]  # a row canceled while it waited is skipped
+            if not live:
+                return Handled()
         ids = [r.id for r in live]
         with tracing.handling(live, replica=lease.owner):  # continues the rows' stored traces
-            return await self._attempt(lease, live, ids, hand_on)
+            return await self._attempt(lease, live, ids, hand_on, found)
 
     async def _attempt(
-        self, lease: SessionLease, live: list[InboxRow], ids: list[int], hand_on: HandOn | None
+        self,
+        lease: SessionLease,
+        live: list[InboxRow],
+        ids: list[int],
+        hand_on: HandOn | None,
+        found: tuple[Command, str] | None,
     ) -> Handled:
         try:
-            return await self._run(lease, live, hand_on)
+            if found is None:
+                # A turn counts its attempt in the commit that starts it (`TurnPlan.count_attempt`).
+                return await self.turns.run(lease, live, hand_on, counted=False)
+            return await self._command(lease, live[0], found)
         except LeaseLost:
             raise
         except Exception as exc:
@@ -89,23 +111,30 @@ class Handler:
             await self.store.note_error(ids, f"{type(exc).__name__}: {exc}")
             raise
 
-    async def _run(self, lease: SessionLease, rows: list[InboxRow], hand_on: HandOn | None) -> Handled:
-        found = self.commands.find(rows[0].event) if len(rows) == 1 else None
-        if found is None:
-            return await self.turns.run(lease, rows, hand_on)
+    async def _command(self, lease: SessionLease, row: InboxRow, found: tuple[Command, str]) -> Handled:
         command, args = found
-        row = rows[0]
         locale = self.locale(row.channel)
         call = CommandCall(lease, row, command.name, args, locale)
-        if command.allowed is not None and not command.allowed(row.event):
-            async with self.store.fenced(lease) as conn:
-                await self.replies.answer(
-                    conn, row, say("not_allowed", locale, command=command.name), session_id=None
-                )
-            self.replies.handled([row.event_id])
+        refusal = await self._refusal(command, row, locale)
+        if refusal is not None:  # a refused command changes nothing: only the reply is stored
+            await self.replies.answer(lease, row, refusal)
         else:
             return await command.run(call) or Handled()
         return Handled()
+
+    async def _refusal(self, command: Command, row: InboxRow, locale: str) -> str | None:
+        """Why the sender may not run `command` here (the reply), or None when they may."""
+        if command.allowed is not None and not command.allowed(row.event):
+            return say("not_allowed", locale, command=command.name)
+        settings = self.channel_settings.get(row.channel)
+        needed = required_role(command, settings.conversation_commands if settings else "admin")
+        if needed is Role.GUEST:
+            return None
+        role = await self.roles.of(row.event)
+        if role >= needed:
+            return None
+        log.info("command_refused", command=command.name, role=role.label, needed=needed.label)
+        return say("role_needed", locale, command=command.name, role=say(f"role.{needed.label}", locale))
 
     async def _give_up(self, lease: SessionLease, rows: list[InboxRow], reason: str) -> None:
         """Fail rows that used their attempts; tell their senders instead of dropping them."""

@@ -27,6 +27,10 @@ Counted = Callable[[str, str], None]
 `deduplicated`, `skipped`): the metrics."""
 
 
+StoredAs = Callable[[str, str], Awaitable[tuple[str, str] | None]]
+"""(channel, platform id) → the (event id, session key) it was stored under, if it was."""
+
+
 class Ingest:
     def __init__(
         self,
@@ -39,7 +43,9 @@ class Ingest:
         counted: Counted | None = None,
         assign: Callable[[InboundEvent], Awaitable[InboundEvent]] | None = None,
         on_stored: Callable[[Sequence[InboundEvent]], Awaitable[None]] | None = None,
+        stored_as: StoredAs | None = None,
     ) -> None:
+        self.stored_as = stored_as
         self.assign = assign  # puts the serving agent on an event (app.agents)
         self.on_stored = on_stored  # told the newly stored events (app.agents.senders)
         self.store = store
@@ -71,6 +77,10 @@ class Ingest:
             if event.session_key_override and not settings.allow_session_override:
                 event = event.model_copy(update={"session_key_override": None})
             event, refused = await self._admit(settings, event)
+            if isinstance(refused, AcceptResult):  # a redelivery: answered as it was the first time
+                self.counted(channel, "deduplicated")
+                results.append(refused)
+                continue
             if refused is not None:
                 self.counted(channel, "skipped")
                 results.append(
@@ -96,11 +106,24 @@ class Ingest:
 
     async def _admit(
         self, settings: ChannelSettings, event: InboundEvent
-    ) -> tuple[InboundEvent, Verdict | None]:
-        """Who may talk, then the serving agent, then the quotas (which may be the agent's)."""
+    ) -> tuple[InboundEvent, Verdict | AcceptResult | None]:
+        """Who may talk, then the serving agent, then the quotas (which may be the agent's).
+
+        An event stored before (a platform's retry) is a duplicate before any quota: it
+        neither counts against one nor is refused by one (the sender might then send it
+        again, and it would run twice)."""
         refused = await self.gate.check_access(settings, event)
         if refused is not None:
             return event, refused
+        # Only for a quota: otherwise the store finds the redelivery itself, as it stores it.
+        if (
+            event.external_id is not None
+            and self.stored_as is not None
+            and self.gate.may_limit(settings, event.channel)
+        ):
+            seen = await self.stored_as(event.channel, event.external_id)
+            if seen is not None:
+                return event, AcceptResult(event_id=seen[0], session_key=seen[1], duplicate=True)
         if self.assign is not None:
             event = await self.assign(event)
         return event, await self.gate.check_quota(settings, event)
@@ -133,6 +156,10 @@ class Ingest:
             if not result.duplicate:
                 self.waiters.accepted(result.event_id)
         self.scheduler.accepted(accepted.results, accepted.claim)
+        if owner is not None:
+            # A redelivery is answered under its original's key, which may not be the key
+            # the slot was offered for (an agent or a handoff chosen since): give it back.
+            self.scheduler.withdraw(events[0].session_key)
         if self.on_stored is not None:
             await self.on_stored(
                 [e for e, r in zip(events, accepted.results, strict=True) if not r.duplicate]

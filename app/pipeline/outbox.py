@@ -2,80 +2,75 @@
 
 Only the oldest undelivered row of each session key is claimable, so replies of one
 conversation arrive in order even when several replicas send. A claim is a lease with a
-deadline: a sender that dies mid-delivery leaves a row that is claimed again later.
+deadline: a sender that dies mid-delivery leaves a row that is claimed again later. The
+deadline is short (the runtime makes it no longer than the session lease TTL) and a
+delivery in flight renews it, so a slow upload is not sent twice while a dead replica's
+claims are free within the TTL. A sender that stops (SIGTERM) gives up the claims it
+could not finish, so another replica sends them at once. A claim names its sender
+(`owner`): when a claim's commit reached the database but its answer was lost (the
+connection dropped after the commit), the same sender takes those rows again at its next
+poll instead of waiting for the deadline; other replicas still wait for it.
+
+With a `Pacer` (`app.pipeline.pacing`), a row is sent only in a slot its token buckets
+(bot, chat, group; shared by the replicas) give it; a row whose slot is further than the
+pacer's `max_wait` goes back to pending until then, its attempt not counted, and later
+rows of its key wait behind it as they do behind a retry, so order and "sent once" hold.
+A platform's `retry_after` pauses the chat's buckets for every replica.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import random
 from collections import defaultdict
 from collections.abc import Callable, Mapping
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import structlog
-from sqlalchemy import and_, bindparam, exists, or_, select, update
+from sqlalchemy import and_, bindparam, update
 from sqlalchemy.ext.asyncio import AsyncEngine
-from sqlalchemy.orm import aliased
 
 from app import tracing
 from app.channel import ChannelAdapter, delivers
-from app.db import direct
-from app.db.direct import Direct
 from app.db.engine import autocommit
-from app.db.models import OUTBOX_UNDELIVERED, one_of, outbox, utcnow
+from app.db.models import outbox, utcnow
+from app.db.outage import log_failure, unreachable
 from app.errors import ChannelRateLimited, DeliveryError
 from app.events import OutboundMessage
+from app.pipeline.pacing import Pacer
+from app.pipeline.storage.port import OutboxClaim, PipelineStore
+from app.pipeline.storage.records import PaceGrant
 
 log = structlog.get_logger(__name__)
 
-
-@functools.cache
-def _claim_statement(skip_locked: bool, channels: tuple[str, ...]) -> Direct:
-    """Claim the due rows that are the oldest undelivered one of their key, in one statement.
-
-    Built once per sender (its channels are fixed; `one_of`): it runs after every reply,
-    on asyncpg directly (`app.db.direct`).
-    """
-    earlier = aliased(outbox)
-    now: Any = bindparam("now")
-    due = or_(
-        and_(outbox.c.status == "pending", outbox.c.next_attempt_at <= now),
-        and_(outbox.c.status == "sending", outbox.c.claimed_until < now),
-    )
-    blocked = exists().where(
-        earlier.c.session_key == outbox.c.session_key,
-        earlier.c.id < outbox.c.id,
-        one_of(earlier.c.status, OUTBOX_UNDELIVERED),
-    )
-    candidates = (
-        select(outbox.c.id)
-        .where(due, ~blocked, one_of(outbox.c.channel, channels))
-        .order_by(outbox.c.id)
-        .limit(bindparam("limit"))
-    )
-    if skip_locked:  # PostgreSQL: replicas claiming at once pass over each other's rows
-        candidates = candidates.with_for_update(skip_locked=True)
-    return Direct(
-        update(outbox)
-        .where(outbox.c.id.in_(candidates.scalar_subquery()))
-        .values(status="sending", claimed_until=bindparam("until"), attempts=outbox.c.attempts + 1)
-        .returning(outbox)
-    )
+RESULT_RETRY_SECONDS = 0.5  # how often an unrecorded delivery result is tried again
+PAUSE_CHECK_AHEAD = 0.05  # a paced send reads the chat's pause this long before its slot
 
 
 _FINISH = update(outbox).where(outbox.c.id == bindparam("id_")).values(claimed_until=None)
+# A claim is ours while the row is `sending` with the attempt count our claim gave it.
+_OURS = and_(
+    outbox.c.id == bindparam("id_"), outbox.c.attempts == bindparam("a"), outbox.c.status == "sending"
+)
+_RENEW_CLAIM = update(outbox).where(_OURS).values(claimed_until=bindparam("until"))
+# Every claim a stopping sender still holds, whether or not it saw the claim's answer.
+_GIVE_UP_CLAIMS = (
+    update(outbox)
+    .where(outbox.c.status == "sending", outbox.c.claimed_by == bindparam("owner"))
+    .values(status="pending", claimed_until=None, next_attempt_at=bindparam("now"))
+)
 
 
 class OutboxSender:
     def __init__(
         self,
         engine: AsyncEngine,
+        store: PipelineStore,
         adapters: Mapping[str, ChannelAdapter],
         *,
+        owner: str,
         poll_interval: float,
         max_attempts: int,
         backoff_base: float,
@@ -83,8 +78,14 @@ class OutboxSender:
         batch_size: int = 100,
         claim_seconds: float = 30.0,
         on_result: Callable[[str, str], None] | None = None,
+        pacer: Pacer | None = None,
     ) -> None:
         self.engine = engine
+        self.pacer = pacer
+        self.store = store  # claims through the port (`claim_outbox`)
+        # Claims carry it: a claim whose commit landed but whose answer was lost is ours
+        # to take again at the next poll, not after `claim_seconds`.
+        self.owner = owner
         # Every write here is one statement: no BEGIN/COMMIT around it.
         self.single = autocommit(engine)
         self.adapters = adapters
@@ -101,9 +102,12 @@ class OutboxSender:
         # Results waiting to be written, each with the future its delivery waits on.
         self._results: list[tuple[dict[str, Any], asyncio.Future[None]]] = []
         self._writer: asyncio.Task[None] | None = None
+        self._claimed: dict[int, int] = {}  # rows claimed and not yet done: id -> attempts
+        self._renewer: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="outbox-sender")
+        self._renewer = asyncio.create_task(self._renew_claims(), name="outbox-claims")
 
     async def stop(self, grace: float = 5.0) -> None:
         """Let a delivery in flight record its result, then stop (cancel after `grace`)."""
@@ -119,6 +123,38 @@ class OutboxSender:
                 await self._task
         if self._writer is not None:  # results of deliveries that were cancelled meanwhile
             await asyncio.wait({self._writer}, timeout=grace)
+        if self._renewer is not None:
+            self._renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._renewer
+        await self._give_up_claims()
+
+    async def _renew_claims(self) -> None:
+        """Keep the claims of deliveries in flight (fenced by their attempt count)."""
+        while True:
+            await asyncio.sleep(self.claim_seconds / 3)
+            until = utcnow() + timedelta(seconds=self.claim_seconds)
+            held = [{"id_": i, "a": a, "until": until} for i, a in self._claimed.items()]
+            if not held:
+                continue
+            try:
+                async with self.single.connect() as conn:
+                    await conn.execute(_RENEW_CLAIM, held)
+            except Exception as exc:  # the claim may lapse: the row is sent again, never lost
+                log.warning("outbox_claim_renew_failed", error=repr(exc))
+
+    async def _give_up_claims(self) -> None:
+        """Claims of deliveries that did not finish: due again now, for any replica.
+
+        By owner, not only the claims this sender knows of: a claim whose answer was lost
+        is released too. Nothing of this sender is delivering any more.
+        """
+        held, self._claimed = self._claimed, {}
+        try:
+            async with self.single.connect() as conn:
+                await conn.execute(_GIVE_UP_CLAIMS, {"owner": self.owner, "now": utcnow()})
+        except Exception as exc:
+            log.warning("outbox_claims_not_released", count=len(held), error=repr(exc))
 
     def notify(self) -> None:
         self._wakeup.set()
@@ -137,8 +173,8 @@ class OutboxSender:
                 claimed = await self.deliver_due()
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.exception("outbox_loop_failed")
+            except Exception as exc:
+                log_failure(log, "outbox_loop_failed", exc)
                 claimed = 0
             if claimed == 0 and not self._stopping:
                 with contextlib.suppress(TimeoutError):
@@ -151,22 +187,30 @@ class OutboxSender:
         by_key: dict[str, list[Any]] = defaultdict(list)
         for row in rows:
             by_key[row["session_key"]].append(row)
-        await asyncio.gather(*(self._deliver_key(group) for group in by_key.values()))
+        # Every delivery ends before this returns, even when one fails: the next claim may
+        # take this sender's own claims again (see `OutboxClaim.owner`), which is right
+        # only while none of them is still being delivered.
+        ended = await asyncio.gather(*(self._deliver_key(g) for g in by_key.values()), return_exceptions=True)
+        for outcome in ended:
+            if isinstance(outcome, BaseException):
+                raise outcome
         return len(rows)
 
     async def _claim(self) -> list[Any]:
         if not self.adapters:
             return []
         now = utcnow()
-        params = {
-            "now": now,
-            "until": now + timedelta(seconds=self.claim_seconds),
-            "limit": self.batch_size,
-        }
-        async with direct.connect(self.single) as conn:
-            statement = _claim_statement(conn.dialect.name == "postgresql", tuple(sorted(self.adapters)))
-            rows = await statement.rows(conn, params)
-        return sorted(rows, key=lambda r: r["id"])
+        claim = OutboxClaim(
+            channels=tuple(sorted(self.adapters)),
+            now=now,
+            until=now + timedelta(seconds=self.claim_seconds),
+            limit=self.batch_size,
+            owner=self.owner,
+        )
+        rows = await self.store.claim_outbox(claim)
+        for row in rows:
+            self._claimed[row["id"]] = row["attempts"]
+        return rows
 
     async def _deliver_key(self, rows: list[Any]) -> None:
         for row in rows:
@@ -178,11 +222,44 @@ class OutboxSender:
     async def _deliver(self, row: Any) -> bool:
         adapter = self.adapters[row["channel"]]
         message = OutboundMessage.model_validate(row["payload"])
+        grant: PaceGrant | None = None
+        if self.pacer is not None:
+            try:
+                grant = await self._paced(row, message, self.pacer)
+            except Exception as exc:  # the claim lapses: any replica sends it later, once
+                log_failure(log, "pacing_failed", exc)
+                self._claimed.pop(row["id"], None)
+                return False
+            if grant is None:
+                return False
+        held = [grant] if grant is not None else []
+        try:
+            return await self._send(row, adapter, message, held)
+        finally:
+            await self._release(message, held)
+
+    async def _release(self, message: OutboundMessage, held: list[PaceGrant]) -> None:
+        """The platform answered: the chat's next send may go (once; a hold not released,
+        by a crash say, lapses by itself)."""
+        if held and self.pacer is not None:
+            grant = held.pop()
+            with contextlib.suppress(Exception):
+                await self.pacer.sent(message, grant)
+
+    async def _send(
+        self, row: Any, adapter: ChannelAdapter, message: OutboundMessage, held: list[PaceGrant]
+    ) -> bool:
         try:
             with tracing.delivery(row) as span:  # continues the trace of the turn that wrote it
                 result = await adapter.send(message)
                 tracing.delivered(span, result.platform_message_id)
+            await self._release(message, held)  # before its row is written: the chat goes on
         except ChannelRateLimited as exc:
+            if self.pacer is not None:
+                with contextlib.suppress(Exception):  # best-effort; the row's own retry waits too
+                    await self.pacer.rate_limited(message, exc.retry_after)
+                # The platform said "later", not "failed": the attempt is not counted.
+                return await self._retry(row, str(exc), delay=exc.retry_after, counted=False)
             return await self._retry(row, str(exc), delay=exc.retry_after)
         except DeliveryError as exc:
             if not exc.retryable:
@@ -195,25 +272,62 @@ class OutboxSender:
         await self._finish(row, "sent", platform_message_id=result.platform_message_id)
         return True
 
-    async def _retry(self, row: Any, error: str, *, delay: float | None = None) -> bool:
-        if row["attempts"] >= self.max_attempts:
+    async def _paced(self, row: Any, message: OutboundMessage, pacer: Pacer) -> PaceGrant | None:
+        """Wait for the row's slot (the grant, released when the send is answered), or hand
+        it back to pending until then (None)."""
+        grant = await pacer.final(message)
+        deadline = pacer.clock() + pacer.max_wait
+        while grant.granted or (grant.busy and grant.at <= deadline):
+            if not grant.granted:  # a send to the chat is in flight: its answer comes first
+                await asyncio.sleep(pacer.wait(grant.at))
+                grant = await pacer.final(message)
+                continue
+            # A `retry_after` another send got meanwhile (on any replica) holds this one
+            # too: looked at just before the slot, so the send itself leaves on time.
+            await asyncio.sleep(max(0.0, pacer.wait(grant.at) - PAUSE_CHECK_AHEAD))
+            if await pacer.paused_until(message) <= grant.at:
+                await asyncio.sleep(pacer.wait(grant.at))
+                await pacer.leaving(message, grant.at)
+                return grant
+            await pacer.sent(message, grant)  # not sending in this slot: give the chat back
+            grant = await pacer.final(message)
+        await self._when_back(
+            update(outbox)
+            .where(
+                outbox.c.id == row["id"], outbox.c.attempts == row["attempts"], outbox.c.status == "sending"
+            )
+            .values(
+                status="pending",
+                claimed_until=None,
+                next_attempt_at=datetime.fromtimestamp(grant.at, UTC),
+                attempts=outbox.c.attempts - 1,
+            )
+        )
+        self._claimed.pop(row["id"], None)
+        # Claim again when the slot comes (the poll interval may be longer).
+        asyncio.get_running_loop().call_later(pacer.wait(grant.at), self._wakeup.set)
+        return None
+
+    async def _retry(self, row: Any, error: str, *, delay: float | None = None, counted: bool = True) -> bool:
+        if row["attempts"] >= self.max_attempts and counted:
             await self._finish(row, "failed", error=error)
             return True
         if delay is None:
             delay = min(self.backoff_max, self.backoff_base * 2 ** (row["attempts"] - 1))
             delay *= random.uniform(0.8, 1.2)
         log.warning("send_retry", channel=row["channel"], attempts=row["attempts"], error=error)
-        async with self.single.connect() as conn:
-            await conn.execute(
-                update(outbox)
-                .where(outbox.c.id == row["id"])
-                .values(
-                    status="pending",
-                    claimed_until=None,
-                    last_error=error,
-                    next_attempt_at=utcnow() + timedelta(seconds=delay),
-                )
+        await self._when_back(
+            update(outbox)
+            .where(outbox.c.id == row["id"])
+            .values(
+                status="pending",
+                claimed_until=None,
+                last_error=error,
+                next_attempt_at=utcnow() + timedelta(seconds=delay),
+                attempts=outbox.c.attempts if counted else outbox.c.attempts - 1,
             )
+        )
+        self._claimed.pop(row["id"], None)
         self.on_result(row["channel"], "retry")
         return False
 
@@ -231,6 +345,7 @@ class OutboxSender:
         if self._writer is None or self._writer.done():
             self._writer = asyncio.create_task(self._write_results(), name="outbox-results")
         await written  # the next row of the key is sent only after this one is recorded
+        self._claimed.pop(row["id"], None)
         self.on_result(row["channel"], status)
 
     async def _write_results(self) -> None:
@@ -241,6 +356,7 @@ class OutboxSender:
         before, but the results go out together (executemany) instead of one statement
         each. The writer waits for more only while more keep arriving, at most ten turns.
         """
+        gave_up_at: float | None = None
         while self._results:
             waiting = 0
             for _ in range(10):  # deliveries ending at about the same time join in
@@ -257,10 +373,21 @@ class OutboxSender:
                     for rows in shapes.values():
                         await conn.execute(_FINISH, rows)
             except Exception as exc:
+                now = asyncio.get_running_loop().time()
+                gave_up_at = gave_up_at or now + self.claim_seconds
+                if unreachable(exc) and now < gave_up_at:
+                    # The database is away (a failover, a restart) and these deliveries
+                    # happened: record them once it is back, instead of leaving their rows
+                    # claimed for OUTBOX_CLAIM_SECONDS and then sending them again. Past
+                    # the claim, another sender may have taken them: the claim decides.
+                    self._results = batch + self._results
+                    await asyncio.sleep(RESULT_RETRY_SECONDS)
+                    continue
                 for _, written in batch:
                     if not written.done():
                         written.set_exception(exc)
             else:
+                gave_up_at = None
                 for _, written in batch:
                     if not written.done():
                         written.set_result(None)
@@ -268,9 +395,24 @@ class OutboxSender:
     async def _unclaim(self, ids: list[int]) -> None:
         if not ids:
             return
-        async with self.single.connect() as conn:
-            await conn.execute(
-                update(outbox)
-                .where(outbox.c.id.in_(ids))
-                .values(status="pending", claimed_until=None, attempts=outbox.c.attempts - 1)
-            )
+        for id_ in ids:
+            self._claimed.pop(id_, None)
+        await self._when_back(
+            update(outbox)
+            .where(outbox.c.id.in_(ids))
+            .values(status="pending", claimed_until=None, attempts=outbox.c.attempts - 1)
+        )
+
+    async def _when_back(self, statement: Any) -> None:
+        """Run a claim's release, again while the database is away (as `_write_results`):
+        released now, the key's replies go on as soon as it is back, not after the claim."""
+        give_up = asyncio.get_running_loop().time() + self.claim_seconds
+        while True:
+            try:
+                async with self.single.connect() as conn:
+                    await conn.execute(statement)
+                return
+            except Exception as exc:
+                if not unreachable(exc) or asyncio.get_running_loop().time() >= give_up:
+                    raise
+                await asyncio.sleep(RESULT_RETRY_SECONDS)

@@ -12,15 +12,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from pydantic import TypeAdapter
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.channel import WaitResult
-from app.db.models import outbox, utcnow
-from app.events import InboundEvent, OutboundMessage, Part, TextPart
+from app.events import PRIVATE_NOTICE_KEY, InboundEvent, OutboundMessage, Part, TextPart
 from app.outbox_rows import outbox_values
-from app.pipeline.storage.inbox_queries import MARK
-from app.pipeline.storage.port import InboxRow
+from app.pipeline.storage.port import Answer, InboxRow, PipelineStore
 from app.pipeline.waiters import Waiters
+from app.sessions.lease import SessionLease
 from app.sessions.messages import ChatMessage
 
 
@@ -60,7 +58,6 @@ def user_message(event: InboundEvent) -> ChatMessage:
 
 
 _PART: TypeAdapter[Part] = TypeAdapter(Part)
-_INSERT_OUTBOX = outbox.insert()  # built once: the values come with the parameters
 
 
 class Replies:
@@ -68,11 +65,13 @@ class Replies:
 
     def __init__(
         self,
+        store: PipelineStore,
         waiters: Waiters,
         *,
         delivers: Callable[[str], bool] | None = None,
         on_outbox: Callable[[], None] | None = None,
     ) -> None:
+        self.store = store
         self.waiters = waiters
         # Whether a channel's replies need sending (`OutboxSender.delivers`); if not, they
         # are stored as sent and the sender is not woken for them.
@@ -91,28 +90,42 @@ class Replies:
             sent=not self.delivers(message.channel),
         )
 
-    async def insert(
+    def answer_of(
         self,
-        conn: AsyncConnection,
-        message: OutboundMessage,
+        row: InboxRow,
+        text: str | None,
         *,
-        session_id: int | None,
-        run_id: int | None,
-        event_id: str | None,
-    ) -> None:
-        """Insert the reply's outbox row in the caller's transaction."""
-        await conn.execute(
-            _INSERT_OUTBOX, self.row(message, session_id=session_id, run_id=run_id, event_id=event_id)
-        )
+        session_id: int | None = None,
+        run_id: int | None = None,
+        media: Sequence[dict[str, Any]] = (),
+        notices: Sequence[OutboundMessage] = (),
+        private: bool = False,
+    ) -> Answer:
+        """`row` answered with `text` (None: done without a reply), and `notices` to other chats.
+
+        `private`: the reply is for the event's sender only (`PRIVATE_NOTICE_KEY`)."""
+        replies = [self.row(m, session_id=None, run_id=None, event_id=None) for m in notices]
+        if text is not None:
+            message = reply_for(row.event, text, media)
+            if private:
+                message = message.model_copy(
+                    update={"metadata": {**message.metadata, PRIVATE_NOTICE_KEY: True}}
+                )
+            replies.insert(0, self.row(message, session_id=session_id, run_id=run_id, event_id=row.event_id))
+        return Answer([row.id], replies)
 
     async def answer(
-        self, conn: AsyncConnection, row: InboxRow, text: str, *, session_id: int | None
+        self,
+        lease: SessionLease,
+        row: InboxRow,
+        text: str | None,
+        *,
+        session_id: int | None = None,
+        notices: Sequence[OutboundMessage] = (),
     ) -> None:
-        """Answer `row` with `text` and mark it done, in the caller's fenced transaction."""
-        await self.insert(
-            conn, reply_for(row.event, text), session_id=session_id, run_id=None, event_id=row.event_id
-        )
-        await conn.execute(MARK, {"ids": [row.id], "status": "done", "updated_at": utcnow()})
+        """Answer a command's `row` with `text` (the store's `answer`), then wake who waits."""
+        await self.store.answer(lease, self.answer_of(row, text, session_id=session_id, notices=notices))
+        self.handled([row.event_id], outbox=text is not None or bool(notices))
 
     def handled(
         self, event_ids: Sequence[str], *, result: WaitResult | None = None, outbox: bool = True

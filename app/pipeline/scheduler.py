@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 import structlog
 
 from app.channel import AcceptResult
+from app.db.outage import log_failure
 from app.errors import LeaseLost
 from app.pipeline.handling import Handler
 from app.pipeline.midrun import MidRun
@@ -32,6 +33,8 @@ log = structlog.get_logger(__name__)
 
 # How many of a key's next rows a worker reads at a time.
 ROWS_AT_ONCE = 2
+# How many of a dead replica's keys one poll frees at most (`PipelineStore.reclaim_expired`).
+RECLAIM_AT_ONCE = 10_000
 
 
 class Scheduler:
@@ -62,6 +65,8 @@ class Scheduler:
         self._again: set[str] = set()
         self._poller: asyncio.Task[None] | None = None
         self._stopping = False
+        # Leases of workers cancelled by `hand_over` mid-turn: given up there, not left to expire.
+        self._abandoned: list[SessionLease] = []
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -76,6 +81,37 @@ class Scheduler:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+
+    async def hand_over(self, grace: float) -> int:
+        """Stop taking keys, let turns in flight finish within `grace`, give every lease up.
+
+        A worker ends after its current turn and releases its key's lease (the key's later
+        events are left to other replicas, which take the free lease at once). A turn still
+        running after `grace` is cancelled: its history is legal at any point (messages are
+        appended as they happen) and its attempt was counted, so the replica that takes the
+        key over runs the event again. Returns how many turns were cancelled.
+        """
+        self._stopping = True
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._poller
+        workers = list(self._workers.values())
+        pending: set[asyncio.Task[None]] = set()
+        if workers:
+            _, pending = await asyncio.wait(workers, timeout=grace)
+        for task in pending:
+            task.cancel()
+        for task in pending:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        abandoned, self._abandoned = self._abandoned, []
+        for lease in abandoned:
+            try:
+                await asyncio.shield(self.store.release(lease))
+            except Exception:
+                log.exception("lease_release_failed", session_key=lease.key)
+        return len(pending)
 
     @property
     def busy_keys(self) -> list[str]:
@@ -144,21 +180,38 @@ class Scheduler:
             full = False
             self._room.clear()
             try:
+                reclaimed = await self._reclaim()
                 room = max(1, self.max_concurrent_runs - len(self._workers))
                 keys = await self.store.claimable_keys(room)
                 for key in keys:
-                    self.notify(key)
+                    if key not in reclaimed:  # queued already: no second round for it
+                        self.notify(key)
                 full = len(keys) == room
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.exception("inbox_poll_failed")
+            except Exception as exc:
+                log_failure(log, "inbox_poll_failed", exc)
             if not full:
                 await asyncio.sleep(self.poll_interval)
                 continue
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.poll_interval):
                     await self._room.wait()
+
+    async def _reclaim(self) -> set[str]:
+        """Free all of a dead replica's expired leases at once and queue their keys here.
+
+        Queued keys wait for a run slot holding no lease: a replica with room takes them
+        first, then ours finds them held and moves on.
+        """
+        keys = await self.store.reclaim_expired(RECLAIM_AT_ONCE)
+        if keys:
+            log.info("expired_leases_reclaimed", count=len(keys))
+        for key in keys:
+            if self.on_takeover is not None:
+                self.on_takeover()
+            self.notify(key)
+        return set(keys)
 
     # --- a key's worker -------------------------------------------------------------
 
@@ -174,8 +227,8 @@ class Scheduler:
                     break
         except asyncio.CancelledError:
             raise
-        except Exception:
-            log.exception("drain_failed", session_key=key)
+        except Exception as exc:
+            log_failure(log, "drain_failed", exc, session_key=key)
         finally:
             self._workers.pop(key, None)
             if len(self._workers) < self.max_concurrent_runs:
@@ -186,6 +239,8 @@ class Scheduler:
         if slot is None:
             slot = await self._slots.take(key)
         try:
+            if self._stopping and slot.claim is None:
+                return False  # handing over: the key is left free for another replica
             claim = slot.claim or await self.store.take(key, self.owner)
             if claim is None:
                 return False  # its holder looks for new events when it gives the key up
@@ -226,6 +281,10 @@ class Scheduler:
         except LeaseLost:
             log.warning("lease_lost", fence=lease.fence)
             return False
+        except asyncio.CancelledError:
+            if self._stopping:
+                self._abandoned.append(lease)  # `hand_over` gives it up
+            raise
         finally:
             renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -244,8 +303,8 @@ class Scheduler:
             return await self.handler.handle(lease, rows, slot)
         except LeaseLost:
             raise
-        except Exception:
-            log.exception("turn_failed")
+        except Exception as exc:
+            log_failure(log, "turn_failed", exc)
             await asyncio.sleep(0.2)
             return None
 
@@ -256,8 +315,8 @@ class Scheduler:
                 # Cancelled when the drain ends, maybe mid-statement: shielded, the renewal
                 # finishes and returns its pooled connection regardless.
                 held = await asyncio.shield(self.store.renew(lease))
-            except Exception:
-                log.exception("lease_renew_failed")
+            except Exception as exc:
+                log_failure(log, "lease_renew_failed", exc)
                 continue
             if not held:
                 # A turn's end may have given it up, its worker about to notice: no

@@ -21,6 +21,14 @@ TEXTS: dict[str, dict[str, str]] = {
     "stop.nothing": {"en": "Nothing is running.", "zh": "当前没有正在运行的任务。"},
     "failed": {"en": "Sorry, I could not process your message.", "zh": "抱歉，无法处理你的消息。"},
     "not_allowed": {"en": "You are not allowed to use {command} here.", "zh": "你无权在此使用 {command}。"},
+    "role_needed": {
+        "en": "Only {role} of this group may use {command}; nothing was changed.",
+        "zh": "只有本群的{role}可以使用 {command}，未做任何更改。",
+    },
+    "role.owner": {"en": "the owner", "zh": "群主"},
+    "role.admin": {"en": "admins", "zh": "管理员"},
+    "role.member": {"en": "members", "zh": "成员"},
+    "role.guest": {"en": "guests", "zh": "访客"},
     "help.title": {"en": "Commands:", "zh": "可用命令："},
     "none": {"en": "none", "zh": "无"},
     "untitled": {"en": "(untitled)", "zh": "（无标题）"},
@@ -115,6 +123,10 @@ TEXTS: dict[str, dict[str, str]] = {
     "link.bad_code": {
         "en": "That code is unknown, used or expired. Send /link on your other account for a new one.",
         "zh": "该关联码无效、已使用或已过期。请在另一个账号上发送 /link 获取新的关联码。",
+    },
+    "link.too_many": {
+        "en": "Too many tries with a code. Please wait up to {minutes} minutes and try again.",
+        "zh": "关联码尝试次数过多。请最多等待 {minutes} 分钟后再试。",
     },
     "link.same": {"en": "That code came from this account itself.", "zh": "该关联码来自此账号本身。"},
     "link.done": {

@@ -20,12 +20,16 @@ from functools import partial
 from typing import Any
 
 import structlog
+from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.access.roles import Roles
 from app.agent.loop import AgentRunner, Decision, RunHooks, RunRecord, StopRequest, open_calls
+from app.agent.provider import ProviderReply
 from app.agent.send_file import without_bytes
 from app.agent.tools import ToolContext
 from app.channel import ChannelSettings, WaitResult
 from app.db.models import utcnow
+from app.errors import RowsCanceled
 from app.events import InboundEvent
 from app.memory.recall import MemoryRecall
 from app.pipeline.after_turn import AfterTurnHooks
@@ -36,10 +40,10 @@ from app.pipeline.feed import SessionFeed
 from app.pipeline.inbox_files import InboxFiles
 from app.pipeline.midrun import MidRun
 from app.pipeline.replies import Replies, conversation_channel, reply_for
-from app.pipeline.run_trace import record_of, run_trace, run_values
-from app.pipeline.storage.inbox_queries import COUNT_ATTEMPT, reply_of
+from app.pipeline.run_trace import RunRow, record_of, run_trace, run_values
+from app.pipeline.storage.inbox_queries import reply_of
 from app.pipeline.storage.port import InboxRow, PipelineStore, Recall, TurnEnd, TurnPlan
-from app.pipeline.turn_fit import ContextFit
+from app.pipeline.turn_fit import Consolidating, ContextFit
 from app.pipeline.turn_pause import Pause
 from app.pipeline.turn_state import Handled, HandOn, TurnState, WindowLimits
 from app.pipeline.turn_tools import TurnTools
@@ -47,7 +51,9 @@ from app.pipeline.turn_window import TurnWindow
 from app.sessions.hooks import AfterTurn
 from app.sessions.lease import SessionLease
 from app.sessions.messages import ChatMessage
+from app.sessions.profiles import SessionModels, SessionProfiles
 from app.sessions.tokens import ContextLimits
+from app.usage.meter import Payer, UsageMeter
 
 log = structlog.get_logger(__name__)
 
@@ -60,8 +66,9 @@ class TurnRunner:
         replies: Replies,
         midrun: MidRun,
         *,
+        profiles: SessionProfiles,
+        models: SessionModels,
         limits: WindowLimits,
-        models: Mapping[str, str | None] | None = None,
         feed: SessionFeed | None = None,
         after_turn: Sequence[AfterTurn] = (),
         channel_settings: Mapping[str, ChannelSettings] | None = None,
@@ -71,55 +78,61 @@ class TurnRunner:
         on_run_finished: Callable[[str, float, str], None] | None = None,
         recall: MemoryRecall | None = None,
         context: ContextLimits | None = None,
+        consolidator: Consolidating | None = None,
+        inbox_files: InboxFiles | None = None,
+        count_tokens: Callable[[InboundEvent, int], Awaitable[None]] | None = None,
+        heartbeat_engine: AsyncEngine | None = None,
+        heartbeat_seconds: float = 0.0,
+        roles: Roles | None = None,
+        usage: UsageMeter | None = None,
     ) -> None:
+        """`profiles`: what the serving agent says about a session (app.agents; `NoProfiles`
+        without agents); `inbox_files`: where received files are kept (per-session
+        workspaces); `count_tokens`: add a turn's model tokens to the quota counters
+        (app.access); `heartbeat_*`: keep a working run's session active."""
         self.store = store
         self.runner = runner
         self.replies = replies
         self.midrun = midrun
-        self.window = TurnWindow(store, limits, models)
-        self.models = self.window.models  # each channel's model (read by /model)
+        self.window = TurnWindow(
+            store, limits, models, heartbeat_engine=heartbeat_engine, heartbeat_seconds=heartbeat_seconds
+        )
         self.feed = feed or SessionFeed(None)
         self.after_turn = AfterTurnHooks(after_turn)
         self.channel_settings = dict(channel_settings or {})
-        self.fit = ContextFit(store, self.window, context or ContextLimits(), self.channel_settings)
-        self.tools = TurnTools(self.channel_settings, tools_allow=tools_allow, tools_deny=tools_deny)
+        self.fit = ContextFit(
+            store, self.window, context or ContextLimits(), profiles, self.channel_settings, consolidator
+        )
+        self.tools = TurnTools(
+            self.channel_settings, profiles, tools_allow=tools_allow, tools_deny=tools_deny, roles=roles
+        )
         self.approval_timeout = approval_timeout
         self.on_run_finished = on_run_finished
         self.recall = recall  # read with a turn's start where the store can
-        # Set by the runtime: where received files are kept (per-session workspaces).
-        self.inbox_files = InboxFiles(None)
-        # Set by the runtime: add a turn's model tokens to the quota counters (app.access).
-        self.count_tokens: Callable[[InboundEvent, int], Awaitable[None]] | None = None
+        self.inbox_files = inbox_files or InboxFiles(None)
+        self.count_tokens = count_tokens
+        self.usage = usage  # every model call's usage, budgets before each (app.usage)
 
     # --- a new turn -----------------------------------------------------------------
 
-    async def run(self, lease: SessionLease, rows: list[InboxRow], hand_on: HandOn | None) -> Handled:
-        """Answer `rows` (their attempt counted) with one agent run."""
+    async def run(
+        self, lease: SessionLease, rows: list[InboxRow], hand_on: HandOn | None, *, counted: bool = True
+    ) -> Handled:
+        """Answer `rows` with one agent run; unless `counted`, the start counts their attempt
+        (a row canceled meanwhile is left out)."""
+        try:
+            plan, run_row = self._plan(lease, rows, count_attempt=not counted)
+        except Exception:
+            if not counted:  # nothing ran yet, but the attempt counts: no row is tried for ever
+                await self.store.count_attempt(lease, [r.id for r in rows])
+            raise
+        try:
+            started = await self.store.start(lease, plan)
+        except RowsCanceled as canceled:
+            left = [r for r in rows if r.id not in canceled.ids]
+            return await self.run(lease, left, hand_on, counted=False) if left else Handled()
         events = [r.event for r in rows]
         last = events[-1]
-        answer = not all(e.metadata.get("no_reply") for e in events)
-        now = utcnow()
-        run, run_row = run_values(
-            lease.key, events, now, provider=self.runner.provider.name, model=self.models.get(last.channel)
-        )
-        channel = conversation_channel(last)
-        recall = None
-        if self.recall is not None:
-            with_user, params = self.recall.recall_params(
-                last.channel, last.chat_type.value, lease.key, last.sender_id
-            )
-            recall = Recall(with_user, params)
-        plan = TurnPlan(
-            rows=rows,
-            channel=channel,
-            expire_after=self.store.sessions.lifecycle(channel).expire_after,
-            user_messages=[self.inbox_files.message(e) for e in events],
-            run=run if answer else None,
-            now=now,
-            window_limit=self.window.limits.max_messages,
-            recall=recall,
-        )
-        started = await self.store.start(lease, plan)
         await self.inbox_files.save(events, lease.key, started.session.generation)
         await self.feed.messages(
             lease.key, started.session.id, started.added, started.seqs, remote=started.watched
@@ -140,6 +153,7 @@ class TurnRunner:
             watched=started.watched,
             hand_on=hand_on,
         )
+        turn.trust = self.tools.trust([r.event for r in rows], last)
         # A model chosen with /model is stored on the session (app.agents.session_commands).
         turn.model = model = self.window.model(started.session, last)
         record = RunRecord(provider=self.runner.provider.name, model=model)
@@ -159,6 +173,41 @@ class TurnRunner:
             await self.after_turn.run(lease, turn.session)
         return Handled(turn.upcoming, turn.released)
 
+    def _plan(
+        self, lease: SessionLease, rows: list[InboxRow], *, count_attempt: bool
+    ) -> tuple[TurnPlan, RunRow]:
+        """The turn's start (`PipelineStore.start`) and its run row's values."""
+        events = [r.event for r in rows]
+        last = events[-1]
+        answer = not all(e.metadata.get("no_reply") for e in events)
+        now = utcnow()
+        run, run_row = run_values(
+            lease.key,
+            events,
+            now,
+            provider=self.runner.provider.name,
+            model=self.window.models.channel_models.get(last.channel),
+        )
+        channel = conversation_channel(last)
+        recall = None
+        if self.recall is not None:
+            with_user, params = self.recall.recall_params(
+                last.channel, last.chat_type.value, lease.key, last.sender_id
+            )
+            recall = Recall(with_user, params)
+        plan = TurnPlan(
+            rows=rows,
+            channel=channel,
+            expire_after=self.store.sessions.lifecycle(channel).expire_after,
+            user_messages=[self.inbox_files.message(e) for e in events],
+            run=run if answer else None,
+            now=now,
+            window_limit=self.window.limits.max_messages,
+            recall=recall,
+            count_attempt=count_attempt,
+        )
+        return plan, run_row
+
     # --- a paused run continued (/approve, /deny, the timeout) ----------------------
 
     async def resume(self, lease: SessionLease, row: InboxRow, decided: Decided) -> None:
@@ -175,6 +224,9 @@ class TurnRunner:
             link_rows=False,
         )
         turn.model = self.window.model(session, decided.origin)
+        # The run read what it read before its pause: its guarded calls still need asking.
+        turn.trust = self.tools.trust([decided.origin], decided.origin)
+        turn.trust.untrusted = True
         calls = open_calls(await self.store.sessions.tail(session.id, 64))
         decisions = {approval["tool_call_id"]: decided.decision}
         with self.midrun.running(lease.key):
@@ -249,7 +301,24 @@ class TurnRunner:
         async def pause(call: dict[str, Any], record: RunRecord) -> None:
             await self._pause(turn, call, record)
 
+        before_model = after_model = None
+        if self.usage is not None:
+            usage = self.usage
+            settings = self.channel_settings.get(turn.origin.channel)
+            payer = Payer(turn.origin, lease.key, getattr(settings, "locale", "en"))
+
+            async def before_model(model: str | None) -> None:
+                await usage.check(payer)
+
+            async def after_model(reply: ProviderReply, model: str | None) -> None:
+                try:
+                    await usage.record(payer, reply, model)
+                except Exception:  # the answer is made; a usage row that fails must not undo it
+                    log.exception("usage_record_failed", session_key=lease.key)
+
         return RunHooks(
+            before_model=before_model,
+            after_model=after_model,
             load_window=partial(self.window.load, turn),
             append=append,
             finish=finish,
@@ -272,19 +341,15 @@ class TurnRunner:
     async def _inject(self, turn: TurnState, rows: list[InboxRow]) -> None:
         """Steered messages join the run after its complete tool-result group."""
         lease, session = turn.lease, turn.session
-        async with self.store.fenced(lease) as conn:
-            mark = {"ids": [r.id for r in rows], "status": "processing", "run_id": turn.run_id}
-            await conn.execute(COUNT_ATTEMPT, {**mark, "updated_at": utcnow()})
-            new_user = [
-                self.inbox_files.message(r.event)
-                for r in rows
-                if r.attempts == 0 or not await self.store.sessions.has_event(conn, session.id, r.event_id)
-            ]
-            seqs = await self.store.sessions.append(conn, session.id, new_user, run_id=turn.run_id)
-        await self.inbox_files.save([r.event for r in rows], lease.key, session.generation)
-        turn.rows.extend(rows)
-        log.info("steered", event_ids=[r.event_id for r in rows])
-        await self._appended(turn, new_user, seqs)
+        messages = [self.inbox_files.message(r.event) for r in rows]
+        injected = await self.store.inject(lease, session.id, rows, messages, run_id=turn.run_id)
+        # A row canceled while it waited (A2A tasks/cancel) does not join the run.
+        joined = [r for r in rows if r.id in set(injected.row_ids)]
+        await self.inbox_files.save([r.event for r in joined], lease.key, session.generation)
+        self.tools.join(turn.trust, [r.event for r in joined], turn.origin)  # steered senders count
+        turn.rows.extend(joined)
+        log.info("steered", event_ids=[r.event_id for r in joined])
+        await self._appended(turn, injected.added, injected.seqs)
 
     # --- the end of a turn ----------------------------------------------------------
 

@@ -17,7 +17,7 @@ Without consolidation (memory off) only step 3 applies.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Protocol
 
@@ -26,8 +26,6 @@ import structlog
 from app.agent.provider import ToolSpec
 from app.channel import ChannelSettings
 from app.errors import ProviderError
-from app.events import InboundEvent
-from app.memory.generations import next_generation
 from app.pipeline.replies import conversation_channel
 from app.pipeline.storage.port import PipelineStore
 from app.pipeline.texts import say
@@ -35,6 +33,7 @@ from app.pipeline.turn_state import TurnState
 from app.pipeline.turn_window import TurnWindow
 from app.sessions.lease import SessionLease
 from app.sessions.messages import ChatMessage
+from app.sessions.profiles import SessionProfiles
 from app.sessions.tokens import ContextLimits, count_message, count_request, text_counter
 from app.sessions.window import trim_to_legal_window
 
@@ -73,22 +72,23 @@ class ContextFit:
         store: PipelineStore,
         window: TurnWindow,
         limits: ContextLimits,
+        profiles: SessionProfiles,
         channel_settings: Mapping[str, ChannelSettings] | None = None,
+        consolidator: Consolidating | None = None,
     ) -> None:
         self.store = store
         self.window = window
         self.limits = limits
+        self.profiles = profiles  # each agent's context table
         self.channel_settings = channel_settings or {}
-        # Set by the runtime: the after-turn consolidation, and each agent's context table.
-        self.consolidator: Consolidating | None = None
-        self.agent_tokens: Callable[[InboundEvent], Mapping[str, int]] = lambda event: {}
+        self.consolidator = consolidator  # folds old messages into summaries first
         self._spec_costs: dict[tuple[str | None, tuple[str, ...]], int] = {}
 
     async def __call__(
         self, turn: TurnState, system: ChatMessage, window: list[ChatMessage], specs: Sequence[ToolSpec]
     ) -> list[ChatMessage]:
         count, tokenizer = text_counter(turn.model)
-        budget = self.limits.budget(turn.model, self.agent_tokens(turn.origin))
+        budget = self.limits.budget(turn.model, self.profiles.context_tokens_of(turn.origin))
         fixed = count_message(system, count) + self._specs_cost(turn.model, specs)
 
         def cost(messages: Sequence[ChatMessage]) -> int:
@@ -137,17 +137,14 @@ class ContextFit:
         """Continue the turn in the next generation, which starts with `carry`."""
         lease, old = turn.lease, turn.session
         sessions = self.store.sessions
-        async with self.store.fenced(lease) as conn:
-            new, _ = await next_generation(
-                conn,
-                sessions,
-                lease,
-                old,
-                conversation_channel(turn.origin),
-                reason="overflow",
-                run_id=turn.run_id,
-            )
-            seqs = await sessions.append(conn, new.id, carry, run_id=turn.run_id)
+        new, _, seqs = await self.store.next_generation(
+            lease,
+            old,
+            conversation_channel(turn.origin),
+            reason="overflow",
+            run_id=turn.run_id,
+            carry=carry,
+        )
         log.info("context_new_generation", key=lease.key, old=old.generation, new=new.generation)
         turn.session = replace(new, next_seq=new.next_seq + len(carry))
         sessions.remember(lease.key, turn.session, fence=lease.fence)

@@ -13,12 +13,12 @@ import structlog
 
 from app.agent.loop import RunRecord
 from app.db.models import utcnow
-from app.pipeline.approvals import call_name_and_arguments, insert_request, question_text
+from app.events import APPROVAL_KEY
+from app.pipeline.approvals import call_name_and_arguments, question_text
 from app.pipeline.feed import SessionFeed
 from app.pipeline.replies import Replies, reply_for
-from app.pipeline.run_trace import UPDATE_RUN, run_trace
-from app.pipeline.storage.inbox_queries import MARK
-from app.pipeline.storage.port import PipelineStore
+from app.pipeline.run_trace import run_trace
+from app.pipeline.storage.port import Answer, ApprovalRequest, PipelineStore
 from app.pipeline.turn_state import TurnState
 
 log = structlog.get_logger(__name__)
@@ -46,31 +46,32 @@ class Pause:
         record.outcome = "awaiting_approval"
         assert turn.run_row is not None  # read by the caller
         trace = run_trace(turn.run_row, record, [r.event_id for r in turn.rows], finished=False, now=now)
-        async with self.store.fenced(lease) as conn:
-            approval_id = await insert_request(
-                conn,
-                session_id=session.id,
-                key=lease.key,
-                run_id=turn.run_id,
-                call_id=call["id"],
-                name=name,
-                arguments=arguments,
-                requested_at=now,
-                expires_at=expires,
-            )
+        request = ApprovalRequest(
+            session_id=session.id,
+            run_id=turn.run_id,
+            call_id=call["id"],
+            name=name,
+            arguments=arguments,
+            requested_at=now,
+            expires_at=expires,
+        )
+        question = ""
+
+        def answer(approval_id: int) -> Answer:
+            nonlocal question  # it names the approval's id, known once the request is stored
             question = question_text(name, arguments, approval_id, self.timeout)
-            await self.replies.insert(
-                conn,
-                reply_for(turn.reply_to, question),
+            prompt = reply_for(turn.reply_to, question)
+            # Adapters with buttons add approve/deny buttons to the prompt (docs/events.md).
+            prompt = prompt.model_copy(update={"metadata": {**prompt.metadata, APPROVAL_KEY: approval_id}})
+            reply = self.replies.row(
+                prompt,
                 session_id=session.id,
                 run_id=turn.run_id,
                 event_id=turn.reply_to.event_id,
             )
-            done = {"ids": [r.id for r in turn.rows], "status": "done", "updated_at": now}
-            if turn.link_rows:
-                done["run_id"] = turn.run_id
-            await conn.execute(MARK, done)
-            await conn.execute(UPDATE_RUN, {**trace, "run_id_": turn.run_id})
+            return Answer([r.id for r in turn.rows], [reply], link=turn.run_id if turn.link_rows else None)
+
+        approval_id = await self.store.pause_for_approval(lease, request, answer, trace)
         saved(trace)
         self.replies.handled([r.event_id for r in turn.rows])
         log.info("approval_requested", approval_id=approval_id, tool=name)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
+from app.agent.trust import Trust
 from app.events import InboundEvent
 from app.memory.store import Memory
 from app.pipeline.run_trace import RunRow
@@ -73,6 +74,8 @@ class TurnState:
     upcoming: list[InboxRow] | None = None
     released: bool = False
     model: str | None = None  # the model the run asks (its context limit applies)
+    # Whom the run serves and what it has read (`app.agent.trust`); set by the turn's start.
+    trust: Trust = field(default_factory=Trust)
 
     @property
     def handled_ids(self) -> set[int]:

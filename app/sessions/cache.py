@@ -81,10 +81,18 @@ class SessionCache(Generic[V]):
         return entry is not None and entry.pins > 0
 
     def _evict(self, protect: str | None = None) -> None:
-        if len(self._entries) <= self.capacity:
-            return
-        for key in list(self._entries):
-            if len(self._entries) <= self.capacity:
-                break
-            if self._entries[key].pins == 0 and key != protect:
-                del self._entries[key]
+        """Drop the least recently used unpinned entries down to the capacity.
+
+        Walks from the oldest end only as far as it must (not a copy of every key: that made
+        each put O(capacity) once the cache was full). A pinned entry met on the way is in
+        use, so it moves to the recent end; none is looked at twice.
+        """
+        entries = self._entries
+        kept = 0  # entries moved to the end: once all are, none can go
+        while len(entries) > self.capacity and kept < len(entries):
+            key, entry = next(iter(entries.items()))
+            if entry.pins or key == protect:
+                entries.move_to_end(key)
+                kept += 1
+            else:
+                del entries[key]

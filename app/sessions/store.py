@@ -241,6 +241,10 @@ class SessionStore:
         await self._close(conn, current.id, SessionStatus.EXPIRED, now or utcnow())
         return current
 
+    async def current(self, conn: AsyncConnection, key: str) -> SessionState | None:
+        """The key's newest generation, open or not (inside the caller's transaction)."""
+        return await self._current(conn, key)
+
     async def _current(self, conn: AsyncConnection, key: str) -> SessionState | None:
         row = (await conn.execute(_CURRENT, {"k": key})).mappings().first()
         return SessionState.from_row(row) if row else None

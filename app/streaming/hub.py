@@ -2,7 +2,7 @@
 
 `PreviewHub.observe` sees every event the turn publishes on the session feed (it tees the
 bus the feed writes to, `ObservedBus`), so the pipeline needs no hook of its own. Per
-session key at most one `_Stream` runs (a key's turns are serialized): it shows typing
+session key at most one `Stream` runs (a key's turns are serialized): it shows typing
 while the turn runs, and once the turn has been running for `first_preview_after`
 seconds with something to show (answer text, tool calls, the "still working" line) it
 sends a preview and edits it, coalescing deltas, never faster than the streamer's
@@ -23,73 +23,40 @@ import contextlib
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
-from sqlalchemy import delete, select, update
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.bus import SessionBus
 from app.channel import ChannelAdapter, SendResult, delivers
-from app.db.engine import autocommit
-from app.db.models import inbox, runs, stream_previews, utcnow
 from app.errors import ChannelRateLimited, PreviewUnavailable
 from app.events import InboundEvent, OutboundMessage
 from app.pipeline.replies import reply_for
-from app.streaming.protocol import Streamer
+from app.streaming.protocol import CardEdits, Streamer
+from app.streaming.records import PreviewRecords
+from app.streaming.stream import Stream, StreamTexts
+
+__all__ = ["ObservedBus", "PreviewDelivery", "PreviewHub", "StreamTexts"]
 
 log = structlog.get_logger(__name__)
 
 _MAX_ANSWERING = 1000  # streams remembered until their answer is delivered
 
 
-@dataclass(frozen=True)
-class StreamTexts:
-    """The preview's own words, per locale (`ChannelSettings.locale`)."""
+class PreviewPacing(Protocol):
+    """Outbound pacing as previews see it (`app.pipeline.pacing.Pacer`)."""
 
-    still_working: Mapping[str, str] = field(
-        default_factory=lambda: {"en": "⏳ Still working…", "zh": "⏳ 仍在处理…"}
-    )
-    tool_running: str = "🔧 {name} …"
-    tool_done: str = "🔧 {name} ✓"
+    async def preview(self, message: OutboundMessage, *, card: bool = False) -> bool:
+        """Whether a preview (`card`: an update of a streaming card) may go now (final
+        answers come first; it never waits)."""
+        ...
 
-    def working(self, locale: str) -> str:
-        return self.still_working.get(locale, self.still_working["en"])
-
-
-@dataclass
-class _Stream:
-    key: str
-    channel: str
-    streamer: Streamer
-    locale: str
-    started: float = field(default_factory=time.monotonic)
-    event: InboundEvent | None = None  # the event the answer replies to
-    run_id: int | None = None
-    latest: str | None = None  # the newest event id among those that started the turn
-    text: str = ""
-    tools: list[list[Any]] = field(default_factory=list)  # [name, done]
-    shown: str = ""
-    preview_id: str | None = None
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
-    closing: asyncio.Event = field(default_factory=asyncio.Event)
-    task: asyncio.Task[None] | None = None
-    typing: asyncio.Task[None] | None = None
-
-    def view(self, texts: StreamTexts, still_working_after: float) -> str:
-        lines = [
-            (texts.tool_done if done else texts.tool_running).format(name=name) for name, done in self.tools
-        ]
-        if self.text.strip():
-            lines.append(self.text.strip())
-        elif time.monotonic() - self.started >= still_working_after:
-            lines.append(texts.working(self.locale))
-        view = "\n".join(lines)
-        limit = self.streamer.max_preview_chars
-        return view if len(view) <= limit else view[: limit - 1] + "…"
+    async def rate_limited(
+        self, message: OutboundMessage, retry_after: float, *, card: bool = False
+    ) -> float:
+        """The platform said wait: the chat (or the card bucket) pauses for every replica."""
+        ...
 
 
 class PreviewHub:
@@ -103,8 +70,10 @@ class PreviewHub:
         typing_interval: float = 4.0,
         idle_timeout: float = 600.0,
         texts: StreamTexts | None = None,
+        pacing: PreviewPacing | None = None,
     ) -> None:
-        self.single = autocommit(engine)
+        self.records = PreviewRecords(engine)
+        self.pacing = pacing
         self.locales = dict(locales or {})
         self.first_preview_after = first_preview_after
         self.still_working_after = still_working_after
@@ -112,8 +81,8 @@ class PreviewHub:
         self.idle_timeout = idle_timeout
         self.texts = texts or StreamTexts()
         self.streamers: dict[str, Streamer] = {}
-        self._streams: dict[str, _Stream] = {}  # by session key: the key's current turn
-        self._answering: dict[str, _Stream] = {}  # by event id: streams whose answer is not delivered
+        self._streams: dict[str, Stream] = {}  # by session key: the key's current turn
+        self._answering: dict[str, Stream] = {}  # by event id: streams whose answer is not delivered
         self._finished: OrderedDict[str, None] = OrderedDict()  # event ids already answered
         self._tasks: set[asyncio.Task[Any]] = set()
 
@@ -145,12 +114,7 @@ class PreviewHub:
 
     async def prune(self, older_than_days: float) -> int:
         """Forget previews older than the outbox's retention (0 days: keep); how many."""
-        if older_than_days <= 0:
-            return 0
-        cutoff = utcnow() - timedelta(days=older_than_days)
-        async with self.single.connect() as conn:
-            result = await conn.execute(delete(stream_previews).where(stream_previews.c.created_at < cutoff))
-        return int(result.rowcount or 0)
+        return await self.records.prune(older_than_days)
 
     # --- the feed side ----------------------------------------------------------------
 
@@ -205,7 +169,7 @@ class PreviewHub:
             stream.closing.set()  # the question is the turn's answer
             stream.changed.set()
 
-    def _for_run(self, key: str, channel: str, run_id: int) -> _Stream | None:
+    def _for_run(self, key: str, channel: str, run_id: int) -> Stream | None:
         stream = self._streams.get(key)
         if stream is not None and not stream.closing.is_set():
             if stream.run_id is None:
@@ -223,12 +187,12 @@ class PreviewHub:
         self._spawn(self._begin(key, channel, run_id=run_id, stream=stream))
         return stream
 
-    def _new(self, key: str, channel: str) -> _Stream:
+    def _new(self, key: str, channel: str) -> Stream:
         old = self._streams.get(key)
         if old is not None:
             old.closing.set()
             old.changed.set()
-        stream = _Stream(key, channel, self.streamers[channel], self.locales.get(channel, "en"))
+        stream = Stream(key, channel, self.streamers[channel], self.locales.get(channel, "en"))
         self._streams[key] = stream
         return stream
 
@@ -237,22 +201,14 @@ class PreviewHub:
         key: str,
         channel: str,
         *,
-        stream: _Stream,
+        stream: Stream,
         event_id: str | None = None,
         run_id: int | None = None,
     ) -> None:
         """Find the event the turn answers, then run the stream's preview and typing."""
         event_id = event_id or stream.latest
         try:
-            async with self.single.connect() as conn:
-                if event_id is None and run_id is not None:
-                    ids = (await conn.execute(select(runs.c.event_ids).where(runs.c.id == run_id))).scalar()
-                    event_id = str(ids[-1]) if ids else None
-                payload = (
-                    (await conn.execute(select(inbox.c.payload).where(inbox.c.event_id == event_id))).scalar()
-                    if event_id
-                    else None
-                )
+            event_id, payload = await self.records.answered(event_id, run_id)
         except Exception:
             log.exception("stream_lookup_failed", session_key=key)
             payload = None
@@ -272,19 +228,16 @@ class PreviewHub:
         stream.task = asyncio.create_task(self._preview(stream), name=f"preview:{key}")
         stream.typing = asyncio.create_task(self._typing(stream), name=f"typing:{key}")
 
-    async def _rebind(self, stream: _Stream, event_id: str) -> None:
+    async def _rebind(self, stream: Stream, event_id: str) -> None:
         try:
-            async with self.single.connect() as conn:
-                payload = (
-                    await conn.execute(select(inbox.c.payload).where(inbox.c.event_id == event_id))
-                ).scalar()
+            payload = await self.records.payload(event_id)
         except Exception:
             log.exception("stream_lookup_failed", session_key=stream.key)
             return
         if payload is not None and stream.latest == event_id:
             self._bind(stream, InboundEvent.model_validate(payload))
 
-    def _bind(self, stream: _Stream, event: InboundEvent) -> None:
+    def _bind(self, stream: Stream, event: InboundEvent) -> None:
         if stream.event is not None and self._answering.get(stream.event.event_id) is stream:
             del self._answering[stream.event.event_id]
         stream.event = event
@@ -294,23 +247,17 @@ class PreviewHub:
             oldest.closing.set()
             oldest.changed.set()
 
-    async def _confirm(self, stream: _Stream, run_id: int) -> None:
+    async def _confirm(self, stream: Stream, run_id: int) -> None:
         try:
-            async with self.single.connect() as conn:
-                ids = (await conn.execute(select(runs.c.event_ids).where(runs.c.id == run_id))).scalar()
-                last = str(ids[-1]) if ids else None
-                payload = None
-                if last is not None and (stream.event is None or stream.event.event_id != last):
-                    payload = (
-                        await conn.execute(select(inbox.c.payload).where(inbox.c.event_id == last))
-                    ).scalar()
+            known = stream.event.event_id if stream.event is not None else None
+            payload = await self.records.run_payload(run_id, known)
         except Exception:
             log.exception("stream_lookup_failed", session_key=stream.key)
             return
         if payload is not None:
             self._bind(stream, InboundEvent.model_validate(payload))
 
-    def _drop(self, stream: _Stream) -> None:
+    def _drop(self, stream: Stream) -> None:
         stream.closing.set()
         if self._streams.get(stream.key) is stream:
             del self._streams[stream.key]
@@ -320,13 +267,13 @@ class PreviewHub:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _message(self, stream: _Stream, text: str) -> OutboundMessage:
+    def _message(self, stream: Stream, text: str) -> OutboundMessage:
         assert stream.event is not None
         return reply_for(stream.event, text)  # the reply's target, as the answer will have it
 
     # --- a stream's work --------------------------------------------------------------
 
-    async def _typing(self, stream: _Stream) -> None:
+    async def _typing(self, stream: Stream) -> None:
         deadline = stream.started + self.idle_timeout
         while not stream.closing.is_set() and time.monotonic() < deadline:
             try:
@@ -336,7 +283,7 @@ class PreviewHub:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stream.closing.wait(), self.typing_interval)
 
-    async def _preview(self, stream: _Stream) -> None:
+    async def _preview(self, stream: Stream) -> None:
         assert stream.event is not None
         # A quick answer needs no preview: wait, unless the turn ends first.
         with contextlib.suppress(TimeoutError):
@@ -345,13 +292,14 @@ class PreviewHub:
         while not stream.closing.is_set() and time.monotonic() < deadline:
             view = stream.view(self.texts, self.still_working_after)
             pause = stream.streamer.edit_interval
-            if view and view != stream.shown:
+            if view and view != stream.shown and await self._may_show(stream, view):
                 try:
                     await self._show(stream, view)
                     stream.shown = view
                 except ChannelRateLimited as exc:
                     pause = max(pause, exc.retry_after)
                     log.info("preview_rate_limited", channel=stream.channel, retry_after=exc.retry_after)
+                    await self._pause_chat(stream, view, exc.retry_after)
                 except PreviewUnavailable as exc:  # no preview here: the answer is a plain message
                     log.info("preview_unavailable", channel=stream.channel, error=exc.detail)
                     return
@@ -369,11 +317,33 @@ class PreviewHub:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stream.changed.wait(), wait)
 
-    async def _show(self, stream: _Stream, view: str) -> None:
+    async def _may_show(self, stream: Stream, view: str) -> bool:
+        """Whether the chat's pacing lets a preview go now (skipped, not queued, when not)."""
+        if self.pacing is None:
+            return True
+        try:
+            allowed = await self.pacing.preview(self._message(stream, view), card=_card_edit(stream))
+        except Exception as exc:  # previews are best-effort
+            log.info("preview_pacing_failed", channel=stream.channel, error=str(exc))
+            return False
+        if not allowed:
+            log.debug("preview_paced", channel=stream.channel)
+        return allowed
+
+    async def _pause_chat(self, stream: Stream, view: str, retry_after: float) -> None:
+        """A preview's 429 holds the chat's answers too, on every replica (best-effort)."""
+        if self.pacing is None:
+            return
+        try:
+            await self.pacing.rate_limited(self._message(stream, view), retry_after, card=_card_edit(stream))
+        except Exception as exc:
+            log.info("preview_pacing_failed", channel=stream.channel, error=str(exc))
+
+    async def _show(self, stream: Stream, view: str) -> None:
         assert stream.event is not None
         message = self._message(stream, view)
         if stream.preview_id is None:
-            row = await self._stored(stream.event.event_id)
+            row = await self.records.preview(stream.event.event_id)
             if row is not None and row["final_message_id"] is not None:
                 stream.closing.set()  # already answered (before a restart)
                 return
@@ -381,39 +351,14 @@ class PreviewHub:
                 stream.preview_id = row["platform_message_id"]
             else:
                 preview_id = await stream.streamer.open(message)
-                stream.preview_id = await self._store(stream, preview_id)
+                stream.preview_id = await self.records.store(
+                    stream.event.event_id, stream.channel, message.chat_id, preview_id
+                )
                 return
         assert stream.preview_id is not None
         await stream.streamer.edit(message, stream.preview_id)
 
-    async def _stored(self, event_id: str) -> Any:
-        async with self.single.connect() as conn:
-            return (
-                (await conn.execute(select(stream_previews).where(stream_previews.c.event_id == event_id)))
-                .mappings()
-                .first()
-            )
-
-    async def _store(self, stream: _Stream, preview_id: str) -> str:
-        assert stream.event is not None
-        now = utcnow()
-        values = dict(
-            event_id=stream.event.event_id,
-            channel=stream.channel,
-            chat_id=self._message(stream, "").chat_id,
-            platform_message_id=preview_id,
-            created_at=now,
-            updated_at=now,
-        )
-        try:
-            async with self.single.connect() as conn:
-                await conn.execute(stream_previews.insert().values(**values))
-        except IntegrityError:  # another replica's stream of the same event stored first
-            row = await self._stored(stream.event.event_id)
-            return str(row["platform_message_id"]) if row is not None else preview_id
-        return preview_id
-
-    async def _close(self, stream: _Stream) -> None:
+    async def _close(self, stream: Stream) -> None:
         """Stop the stream and wait for a preview call in flight: nothing lands after this."""
         stream.closing.set()
         stream.changed.set()
@@ -441,18 +386,13 @@ class PreviewHub:
         self._finished[event_id] = None
         while len(self._finished) > 10_000:
             self._finished.popitem(last=False)
-        row = await self._stored(event_id)
+        row = await self.records.preview(event_id)
         if row is None or row["final_message_id"] not in (None, message.message_id):
             return await adapter.send(message)  # no preview, or it already shows another reply
         if not message.text.strip():  # nothing to edit to (a media-only answer): replace it
             return await adapter.send(message)
         result = await streamer.finish(message, str(row["platform_message_id"]))
-        async with self.single.connect() as conn:
-            await conn.execute(
-                update(stream_previews)
-                .where(stream_previews.c.id == row["id"])
-                .values(final_message_id=message.message_id, updated_at=utcnow())
-            )
+        await self.records.finished(row["id"], message.message_id)
         return result
 
 
@@ -505,3 +445,10 @@ class ObservedBus:
 
     async def stop(self) -> None:
         await self.bus.stop()
+
+
+def _card_edit(stream: Stream) -> bool:
+    """Whether the stream's next preview call edits a card (paced apart from chat messages).
+    Opening the card puts a message in the chat: that is paced as one."""
+    streamer, preview_id = stream.streamer, stream.preview_id
+    return preview_id is not None and isinstance(streamer, CardEdits) and streamer.edits_card(preview_id)

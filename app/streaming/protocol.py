@@ -61,6 +61,17 @@ class Streamer(Protocol):
 
 
 @runtime_checkable
+class CardEdits(Protocol):
+    """A streamer whose edits update a card through the platform's streaming API (a DingTalk
+    AI card, a Feishu CardKit card) rather than a chat message: those edits are paced by
+    the channel's `card` bucket where it has one (docs/operations.md "Pacing")."""
+
+    def edits_card(self, preview_id: str) -> bool:
+        """Whether editing this preview updates a card (not a chat message)."""
+        ...
+
+
+@runtime_checkable
 class StreamingChannel(Protocol):
     def streamer(self) -> Streamer | None:
         """This channel's streamer, or None when its streaming setting is `off`."""

@@ -115,6 +115,12 @@ async def admin_login(request: Request) -> Response:
     return response
 
 
+@router.get("/favicon.ico", include_in_schema=False)
+async def favicon() -> FileResponse:
+    """Browsers ask for it on every page; the SVG icon the pages also link."""
+    return FileResponse(STATIC_DIR / "favicon.svg", media_type="image/svg+xml")
+
+
 @router.post("/admin/logout", tags=["admin dashboard"])
 async def admin_logout() -> Response:
     """Drop the dashboard's session cookie."""

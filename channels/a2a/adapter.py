@@ -28,8 +28,11 @@ from starlette.types import Receive, Scope, Send
 from app.channel import AgentListing, ChannelContext, SendResult
 from app.events import OutboundMessage
 from channels.a2a.card import AGENTS_PATH, RPC_PATH, agent_card
+from channels.a2a.guard import is_post, read_body, replay, screen
 from channels.a2a.handler import AGENT, CALLER, ChatgateRequestHandler
+from channels.a2a.params import check_params
 from channels.a2a.settings import A2ASettings
+from channels.a2a.versions import negotiate_version
 
 PATHS = (RPC_PATH, AGENT_CARD_WELL_KNOWN_PATH)
 
@@ -160,7 +163,23 @@ class A2AChannel:
                         status_code=413,
                     )
                 scope = {**scope, CALLER: caller}
+        if response is None and is_post(scope):
+            body = await read_body(receive, self.settings.max_body_bytes)
+            if len(body) > self.settings.max_body_bytes:  # a chunked body declares no length
+                response = JSONResponse(
+                    {"error": "payload_too_large", "detail": f"over {self.settings.max_body_bytes} bytes"},
+                    status_code=413,
+                )
+            else:
+                response = screen(body)
+                receive = replay(body, receive)
         if response is not None:
             await response(scope, receive, send)
             return
-        await self._rpc(scope, receive, send)
+        body = await read_body(receive, self.settings.max_body_bytes)  # replayed when read above
+        scope, refusal = negotiate_version(scope, body)
+        refusal = refusal or check_params(body)
+        if refusal is not None:
+            await refusal(scope, receive, send)
+            return
+        await self._rpc(scope, replay(body, receive), send)

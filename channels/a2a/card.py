@@ -68,7 +68,8 @@ def agent_card(
         security_schemes={
             SCHEME: SecurityScheme(
                 http_auth_security_scheme=HTTPAuthSecurityScheme(
-                    scheme="Bearer", description="A token from A2A_TOKENS; it names the caller."
+                    scheme="Bearer",
+                    description="A bearer token the operator gave the calling agent; it names the caller.",
                 )
             )
         },

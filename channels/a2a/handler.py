@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncGenerator
+from datetime import UTC
 
 from a2a.server.context import ServerCallContext
 from a2a.server.events.event_queue import Event
@@ -45,9 +46,10 @@ from a2a.utils.errors import (
     TaskNotFoundError,
     UnsupportedOperationError,
 )
+from a2a.utils.task import validate_history_length, validate_page_size
 
 from app.channel import ChannelContext
-from app.events import ChatType, InboundEvent, SessionScope, TextPart, escape_key_component
+from app.events import AGENT_MARK, ChatType, InboundEvent, SessionScope, TextPart, escape_key_component
 from channels.a2a.push import PushNotifications
 from channels.a2a.settings import A2ASettings
 from channels.a2a.tasks import (
@@ -63,6 +65,8 @@ CALLER = "chatgate.a2a.caller"  # ServerCallContext.state key: the authenticated
 AGENT = "chatgate.a2a.agent"  # ... and the agent its URL named (`AgentListing`), if any
 _MAX_ID = 200
 _POLL = 0.2
+_PAGE_SIZE = 50  # ListTasks without a page size
+_LIST_MAX = 1000  # ListTasks sees the caller's newest tasks up to this many
 
 
 def caller_of(context: ServerCallContext) -> str:
@@ -205,6 +209,7 @@ class ChatgateRequestHandler(RequestHandler):
     @validate_request_params
     async def on_message_send(self, params: SendMessageRequest, context: ServerCallContext) -> Task | Message:
         caller = caller_of(context)
+        validate_history_length(params.configuration)  # before anything is stored
         task_id = await self._submit_with_push(params, caller, agent_of(context))
         history = (
             params.configuration.history_length if params.configuration.HasField("history_length") else None
@@ -257,6 +262,7 @@ class ChatgateRequestHandler(RequestHandler):
 
     @validate_request_params
     async def on_get_task(self, params: GetTaskRequest, context: ServerCallContext) -> Task | None:
+        validate_history_length(params)  # a negative length is refused, not read as "all"
         history = params.history_length if params.HasField("history_length") else None
         return await self.load(params.id, caller_of(context), history)
 
@@ -289,7 +295,60 @@ class ChatgateRequestHandler(RequestHandler):
         return await self._task(task.id, caller)
 
     async def on_list_tasks(self, params: ListTasksRequest, context: ServerCallContext) -> ListTasksResponse:
-        raise UnsupportedOperationError(message="tasks/list is not supported; use tasks/get")
+        """The caller's tasks (of the agent its URL names), newest first, a page at a time.
+
+        Read from the inbox like every task, the newest `_LIST_MAX` of the caller at most;
+        `page_token` is the row id of the previous page's last task. Filters: `context_id`,
+        `status`, `status_timestamp_after` (the task's last change)."""
+        caller = caller_of(context)
+        agent = agent_of(context)
+        validate_history_length(params)
+        size = params.page_size if params.HasField("page_size") else _PAGE_SIZE
+        validate_page_size(size)
+        before: int | None = None
+        if params.page_token:
+            if not params.page_token.isdigit() or len(params.page_token) > 18:
+                raise InvalidParamsError(message="page_token is not one this server gave")
+            before = int(params.page_token)
+        after = (
+            params.status_timestamp_after.ToDatetime(tzinfo=UTC)
+            if params.HasField("status_timestamp_after")
+            else None
+        )
+        to = f"{AGENT_MARK}{escape_key_component(agent)}:" if agent else ""
+        prefix = f"{self.channel}:{to}{escape_key_component(caller)}:"
+        exact = prefix + escape_key_component(params.context_id) if params.context_id else None
+        rows = await self.context.events.list_ids(
+            exact or prefix, external_prefix="msg:", limit=_LIST_MAX, updated_after=after
+        )
+        history = params.history_length if params.HasField("history_length") else None
+        found: list[tuple[int, str, Task | None]] = []
+        for row_id, event_id, key in rows:
+            if exact is not None and key != exact:
+                continue  # another context whose id starts with this one
+            task = None
+            if params.status:  # the state is read from more than the inbox row: load
+                task = await self.load(event_id, caller, history)
+                if task is None or task.status.state != params.status:
+                    continue
+            found.append((row_id, event_id, task))
+        remaining = [f for f in found if before is None or f[0] < before]
+        page = remaining[:size]
+        tasks = []
+        for _row_id, event_id, loaded in page:
+            task = loaded or await self.load(event_id, caller, history)
+            if task is None:  # pruned meanwhile
+                continue
+            if not params.include_artifacts:
+                task.ClearField("artifacts")
+            tasks.append(task)
+        more = len(remaining) > size
+        return ListTasksResponse(
+            tasks=tasks,
+            next_page_token=str(page[-1][0]) if more else "",
+            page_size=len(tasks),  # what this page holds (the specification's reading)
+            total_size=len(found),
+        )
 
     # --- push notifications (channels.a2a.push) ---------------------------------------
 

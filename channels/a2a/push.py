@@ -29,11 +29,11 @@ from a2a.server.tasks.push_notification_config_store import normalize_push_notif
 from a2a.types.a2a_pb2 import TaskPushNotificationConfig, TaskStatusUpdateEvent
 from a2a.utils.errors import InvalidParamsError, PushNotificationNotSupportedError
 from a2a.utils.proto_utils import to_stream_response
-from a2a.utils.push_url_validator import validate_push_notification_url
 from google.protobuf.json_format import MessageToDict, ParseDict
 
 from app.channel import ChannelContext, ChannelRecord, RecordStore
 from app.events import OutboundMessage
+from app.fetch import FetchError
 from app.signed_callback import post_signed
 from channels.a2a.settings import A2ASettings
 from channels.a2a.tasks import TERMINAL
@@ -84,10 +84,13 @@ class PushNotifications:
             raise InvalidParamsError(message=f"a push config needs a url of at most {_MAX_URL} characters")
         if len(config.id) > _MAX_ID:
             raise InvalidParamsError(message=f"a push config id is at most {_MAX_ID} characters")
-        if not config.url.startswith(("http://", "https://")) or (
-            not self.settings.push_allow_private_urls and not await validate_push_notification_url(config.url)
-        ):
+        if not config.url.startswith(("http://", "https://")):
             raise InvalidParamsError(message="the push url must be http(s) on a public address")
+        if not self.settings.push_allow_private_urls:
+            try:  # judged again (and pinned) at every send: this is the early answer
+                await self.context.fetcher.check(config.url)
+            except FetchError as exc:
+                raise InvalidParamsError(message="the push url must be http(s) on a public address") from exc
 
     async def store(
         self,
@@ -203,10 +206,11 @@ class PushNotifications:
         raw = json.dumps(push["body"], ensure_ascii=False).encode()
         assert self.settings.push_secret is not None
         await post_signed(
-            self.context.http,
+            self.context.fetcher,  # the URL is the caller's: no private address, no rebinding
             config.url,
             raw,
             secret=self.settings.push_secret,
             headers={**headers, "Idempotency-Key": message.message_id},
             what="push notification receiver",
+            allow_private=self.settings.push_allow_private_urls,
         )

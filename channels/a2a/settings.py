@@ -13,7 +13,10 @@ from app.events import SessionScope
 
 
 class A2ASettings(ChannelSettings):
-    model_config = SettingsConfigDict(env_prefix="A2A_", env_file=".env", extra="ignore")
+    # Errors never show what was given: A2A_TOKENS holds the callers' secrets.
+    model_config = SettingsConfigDict(
+        env_prefix="A2A_", env_file=".env", extra="ignore", hide_input_in_errors=True
+    )
 
     session_scope: SessionScope = Field(
         SessionScope.THREAD, description="Always thread: the key is a2a:<caller>:<contextId>."
@@ -58,7 +61,16 @@ class A2ASettings(ChannelSettings):
         if not value:
             return {}
         if value.startswith("{"):
-            return json.loads(value)
+            try:
+                parsed = json.loads(value)
+            except ValueError:
+                raise ValueError("A2A_TOKENS is not valid JSON") from None
+            # Checked here, so no error names a token (a dict key) in its location.
+            if not isinstance(parsed, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in parsed.items()
+            ):
+                raise ValueError('A2A_TOKENS as JSON is {"<token>": "<caller name>"}, strings only')
+            return parsed
         pairs = {}
         for item in value.split(","):
             token, sep, caller = item.strip().partition("=")

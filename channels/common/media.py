@@ -1,7 +1,10 @@
 """Inbound media made visible to the model: downloaded under a size limit, as data.
 
 A channel knows how to fetch one image or voice part from its platform (a media id with
-an access token, a URL); `inline_media` does the rest the same way on every channel:
+an access token, a URL), always through the gateway's guarded fetcher
+(`ChannelContext.fetcher`, `app.fetch`: a URL from a payload reaches no private address,
+and decoded bytes are counted while decoding); `inline_media` does the rest the same way
+on every channel:
 images become image parts carrying their bytes (`data_base64`, which a vision model sees
 as a `data:` URL), voice notes are transcribed when speech to text is on (the transcript
 becomes the user's text, the audio stays a part), and a file over the limit raises
@@ -13,18 +16,20 @@ the model is told about in text, rather than losing the message.
 from __future__ import annotations
 
 import base64
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-import httpx
 import structlog
 from pydantic import BaseModel, Field
 
+from app.errors import DeliveryError
 from app.events import FilePart, ImagePart, InboundEvent, OutboundMessage, Part, TextPart
+from app.fetch import FetchRefused, GuardedFetcher, TooLarge
 
 log = structlog.get_logger(__name__)
 
-Transcribe = Callable[[bytes, str, str], Awaitable[str]]
+Transcribe = Callable[[bytes, str, str, InboundEvent], Awaitable[str]]
 
 
 class MediaSettings(BaseModel):
@@ -38,12 +43,9 @@ class MediaSettings(BaseModel):
     )
 
 
-class MediaTooLarge(Exception):
-    """The file is larger than the channel's `media_max_bytes`."""
-
-    def __init__(self, limit: int) -> None:
-        super().__init__(f"larger than {limit} bytes")
-        self.limit = limit
+# The file is larger than the channel's `media_max_bytes` (decoded): the fetcher's own
+# exception, so that a limit hit inside the fetcher and one a channel checks are one.
+MediaTooLarge = TooLarge
 
 
 @dataclass(frozen=True)
@@ -72,30 +74,35 @@ def too_large_text(locale: str, limit: int) -> str:
     return f"Sorry, that file is too large for me to read (the limit is {megabytes})."
 
 
+async def tell_too_large(
+    send: Callable[[OutboundMessage], Awaitable[Any]], event: InboundEvent, locale: str, limit: int
+) -> None:
+    """Best-effort: the polite reply to a file over the limit, through the channel's own
+    `send` (the event itself is not stored, so nothing retries it)."""
+    try:
+        await send(answer_to(event, too_large_text(locale, limit)))
+    except DeliveryError as exc:
+        log.warning("too_large_reply_failed", channel=event.channel, error=exc.detail)
+
+
 async def download_capped(
-    http: httpx.AsyncClient,
+    fetcher: GuardedFetcher,
     url: str,
     limit: int,
     *,
     params: Mapping[str, str] | None = None,
     headers: Mapping[str, str] | None = None,
+    trusted: Sequence[str] = (),
 ) -> Media:
-    """GET `url`, refusing more than `limit` bytes: by `Content-Length`, then as they come.
+    """GET `url` through the guarded fetcher, refusing more than `limit` decoded bytes.
 
-    Raises `MediaTooLarge`, or `httpx.HTTPError` (a non-2xx answer included).
+    `trusted`: base URLs the operator configured (the platform's API or file base) under
+    which `url` may be on a private address; a URL from a payload passes none.
+    Raises `MediaTooLarge`, `app.fetch.FetchRefused`, or `httpx.HTTPError` (the fetcher's
+    `FetchError`, a non-2xx answer included).
     """
-    async with http.stream("GET", url, params=params, headers=headers, follow_redirects=True) as resp:
-        resp.raise_for_status()
-        declared = resp.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise MediaTooLarge(limit)
-        data = bytearray()
-        async for piece in resp.aiter_bytes():
-            data += piece
-            if len(data) > limit:
-                raise MediaTooLarge(limit)
-        content_type = resp.headers.get("content-type")
-    return Media(bytes(data), content_type.split(";")[0].strip() if content_type else None)
+    answer = await fetcher.get(url, limit=limit, params=params, headers=headers, trusted=trusted)
+    return Media(answer.content, answer.content_type)
 
 
 def is_voice(part: Part) -> bool:
@@ -139,9 +146,13 @@ async def inline_media(
                 continue
             if isinstance(part, FilePart) and transcribe is not None and is_voice(part):
                 mime = part.mime_type or media.content_type or "audio/amr"
-                transcripts.append(await transcribe(media.data, part.name or "voice", mime))
+                transcripts.append(await transcribe(media.data, part.name or "voice", mime, event))
         except MediaTooLarge:
             raise
+        except FetchRefused as exc:  # a URL from the payload aims somewhere private
+            log.warning("media_fetch_refused", channel=channel, reason=str(exc))
+            parts.append(_refused(part))
+            continue
         except Exception as exc:  # the platform or the STT endpoint failed: keep the reference
             log.warning("media_fetch_failed", channel=channel, error=str(exc) or repr(exc))
             parts.append(part)
@@ -157,6 +168,15 @@ async def inline_media(
     if any(transcripts):  # the transcript is the user's text; the audio stays as a part
         parts.insert(0, TextPart(text="\n".join(t for t in transcripts if t)))
     return event.model_copy(update={"parts": tuple(parts)})
+
+
+def _refused(part: ImagePart | FilePart) -> Part:
+    """What stays of a part whose URL was refused. An image becomes text naming the link:
+    as an image part its URL would be handed to the model endpoint as an `image_url`, and
+    a self-hosted model server would fetch it from inside the network for us."""
+    if isinstance(part, ImagePart):
+        return TextPart(text=f"[an image link that was not fetched (a private address): {part.url}]")
+    return part
 
 
 def _image_type(content_type: str | None) -> str:

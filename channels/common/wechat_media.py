@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from app.errors import ChannelRejected, ChannelUnavailable
 from app.events import FilePart, ImagePart, Part, TextPart
+from app.fetch import GuardedFetcher
 from channels.common.media import Media, download_capped
 from channels.common.wechat_api import TokenApi, errcode_of
 
@@ -34,8 +35,11 @@ class Upload:
 
 
 class WeChatMedia:
-    def __init__(self, api: TokenApi) -> None:
+    def __init__(self, api: TokenApi, fetcher: GuardedFetcher) -> None:
+        """`fetcher` downloads (the gateway's guarded one: the configured API base is
+        trusted, and decoded bytes are counted while decoding)."""
         self.api = api
+        self.fetcher = fetcher
 
     async def download(self, media_id: str, limit: int) -> Media:
         """The bytes of a temporary media; `MediaTooLarge` over `limit`.
@@ -46,10 +50,11 @@ class WeChatMedia:
         for attempt in (1, 2):
             token = await self.api.tokens.get()
             media = await download_capped(
-                self.api.http,
+                self.fetcher,
                 self.api.base_url + MEDIA_GET,
                 limit,
                 params={"access_token": token, "media_id": media_id},
+                trusted=[self.api.base_url],
             )
             if not _is_json(media):
                 return media

@@ -19,16 +19,15 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 import structlog
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from app.channel import ChannelContext, ChannelSettings, SendResult
-from app.db.models import utcnow
 from app.errors import ChannelNotConfigured, ChannelRejected
-from app.events import InboundEvent, OutboundMessage, TextPart
+from app.events import ROLE_KEY, InboundEvent, OutboundMessage, TextPart
 from app.scheduling import CronJob, JobStore
 
 log = structlog.get_logger(__name__)
@@ -52,8 +51,16 @@ class Fire:
     claimed: bool  # this replica moved the job past `due`
 
 
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
 def fire_event(job: CronJob, due: datetime) -> InboundEvent:
-    """The inbound event of one fire of `job`, due at `due`."""
+    """The inbound event of one fire of `job`, due at `due`.
+
+    A job a run made (a reminder) fires with the role of the person it served; one the
+    operator made (API, CLI) with the owner's."""
+    role = {ROLE_KEY: job.metadata["role"]} if isinstance(job.metadata.get("role"), str) else {}
     return InboundEvent(
         channel="cron",
         chat_id=str(job.id),
@@ -65,6 +72,7 @@ def fire_event(job: CronJob, due: datetime) -> InboundEvent:
             "reply_target": job.target.to_dict(),
             "cron_job_id": job.id,
             "cron_due_at": due.isoformat(),
+            **role,
         },
     )
 
@@ -78,7 +86,7 @@ class CronChannel:
         context: ChannelContext,
         *,
         jobs: JobStore | None = None,
-        clock: Callable[[], datetime] = utcnow,
+        clock: Callable[[], datetime] = _utcnow,
     ) -> None:
         self.settings = settings
         self.context = context

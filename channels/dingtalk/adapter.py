@@ -16,13 +16,17 @@ files are uploaded (`media/upload` on the old OpenAPI) and sent as the robot's i
 messages, one outbox step each (`channels.dingtalk.media`). Robot messages
 cannot be edited; `DINGTALK_STREAMING=native` streams into an AI card
 (`channels.dingtalk.card`).
+
+With `DINGTALK_APPROVAL_CARD_TEMPLATE_ID` (Stream mode), an approval prompt is a card with
+approve / deny buttons and a press comes back as a card callback
+(`channels.dingtalk.approval`, docs/events.md); a refused press is told to the presser
+alone, in a one-to-one robot message.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from typing import Any
 
 import structlog
@@ -36,9 +40,9 @@ from app.errors import (
     DeliveryError,
     InvalidPayload,
 )
-from app.events import FilePart, ImagePart, InboundEvent, OutboundMessage
-from app.streaming import StreamingMode
-from channels.common.chunks import ChunkProgress, send_chunks, split_text
+from app.events import APPROVAL_KEY, PRIVATE_NOTICE_KEY, FilePart, ImagePart, InboundEvent, OutboundMessage
+from app.streaming.protocol import Streamer, StreamingMode
+from channels.common.after_finish import AfterFinish
 from channels.common.media import (
     Media,
     MediaTooLarge,
@@ -47,18 +51,22 @@ from channels.common.media import (
     inline_media,
     too_large_text,
 )
-from channels.common.wechat_api import outbound_text
 from channels.dingtalk import signing
-from channels.dingtalk.card import DingTalkCardStreamer
-from channels.dingtalk.media import unsendable_text, upload, uploads
+from channels.dingtalk.approval import (
+    PRESS_KEY,
+    approval_label,
+    card_params,
+    parse_card_callback,
+    prompt_track_id,
+)
+from channels.dingtalk.card import DingTalkCardStreamer, create_card
+from channels.dingtalk.events import parse_event
 from channels.dingtalk.openapi import DingTalkApi
+from channels.dingtalk.outbound import DingTalkOutbound
 from channels.dingtalk.parse import DOWNLOAD_PREFIX, GROUP, SINGLE, parse_message
 from channels.dingtalk.settings import DingTalkSettings
 
 log = structlog.get_logger(__name__)
-
-# A session webhook is not used in its last seconds: the send could arrive after it expired.
-WEBHOOK_MARGIN_MS = 30_000
 
 
 class DingTalkChannel:
@@ -77,7 +85,8 @@ class DingTalkChannel:
                 timeout=settings.request_timeout_seconds,
             )
         self._stream: asyncio.Task[None] | None = None
-        self._progress = ChunkProgress(capacity=1000)
+        # The robot API calls every sender shares: replies here, previews in the card streamer.
+        self.outbound = DingTalkOutbound(self.api, settings) if self.api is not None else None
 
     @property
     def connection_name(self) -> str:
@@ -139,12 +148,29 @@ class DingTalkChannel:
             body["skipped"] = True
         return body
 
+    async def accept_card_callback(self, payload: Any) -> dict[str, Any]:
+        """A card callback (Stream `data`): a press on an approval card → stored."""
+        parsed = parse_card_callback(payload, self.settings)
+        if parsed.event is None:
+            return {"ok": True, "ignored": parsed.ignored}
+        [result] = await self.context.accept([parsed.event])
+        return {"ok": True, "event_id": result.event_id, "duplicate": result.duplicate}
+
+    async def accept_event(self, event_type: str | None, event_id: str | None, data: Any) -> dict[str, Any]:
+        """An event of DingTalk's event subscription (Stream EVENT frame): a group's members
+        joining or leaving → stored (`channels.dingtalk.events`); any other is ignored."""
+        events = parse_event(event_type, event_id, data, self.settings)
+        if not events:
+            return {"ok": True, "ignored": f"event type {event_type}"}
+        results = await self.context.accept(events)
+        return {"ok": True, "event_ids": [r.event_id for r in results]}
+
     async def _with_media(self, event: InboundEvent) -> InboundEvent | None:
         """Pictures (and, when the gateway keeps received files, files, voice and video)
         downloaded (download code → temporary URL → bytes); None when one is too large
         (after a polite reply). Voice is not transcribed: DingTalk's `recognition` is."""
-        api, limit = self.api, self.settings.media_max_bytes
-        if api is None:
+        api, outbound, limit = self.api, self.outbound, self.settings.media_max_bytes
+        if api is None or outbound is None:
             return event
 
         async def fetch(part: ImagePart | FilePart) -> Media | None:
@@ -152,8 +178,10 @@ class DingTalkChannel:
                 return None
             assert part.url is not None
             code = part.url[len(DOWNLOAD_PREFIX) :]
-            url = await api.download_url(robot_code=self._robot_code(event.metadata), download_code=code)
-            return await download_capped(self.context.http, url, limit)
+            url = await api.download_url(robot_code=outbound.robot_code(event.metadata), download_code=code)
+            # The URL is DingTalk's answer (its file host, public), judged like any other;
+            # only a file on the configured API's own origin (a proxy, a test double) is trusted.
+            return await download_capped(self.context.fetcher, url, limit, trusted=[api.base])
 
         try:
             return await inline_media(
@@ -161,100 +189,100 @@ class DingTalkChannel:
             )
         except MediaTooLarge:
             try:
-                await self._post(answer_to(event, ""), too_large_text(self.settings.locale, limit))
+                assert self.outbound is not None  # events arrive only with credentials
+                await self.outbound.post(answer_to(event, ""), too_large_text(self.settings.locale, limit))
             except DeliveryError as exc:  # best-effort: nothing is stored either way
                 log.warning("dingtalk_too_large_reply_failed", error=exc.detail)
             return None
 
-    def _robot_code(self, metadata: dict[str, Any]) -> str:
-        robot_code = str(metadata.get("reply_robot_code") or self.settings.robot_code or "")
-        return robot_code or str(self.settings.client_id)
-
-    # --- outbound -------------------------------------------------------------------
-
     async def send(self, message: OutboundMessage) -> SendResult:
-        if self.api is None:
+        if self.outbound is None:
             raise ChannelSendAuthError("DINGTALK_CLIENT_ID/CLIENT_SECRET are not set", retryable=False)
-        chunks = self.chunks(message)
-        media = uploads(message)
-        if not chunks and not media:
+        meta = message.metadata
+        if meta.get(PRIVATE_NOTICE_KEY) and isinstance(meta.get(PRESS_KEY), str):
+            # A refused card press: to the member who pressed alone, one to one.
+            await self.outbound.api.send_text(
+                robot_code=self.outbound.robot_code(meta),
+                chat_id=meta[PRESS_KEY],
+                group=False,
+                text=message.text,
+            )
             return SendResult()
+        if APPROVAL_KEY in meta and message.text and self._approval_cards(message):
+            return await self._approval_card(message)
+        return await self.outbound.send(message)
+
+    # --- approval cards (`channels.dingtalk.approval`) ------------------------------------
+
+    def _approval_cards(self, message: OutboundMessage) -> bool:
+        """Cards with buttons need a template, Stream mode (their presses come over it) and
+        a sender in the organisation (DingTalk delivers no card to anyone else)."""
+        s = self.settings
+        return (
+            bool(s.approval_card_template_id)
+            and s.mode == "stream"
+            and not message.metadata.get("reply_webhook_only")
+        )
+
+    async def _post_card(self, message: OutboundMessage, text: str) -> str:
+        assert self.outbound is not None and self.settings.approval_card_template_id
+        kind = message.metadata.get("reply_conversation_type")
+        conversation = (
+            str(kind) if kind in (SINGLE, GROUP) else (GROUP if message.chat_id.startswith("cid") else SINGLE)
+        )
+        track_id = prompt_track_id(message, conversation)
+        await create_card(
+            self.outbound,
+            message,
+            template=self.settings.approval_card_template_id,
+            track_id=track_id,
+            params=card_params(message, text),
+        )
+        return track_id
+
+    async def _approval_card(self, message: OutboundMessage) -> SendResult:
+        """The prompt as a card with approve / deny buttons; a prompt longer than one message
+        is sent as text, followed by a short card ("Approval #N") with the buttons. A card
+        DingTalk refuses leaves the prompt as text (the typed command works)."""
+        outbound = self.outbound
+        assert outbound is not None
+        chunks = outbound.chunks(message)
+        items = [*chunks, "card"] if len(chunks) > 1 else ["card"]
 
         async def deliver(index: int, _item: str) -> str | None:
-            return await self.deliver_step(message, index, chunks, media)
+            if index < len(items) - 1:
+                return await outbound.deliver_step(message, index, chunks, [])
+            if len(items) == 1:
+                try:
+                    return await self._post_card(message, message.text)
+                except ChannelRejected as exc:
+                    log.warning("dingtalk_approval_card_refused", error=exc.detail)
+                    return await outbound.post(message, message.text)
+            return await self._buttons(message)
 
-        items = [*chunks, *(f"file:{i}" for i in range(len(media)))]
-        posted = await send_chunks(self._progress, message.message_id, items, deliver)
-        return SendResult(platform_message_id=next((key for key in posted if key), None))
+        sent = await outbound.steps(message.message_id, items, deliver)
+        return SendResult(platform_message_id=next((m for m in sent if m), None))
 
-    def chunks(self, message: OutboundMessage) -> list[str]:
-        return split_text(outbound_text(message.parts), self.settings.max_message_chars)
-
-    async def deliver_step(
-        self, message: OutboundMessage, index: int, chunks: list[str], media: list[ImagePart | FilePart]
-    ) -> str | None:
-        """One step of a reply: text chunk `index`, or (after the text) one upload and its message."""
-        if index < len(chunks):
-            return await self._post(message, chunks[index])
-        assert self.api is not None
-        part = media[index - len(chunks)]
-        if message.metadata.get("reply_webhook_only"):
-            # Only the session webhook reaches this sender, and it carries no media.
-            return await self._post(message, unsendable_text(part, self.settings.locale))
-        key, param = await upload(self.api, self.settings.oapi_base, part)
-        return await self.api.send_robot(
-            robot_code=self._robot_code(message.metadata),
-            chat_id=message.chat_id,
-            group=_is_group(message),
-            msg_key=key,
-            param=param,
-        )
-
-    async def _post(self, message: OutboundMessage, text: str) -> str | None:
-        assert self.api is not None
-        webhook = self._valid_webhook(message.metadata)
-        if webhook is not None:
-            try:
-                await self.api.send_by_webhook(webhook, text)
-                return None
-            except DeliveryError as exc:
-                if message.metadata.get("reply_webhook_only"):
-                    raise
-                log.warning("dingtalk_session_webhook_failed", detail=exc.detail)
-                # The robot API reaches the same chat; it decides whether to retry.
-        elif message.metadata.get("reply_webhook_only"):
-            raise ChannelRejected(
-                "no valid session webhook (expired or disabled); the robot API cannot reach this sender"
-            )
-        return await self.api.send_text(
-            robot_code=self._robot_code(message.metadata),
-            chat_id=message.chat_id,
-            group=_is_group(message),
-            text=text,
-        )
-
-    def _valid_webhook(self, metadata: dict[str, Any]) -> str | None:
-        if not self.settings.use_session_webhook:
+    async def _buttons(self, message: OutboundMessage) -> str | None:
+        """A short card with the buttons, after a prompt sent as text (best-effort)."""
+        label = approval_label(message.metadata[APPROVAL_KEY], self.settings.locale)
+        try:
+            return await self._post_card(message, label)
+        except ChannelRejected as exc:  # the prompt is there; the typed command still works
+            log.warning("dingtalk_approval_buttons_failed", error=exc.detail)
             return None
-        url = metadata.get("reply_session_webhook")
-        expires = metadata.get("reply_session_webhook_expires_ms")
-        if not isinstance(url, str) or not isinstance(expires, int):
-            return None
-        if time.time() * 1000 + WEBHOOK_MARGIN_MS >= expires:
-            return None
-        return url
+
+    async def _buttons_after_preview(self, message: OutboundMessage, _result: SendResult) -> None:
+        """An approval prompt that ends a streamed AI card is followed by the buttons' card."""
+        if APPROVAL_KEY in message.metadata and message.text and self._approval_cards(message):
+            await self._buttons(message)
 
     # --- streaming (`app.streaming`) ------------------------------------------------------
 
-    def streamer(self) -> DingTalkCardStreamer | None:
-        if self.api is None or self.settings.streaming is not StreamingMode.NATIVE:
+    def streamer(self) -> Streamer | None:
+        if self.outbound is None or self.settings.streaming is not StreamingMode.NATIVE:
             return None
-        return DingTalkCardStreamer(self)
-
-
-def _is_group(message: OutboundMessage) -> bool:
-    kind = message.metadata.get("reply_conversation_type")
-    if kind in (GROUP, SINGLE):
-        return bool(kind == GROUP)
-    # No event to ask (a cron job, an operator's send): group conversation ids start with "cid".
-    return message.chat_id.startswith("cid")
+        cards = DingTalkCardStreamer(self.outbound, self.settings)
+        if self.settings.approval_card_template_id and self.settings.mode == "stream":
+            return AfterFinish(cards, self._buttons_after_preview)
+        return cards

@@ -19,18 +19,17 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from app.channel import SendResult
 from app.errors import ChannelRejected, DeliveryError
-from app.events import FilePart, ImagePart, OutboundMessage
-from channels.common.chunks import ChunkProgress, send_chunks
+from app.events import OutboundMessage
 from channels.dingtalk.media import uploads
 
 if TYPE_CHECKING:
-    from channels.dingtalk.openapi import DingTalkApi
+    from channels.dingtalk.outbound import DingTalkOutbound
     from channels.dingtalk.settings import DingTalkSettings
 
 log = structlog.get_logger(__name__)
@@ -41,65 +40,31 @@ INSTANCES_PATH = "/v1.0/card/instances"
 FLOW_PROCESSING, FLOW_FINISHED = "1", "3"  # the SDK's AICardStatus
 
 
-class DingTalkChannel(Protocol):
-    """What the card streamer needs from the channel (`channels.dingtalk.adapter.DingTalkChannel`)."""
-
-    settings: DingTalkSettings
-    api: DingTalkApi | None
-    _progress: ChunkProgress
-
-    def _robot_code(self, metadata: dict[str, Any]) -> str: ...
-
-    async def _post(self, message: OutboundMessage, text: str) -> str | None: ...
-
-    def chunks(self, message: OutboundMessage) -> list[str]: ...
-
-    async def deliver_step(
-        self, message: OutboundMessage, index: int, chunks: list[str], media: list[ImagePart | FilePart]
-    ) -> str | None: ...
-
-
 class DingTalkCardStreamer:
-    def __init__(self, channel: DingTalkChannel) -> None:
-        assert channel.api is not None and channel.settings.card_template_id
-        self.channel = channel
-        self.api = channel.api
-        self.template = channel.settings.card_template_id
-        self.key = channel.settings.card_content_key
-        self.edit_interval = channel.settings.stream_edit_seconds
-        self.max_preview_chars = channel.settings.max_message_chars
+    def __init__(self, outbound: DingTalkOutbound, settings: DingTalkSettings) -> None:
+        assert settings.card_template_id
+        self.outbound = outbound
+        self.api = outbound.api
+        self.template = settings.card_template_id
+        self.key = settings.card_content_key
+        self.edit_interval = settings.stream_edit_seconds
+        self.max_preview_chars = settings.max_message_chars
 
     async def typing(self, message: OutboundMessage) -> None:
         return None
+
+    def edits_card(self, preview_id: str) -> bool:
+        """Every edit is a card update (`app.streaming.protocol.CardEdits`): paced by the
+        `dingtalk.card` bucket (OpenAPI calls), not as robot messages to the chat."""
+        return True
 
     async def open(self, message: OutboundMessage) -> str:
         meta = message.metadata
         if meta.get("reply_webhook_only"):
             raise ChannelRejected("no staff id: DingTalk cannot deliver a card to this sender")
         track_id = hashlib.sha256(f"{message.channel}:{message.chat_id}:{uuid.uuid4()}".encode()).hexdigest()
-        body: dict[str, Any] = {
-            "cardTemplateId": self.template,
-            "outTrackId": track_id,
-            "cardData": {"cardParamMap": {self.key: message.text, "flowStatus": FLOW_PROCESSING}},
-            "callbackType": "STREAM",
-            "imGroupOpenSpaceModel": {"supportForward": True},
-            "imRobotOpenSpaceModel": {"supportForward": True},
-        }
-        if _is_group(message):
-            body["openSpaceId"] = f"dtv1.card//IM_GROUP.{message.chat_id}"
-            body["imGroupOpenDeliverModel"] = {"robotCode": self.channel._robot_code(meta)}
-        else:
-            body["openSpaceId"] = f"dtv1.card//IM_ROBOT.{message.chat_id}"
-            body["imRobotOpenDeliverModel"] = {"spaceType": "IM_ROBOT"}
-        data = await self.api.call("POST", CREATE_PATH, body)
-        result = data.get("result")
-        delivered = result.get("deliverResults") if isinstance(result, dict) else None
-        if (
-            isinstance(delivered, list)
-            and delivered
-            and not all(isinstance(d, dict) and d.get("success") for d in delivered)
-        ):
-            raise ChannelRejected(f"DingTalk did not deliver the card: {json.dumps(delivered)[:200]}")
+        params = {self.key: message.text, "flowStatus": FLOW_PROCESSING}
+        await create_card(self.outbound, message, template=self.template, track_id=track_id, params=params)
         return track_id
 
     async def edit(self, message: OutboundMessage, preview_id: str) -> None:
@@ -118,17 +83,17 @@ class DingTalkCardStreamer:
         await self.api.call("PUT", STREAMING_PATH, body)
 
     async def finish(self, message: OutboundMessage, preview_id: str) -> SendResult:
-        chunks = self.channel.chunks(message)
+        chunks = self.outbound.chunks(message)
         media = uploads(message)
 
         async def deliver(index: int, chunk: str) -> str | None:
             if index > 0 or not chunks:
-                return await self.channel.deliver_step(message, index, chunks, media)
+                return await self.outbound.deliver_step(message, index, chunks, media)
             try:
                 await self._stream(preview_id, chunk, final=True)
             except ChannelRejected:
                 # The card is gone (or was never created): the answer as a plain message.
-                return await self.channel._post(message, chunk)
+                return await self.outbound.post(message, chunk)
             # The card's state to "finished" (as the SDK's `finish`): best-effort, the answer
             # is already final in the card and must not be sent again by a retry.
             data = {"cardParamMap": {self.key: chunk, "flowStatus": FLOW_FINISHED}}
@@ -139,8 +104,43 @@ class DingTalkCardStreamer:
             return preview_id
 
         items = [*chunks, *(f"file:{i}" for i in range(len(media)))]
-        sent = await send_chunks(self.channel._progress, message.message_id, items, deliver)
+        sent = await self.outbound.steps(message.message_id, items, deliver)
         return SendResult(platform_message_id=next((m for m in sent if m), preview_id))
+
+
+async def create_card(
+    outbound: DingTalkOutbound,
+    message: OutboundMessage,
+    *,
+    template: str,
+    track_id: str,
+    params: dict[str, str],
+) -> None:
+    """`createAndDeliver` a card of `template` into the message's chat, its callbacks (button
+    presses) over the Stream connection; `ChannelRejected` when DingTalk did not deliver it."""
+    body: dict[str, Any] = {
+        "cardTemplateId": template,
+        "outTrackId": track_id,
+        "cardData": {"cardParamMap": params},
+        "callbackType": "STREAM",
+        "imGroupOpenSpaceModel": {"supportForward": True},
+        "imRobotOpenSpaceModel": {"supportForward": True},
+    }
+    if _is_group(message):
+        body["openSpaceId"] = f"dtv1.card//IM_GROUP.{message.chat_id}"
+        body["imGroupOpenDeliverModel"] = {"robotCode": outbound.robot_code(message.metadata)}
+    else:
+        body["openSpaceId"] = f"dtv1.card//IM_ROBOT.{message.chat_id}"
+        body["imRobotOpenDeliverModel"] = {"spaceType": "IM_ROBOT"}
+    data = await outbound.api.call("POST", CREATE_PATH, body)
+    result = data.get("result")
+    delivered = result.get("deliverResults") if isinstance(result, dict) else None
+    if (
+        isinstance(delivered, list)
+        and delivered
+        and not all(isinstance(d, dict) and d.get("success") for d in delivered)
+    ):
+        raise ChannelRejected(f"DingTalk did not deliver the card: {json.dumps(delivered)[:200]}")
 
 
 def _is_group(message: OutboundMessage) -> bool:

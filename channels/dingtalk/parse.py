@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.errors import InvalidPayload
-from app.events import ChatType, FilePart, ImagePart, InboundEvent, MentionPart, Part, TextPart
+from app.events import ROLE_KEY, ChatType, FilePart, ImagePart, InboundEvent, MentionPart, Part, TextPart
 from channels.dingtalk.settings import DingTalkSettings
 
 CHANNEL = "dingtalk"
@@ -83,6 +83,8 @@ def parse_message(payload: Any, settings: DingTalkSettings) -> Parsed:
     for key, name in (("senderNick", "sender_name"), ("conversationTitle", "chat_title")):
         if isinstance(payload.get(key), str):
             metadata[name] = payload[key]
+    if group and payload.get("isAdmin") is True:  # the sender administers the organization
+        metadata[ROLE_KEY] = "admin"  # (app.access.roles); others are members
     if isinstance(payload.get("robotCode"), str) and payload["robotCode"] != "normal":
         metadata["reply_robot_code"] = payload["robotCode"]
     webhook = payload.get("sessionWebhook")

@@ -54,6 +54,11 @@ class DingTalkSettings(StreamingSettings, MediaSettings, ChannelSettings):
     card_content_key: str = Field(
         "content", description="The template's streaming variable that shows the answer."
     )
+    approval_card_template_id: str | None = Field(
+        None,
+        description="Card template with approve/deny buttons for approval prompts (docs/events.md); "
+        "Stream mode only. Empty: prompts are text and approvals are typed (/approve N).",
+    )
 
     @model_validator(mode="after")
     def _card_for_native(self) -> DingTalkSettings:

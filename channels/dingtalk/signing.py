@@ -9,10 +9,10 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import time
 from collections.abc import Mapping
 
 from app.errors import ChannelAuthError
+from channels.common.freshness import require_fresh
 
 TIMESTAMP_HEADER = "timestamp"
 SIGN_HEADER = "sign"
@@ -32,13 +32,13 @@ def verify(
         raise ChannelAuthError("missing timestamp header")
     if not sign:
         raise ChannelAuthError("missing sign header")
-    try:
-        ts_ms = int(timestamp)
-    except ValueError as exc:
-        raise ChannelAuthError("timestamp must be milliseconds since the epoch") from exc
-    now = time.time() if now is None else now
-    if abs(now * 1000 - ts_ms) > tolerance_seconds * 1000:
-        raise ChannelAuthError(f"timestamp is more than {tolerance_seconds} s away from server time")
+    require_fresh(
+        timestamp,
+        tolerance_seconds,
+        not_a_number="timestamp must be milliseconds since the epoch",
+        per_second=1000,
+        now=now,
+    )
     mac = hmac.new(secret.encode(), f"{timestamp}\n{secret}".encode(), hashlib.sha256).digest()
     expected = base64.b64encode(mac)
     if not hmac.compare_digest(expected, sign.strip().encode()):

@@ -16,11 +16,6 @@ Inbound image attachments are downloaded from the CDN under `DISCORD_MEDIA_MAX_B
 
 from __future__ import annotations
 
-import asyncio
-import base64
-import contextlib
-import hashlib
-import json
 import time
 from typing import Any
 
@@ -30,31 +25,34 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from app.channel import ChannelContext, ChannelRequest, ChannelResponse, SendResult
-from app.connections import fingerprint
+from app.connections import HeldConnection, fingerprint
 from app.errors import (
     ChannelAuthError,
     ChannelNotConfigured,
-    ChannelRateLimited,
-    ChannelRejected,
     ChannelRequestError,
     ChannelSendAuthError,
-    ChannelUnavailable,
     DeliveryError,
     InvalidPayload,
 )
-from app.events import FilePart, ImagePart, InboundEvent, OutboundMessage
-from app.streaming import StreamingMode
-from channels.common.chunks import ChunkProgress, send_chunks, split_text
+from app.events import DELETE_KEY, PRIVATE_NOTICE_KEY, FilePart, ImagePart, InboundEvent, OutboundMessage
+from app.streaming.protocol import StreamingMode
 from channels.common.media import Media, MediaTooLarge, download_capped, inline_media, too_large_text
-from channels.discord.outbound import UnknownMessage, attachment_name, uploads
+from channels.discord.native import (
+    COMPONENT_APP_KEY,
+    COMPONENT_TOKEN_KEY,
+    EPHEMERAL,
+    parse_component,
+    parse_native,
+)
+from channels.discord.outbound import DiscordOutbound, UnknownMessage
 from channels.discord.parse import parse_command, parse_message
 from channels.discord.settings import DiscordSettings
 from channels.discord.stream import DiscordStreamer
 
 log = structlog.get_logger(__name__)
 
-PING, APPLICATION_COMMAND = 1, 2
-PONG, DEFERRED_CHANNEL_MESSAGE = 1, 5
+PING, APPLICATION_COMMAND, MESSAGE_COMPONENT = 1, 2, 3
+PONG, DEFERRED_CHANNEL_MESSAGE, DEFERRED_UPDATE_MESSAGE = 1, 5, 6
 
 
 class DiscordChannel:
@@ -68,9 +66,10 @@ class DiscordChannel:
         self._http = httpx.AsyncClient(
             base_url=settings.api_base.rstrip("/"), timeout=settings.request_timeout_seconds
         )
-        self._holder: asyncio.Future[None] | None = None
+        self._holder: HeldConnection | None = None
         self._connection = "discord"  # the connection's name, once started
-        self._progress = ChunkProgress(capacity=1000)
+        # The platform calls every sender shares: replies here, previews in the streamer.
+        self.outbound = DiscordOutbound(self._http, settings)
 
     # --- lifecycle ----------------------------------------------------------------------
 
@@ -80,13 +79,11 @@ class DiscordChannel:
             return
         if self.settings.gateway:
             name = self._connection = f"discord:{fingerprint(self.settings.bot_token)}"
-            self._holder = asyncio.ensure_future(self.context.hold_connection(name, self._run_gateway))
+            self._holder = HeldConnection(self.context.hold_connection, name, self._run_gateway)
 
     async def stop(self) -> None:
         if self._holder is not None:
-            self._holder.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._holder
+            await self._holder.release()
             self._holder = None
         await self._http.aclose()
 
@@ -116,6 +113,15 @@ class DiscordChannel:
         except ChannelRequestError as exc:
             log.warning("discord_message_refused", detail=exc.detail)
 
+    async def on_native(self, kind: str, data: dict[str, Any], parent_id: str | None) -> None:
+        """An edit, deletion or reaction from the Gateway (docs/events.md)."""
+        try:
+            event = parse_native(kind, data, self.settings, self.bot_id, parent_id=parent_id)
+            if event is not None:
+                await self.context.accept([event])
+        except ChannelRequestError as exc:
+            log.warning("discord_event_refused", detail=exc.detail)
+
     async def _with_media(self, event: InboundEvent) -> InboundEvent | None:
         """Image attachments (and, with speech to text, audio; with kept files, every
         attachment) downloaded from the CDN (signed URLs, no token sent); None when one is
@@ -127,7 +133,7 @@ class DiscordChannel:
             if not (part.url or "").startswith(cdn):
                 return None
             assert part.url is not None
-            return await download_capped(self.context.http, part.url, limit)
+            return await download_capped(self.context.fetcher, part.url, limit, trusted=[cdn])
 
         try:
             return await inline_media(
@@ -140,11 +146,7 @@ class DiscordChannel:
         except MediaTooLarge:
             channel_id = str(event.metadata.get("reply_channel_id") or event.chat_id)
             try:
-                await self._call(
-                    "POST",
-                    f"/channels/{channel_id}/messages",
-                    {"content": too_large_text(self.settings.locale, limit)},
-                )
+                await self.outbound.post(channel_id, too_large_text(self.settings.locale, limit))
             except DeliveryError as exc:  # best-effort: the message is not stored either way
                 log.warning("discord_too_large_reply_failed", error=exc.detail)
             return None
@@ -163,6 +165,13 @@ class DiscordChannel:
         kind = payload.get("type")
         if kind == PING:
             return ChannelResponse.json({"type": PONG})
+        if kind == MESSAGE_COMPONENT:  # a press on an approval prompt's button (docs/events.md)
+            press = parse_component(payload, self.settings)
+            if press is not None:
+                await self.context.accept([press])
+            # Acknowledged, the message left as it is: what the press decides comes as a
+            # reply, a refusal as an ephemeral follow-up (`send`).
+            return ChannelResponse.json({"type": DEFERRED_UPDATE_MESSAGE})
         if kind != APPLICATION_COMMAND:
             raise InvalidPayload(f"unsupported interaction type {kind!r}")
         await self.context.accept([parse_command(payload, self.settings)])
@@ -190,92 +199,31 @@ class DiscordChannel:
     # --- outbound -----------------------------------------------------------------------
 
     async def send(self, message: OutboundMessage) -> SendResult:
+        if DELETE_KEY in message.metadata:  # our answer to a deleted message (docs/events.md)
+            channel_id = str(message.metadata.get("reply_channel_id") or message.chat_id)
+            try:
+                await self.outbound.call(
+                    "DELETE", f"/channels/{channel_id}/messages/{message.metadata[DELETE_KEY]}", None
+                )
+            except UnknownMessage:  # already gone
+                pass
+            return SendResult()
+        token, app_id = message.metadata.get(COMPONENT_TOKEN_KEY), message.metadata.get(COMPONENT_APP_KEY)
+        if message.metadata.get(PRIVATE_NOTICE_KEY) and token and app_id:
+            # A refused press: an ephemeral follow-up only the presser sees (within 15 minutes).
+            body = {"content": message.text[: self.settings.max_message_chars], "flags": EPHEMERAL}
+            await self.outbound.call("POST", f"/webhooks/{app_id}/{token}", body, auth=False)
+            return SendResult()
         if not self.settings.bot_token:
             raise ChannelSendAuthError("DISCORD_BOT_TOKEN is not set", retryable=False)
-        chunks = split_text(message.text, self.settings.max_message_chars)
-        media = uploads(message)
-        if not chunks and not media:
-            return SendResult()
-
-        async def deliver(index: int, _item: str) -> str:
-            return await self.deliver_step(message, index, chunks, media)
-
-        items = [*chunks, *(f"file:{i}" for i in range(len(media)))]
-        sent = await send_chunks(self._progress, message.message_id, items, deliver)
-        return SendResult(platform_message_id=next((m for m in sent if m), None))
-
-    async def deliver_step(
-        self, message: OutboundMessage, index: int, chunks: list[str], media: list[ImagePart | FilePart]
-    ) -> str:
-        """One step of a reply: text chunk `index`, or (after the text) one upload."""
-        meta = message.metadata
-        token, app_id = meta.get("reply_interaction_token"), meta.get("reply_application_id")
-        channel_id = meta.get("reply_channel_id") or message.thread_id or message.chat_id
-        part = media[index - len(chunks)] if index >= len(chunks) else None
-        body: dict[str, Any] = {} if part is not None else {"content": chunks[index]}
-        if token and app_id:
-            if index == 0 and part is None:  # the deferred answer ("thinking…") becomes the reply
-                path = f"/webhooks/{app_id}/{token}/messages/@original"
-                return await self._call("PATCH", path, body, auth=False)
-            return await self._call("POST", f"/webhooks/{app_id}/{token}", body, auth=False, upload=part)
-        # A nonce Discord enforces: a retry after a lost answer (or by another replica
-        # after a crash) returns the message already created instead of a second one.
-        body.update(nonce=_nonce(message.message_id, index), enforce_nonce=True)
-        return await self._call("POST", f"/channels/{channel_id}/messages", body, upload=part)
-
-    async def _call(
-        self,
-        method: str,
-        path: str,
-        body: dict[str, Any] | None,
-        *,
-        auth: bool = True,
-        upload: ImagePart | FilePart | None = None,
-    ) -> str:
-        headers = {"Authorization": f"Bot {self.settings.bot_token}"} if auth else {}
-        try:
-            if upload is not None:  # an attachment: multipart, the JSON body as payload_json
-                name = attachment_name(upload)
-                payload = {**(body or {}), "attachments": [{"id": 0, "filename": name}]}
-                assert upload.data_base64 is not None
-                files = {
-                    "files[0]": (
-                        name,
-                        base64.b64decode(upload.data_base64),
-                        upload.mime_type or "application/octet-stream",
-                    )
-                }
-                resp = await self._http.request(
-                    method, path, data={"payload_json": json.dumps(payload)}, files=files, headers=headers
-                )
-            else:
-                resp = await self._http.request(method, path, json=body, headers=headers)
-        except httpx.HTTPError as exc:
-            raise ChannelUnavailable(f"Discord unreachable: {exc!r}") from exc
-        if resp.status_code == 429:
-            raise ChannelRateLimited(_retry_after(resp), "Discord rate limit (429)")
-        if resp.status_code in (401, 403) and auth:
-            raise ChannelSendAuthError(f"Discord refused the bot token: {resp.status_code}")
-        if resp.status_code >= 500:
-            raise ChannelUnavailable(f"Discord answered {resp.status_code}")
-        if resp.status_code == 404:
-            raise UnknownMessage(f"Discord: not found (404) {resp.text[:200]}")
-        if resp.status_code >= 400:
-            raise ChannelRejected(f"Discord rejected the message: {resp.status_code} {resp.text[:200]}")
-        data = resp.json() if resp.content else {}
-        return str(data.get("id") or "") if isinstance(data, dict) else ""
+        return await self.outbound.send(message)
 
     # --- streaming (`app.streaming`) ------------------------------------------------------
 
     def streamer(self) -> DiscordStreamer | None:
         if not self.settings.bot_token or self.settings.streaming is StreamingMode.OFF:
             return None
-        return DiscordStreamer(self)
-
-
-def _nonce(message_id: str, index: int) -> str:
-    """At most 25 characters (Discord's limit), stable per outbox message and chunk."""
-    return hashlib.sha256(f"{message_id}:{index}".encode()).hexdigest()[:25]
+        return DiscordStreamer(self.outbound, self.settings)
 
 
 def _public_key(value: str) -> Ed25519PublicKey:
@@ -283,12 +231,3 @@ def _public_key(value: str) -> Ed25519PublicKey:
         return Ed25519PublicKey.from_public_bytes(bytes.fromhex(value))
     except ValueError as exc:
         raise ValueError("DISCORD_PUBLIC_KEY must be the application's 32-byte public key in hex") from exc
-
-
-def _retry_after(resp: httpx.Response) -> float:
-    """Seconds from the 429 body's `retry_after` (Discord), else the Retry-After header."""
-    with contextlib.suppress(ValueError, TypeError, AttributeError):
-        return max(0.0, float(resp.json()["retry_after"]))
-    with contextlib.suppress(ValueError, TypeError):
-        return max(0.0, float(resp.headers.get("retry-after", "1")))
-    return 1.0

@@ -15,6 +15,7 @@ Discord refuses the session (INVALID_SESSION), discord.py identifies anew.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from typing import TYPE_CHECKING, Any, Protocol
@@ -24,6 +25,8 @@ import structlog
 import yarl
 from discord.gateway import DiscordWebSocket
 from discord.http import Route
+
+from channels.discord.native import NATIVE_DISPATCHES
 
 if TYPE_CHECKING:
     from channels.discord.settings import DiscordSettings
@@ -36,6 +39,7 @@ class DiscordChannel(Protocol):
     bot_id: str | None
 
     async def on_message_create(self, data: dict[str, Any], parent_id: str | None) -> None: ...
+    async def on_native(self, kind: str, data: dict[str, Any], parent_id: str | None) -> None: ...
     async def load_session(self) -> dict[str, Any] | None: ...
     async def save_session(self, session: dict[str, Any]) -> None: ...
 
@@ -124,6 +128,8 @@ async def run_gateway(channel: DiscordChannel) -> None:
     intents.guild_messages = True
     intents.dm_messages = True
     intents.message_content = True
+    intents.guild_reactions = True  # reactions (docs/events.md)
+    intents.dm_reactions = True
     client = discord.Client(intents=intents, enable_debug_events=True)
     saved = await channel.load_session()
     if saved and saved.get("session_id") and saved.get("resume_gateway_url"):
@@ -154,22 +160,41 @@ async def run_gateway(channel: DiscordChannel) -> None:
                 await _message(frame["d"])
             finally:
                 keeper.in_flight.discard(seq)
+        elif kind in NATIVE_DISPATCHES and isinstance(frame.get("d"), dict):
+            keeper.in_flight.add(seq)  # edits, deletions, reactions (docs/events.md)
+            try:
+                await channel.on_native(kind, frame["d"], _parent(frame["d"]))
+            finally:
+                keeper.in_flight.discard(seq)
         elif kind == "READY" and isinstance(frame.get("d"), dict):
             # our own id, for mention gating, before any message
             channel.bot_id = str((frame["d"].get("user") or {}).get("id") or "") or channel.bot_id
-        await keeper.save(now=kind in ("READY", "RESUMED", "MESSAGE_CREATE"))
+        await keeper.save(now=kind in ("READY", "RESUMED", "MESSAGE_CREATE", *NATIVE_DISPATCHES))
 
-    async def _message(data: dict[str, Any]) -> None:
-        parent = None
+    def _parent(data: dict[str, Any]) -> str | None:
+        """The thread's parent channel when the dispatch is about a thread."""
         with_cache = client.get_channel(int(data.get("channel_id") or 0))
         if isinstance(with_cache, discord.Thread):
-            parent = str(with_cache.parent_id)
-        elif data.get("thread_parent_id"):
-            parent = str(data["thread_parent_id"])
-        await channel.on_message_create(data, parent)
+            return str(with_cache.parent_id)
+        return str(data["thread_parent_id"]) if data.get("thread_parent_id") else None
+
+    async def _message(data: dict[str, Any]) -> None:
+        await channel.on_message_create(data, _parent(data))
 
     try:
         await client.start(settings.bot_token, reconnect=True)
     finally:
         if not client.is_closed():
-            await asyncio.shield(client.close())
+            await asyncio.shield(_hand_over(client, keeper))
+
+
+async def _hand_over(client: discord.Client, keeper: _SessionKeeper) -> None:
+    """Close so that the next holder can RESUME: the session saved as it is now, and the
+    socket closed with 4000, not 1000 (Discord ends a session closed with 1000 or 1001,
+    and the events of the gap would be lost to an IDENTIFY)."""
+    await keeper.save(now=True)
+    ws = client.ws
+    if ws is not None and ws.open:
+        with contextlib.suppress(Exception):
+            await ws.close(code=4000)
+    await client.close()

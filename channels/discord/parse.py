@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.errors import InvalidPayload
-from app.events import ChatType, FilePart, ImagePart, InboundEvent, Part, TextPart
+from app.events import MESSAGE_REF_KEY, ROLE_KEY, ChatType, FilePart, ImagePart, InboundEvent, Part, TextPart
 from channels.discord.settings import DiscordSettings
 
 CHANNEL = "discord"
@@ -45,7 +45,11 @@ def parse_message(
         return Parsed(ignored="no text or attachments")
     # In a thread the conversation is the thread; its parent channel is the chat.
     chat_id, thread_id = (parent_id, str(channel_id)) if parent_id else (str(channel_id), None)
-    metadata: dict[str, Any] = {"reply_channel_id": str(channel_id), "discord_message_id": str(message_id)}
+    metadata: dict[str, Any] = {
+        "reply_channel_id": str(channel_id),
+        "discord_message_id": str(message_id),
+        MESSAGE_REF_KEY: str(message_id),  # an edit, deletion or reaction of it finds its event
+    }
     if guild:
         metadata["guild_id"] = str(guild)
     event = InboundEvent(
@@ -92,6 +96,14 @@ def parse_command(data: dict[str, Any], settings: DiscordSettings) -> InboundEve
     chat_id, thread_id = (
         (str(channel["parent_id"]), str(channel_id)) if in_thread else (str(channel_id), None)
     )
+    metadata: dict[str, Any] = {
+        "reply_channel_id": str(channel_id),
+        "reply_interaction_token": str(token),
+        "reply_application_id": str(data.get("application_id") or ""),
+    }
+    role = role_of((data.get("member") or {}).get("permissions"))
+    if data.get("guild_id") and role is not None:
+        metadata[ROLE_KEY] = role
     return InboundEvent(
         channel=CHANNEL,
         chat_id=chat_id,
@@ -101,9 +113,18 @@ def parse_command(data: dict[str, Any], settings: DiscordSettings) -> InboundEve
         parts=(TextPart(text=text),),
         external_id=f"interaction:{interaction_id}",
         session_scope=settings.session_scope,
-        metadata={
-            "reply_channel_id": str(channel_id),
-            "reply_interaction_token": str(token),
-            "reply_application_id": str(data.get("application_id") or ""),
-        },
+        metadata=metadata,
     )
+
+
+# Permission bits that make someone an admin of the guild's conversations
+# (https://discord.com/developers/docs/topics/permissions): ADMINISTRATOR, MANAGE_GUILD.
+_ADMIN_BITS = (1 << 3) | (1 << 5)
+
+
+def role_of(permissions: Any) -> str | None:
+    """A signed interaction's `member.permissions` (the member's total permissions in the
+    channel, a decimal string) as a role (`app.access.roles`); None when absent."""
+    if not isinstance(permissions, str) or not permissions.isdigit():
+        return None
+    return "admin" if int(permissions) & _ADMIN_BITS else "member"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
@@ -12,6 +14,7 @@ from channels.common.media import MediaSettings
 
 class DiscordSettings(StreamingSettings, MediaSettings, ChannelSettings):
     model_config = SettingsConfigDict(env_prefix="DISCORD_", env_file=".env", extra="ignore")
+    deletes_messages: ClassVar[bool] = True  # DELETE /channels/{id}/messages/{id} (docs/events.md)
 
     bot_token: str | None = Field(None, description="Bot token (Developer Portal → Bot).")
     public_key: str | None = Field(

@@ -5,7 +5,9 @@ Encrypt Key is set, and then signed (`X-Lark-Signature`). The signature is check
 raw body before anything else, the body decrypted, the verification token compared, and
 an `im.message.receive_v1` message committed to the inbox and answered 200 at once
 (Feishu redelivers events it got no answer for within a few seconds; the agent runs
-later). `url_verification` is answered with its `challenge`.
+later). `url_verification` is answered with its `challenge`. Platform-native events
+(docs/events.md): `im.message.recalled_v1`, `im.message.reaction.created_v1` /
+`deleted_v1` (`channels.feishu.reactions`) and `card.action.trigger` (`channels.feishu.native`).
 
 Outbound: `POST /open-apis/im/v1/messages?receive_id_type=chat_id`, or
 `/open-apis/im/v1/messages/{message_id}/reply` to answer a group message (in its thread
@@ -24,6 +26,7 @@ from __future__ import annotations
 import json
 import time
 from typing import Any
+from urllib.parse import quote
 
 import structlog
 
@@ -31,13 +34,22 @@ from app.channel import ChannelContext, ChannelRequest, ChannelResponse, SendRes
 from app.errors import (
     ChannelAuthError,
     ChannelNotConfigured,
+    ChannelRejected,
     ChannelRequestError,
     DeliveryError,
     InvalidPayload,
 )
-from app.events import FilePart, ImagePart, InboundEvent, OutboundMessage
-from app.streaming import StreamingMode
-from channels.common.chunks import ChunkProgress, send_chunks, split_text
+from app.events import (
+    APPROVAL_KEY,
+    DELETE_KEY,
+    PRIVATE_NOTICE_KEY,
+    FilePart,
+    ImagePart,
+    InboundEvent,
+    OutboundMessage,
+)
+from app.streaming.protocol import StreamingMode
+from channels.common.after_finish import AfterFinish
 from channels.common.media import (
     Media,
     MediaTooLarge,
@@ -46,12 +58,32 @@ from channels.common.media import (
     inline_media,
     too_large_text,
 )
-from channels.common.wechat_api import outbound_text
 from channels.feishu import crypto
 from channels.feishu.api import FeishuApi
 from channels.feishu.card import FeishuCardStreamer
-from channels.feishu.media import upload, uploads
-from channels.feishu.parse import MESSAGE_RECEIVED, Parsed, parse_message_event
+from channels.feishu.native import (
+    CARD_ACTION,
+    CARD_PRESS_KEY,
+    CARD_WAIT_SECONDS,
+    ApprovalCards,
+    parse_card_action,
+)
+from channels.feishu.outbound import FeishuOutbound
+from channels.feishu.parse import (
+    MESSAGE_RECALLED,
+    MESSAGE_RECEIVED,
+    Parsed,
+    parse_message_event,
+    parse_recall,
+)
+from channels.feishu.reactions import (
+    REACTION_CREATED,
+    REACTION_DELETED,
+    LookupFailed,
+    MessageLocator,
+    parse_reaction,
+    reaction_event,
+)
 from channels.feishu.settings import FeishuSettings
 from channels.feishu.stream import FeishuStreamer
 
@@ -71,7 +103,10 @@ class FeishuChannel:
         self.api = FeishuApi(context.http, settings)
         self.bot_open_id = settings.bot_open_id
         self._identity_tried_at = -IDENTITY_RETRY_SECONDS
-        self._progress = ChunkProgress(capacity=1000)
+        # The API calls every sender shares: replies here, previews in the streamers.
+        self.outbound = FeishuOutbound(self.api, settings)
+        self.locator = MessageLocator(self.api, settings, context.records)  # reactions' messages
+        self.cards = ApprovalCards(self.outbound, settings, self.locator)  # prompts with buttons
 
     # --- lifecycle --------------------------------------------------------------------
 
@@ -104,6 +139,20 @@ class FeishuChannel:
         open_id = bot.get("open_id") if isinstance(bot, dict) else None
         self.bot_open_id = open_id if isinstance(open_id, str) and open_id else None
 
+    # --- roles ----------------------------------------------------------------------
+
+    async def chat_roles(self, chat_id: str) -> dict[str, str]:
+        """The group's owner and managers by open_id (`app.access.roles` caches them):
+        events carry no role, so the chat's information is asked (im/v1/chats/:chat_id)."""
+        if not self.settings.app_id or not self.settings.app_secret:
+            return {}
+        answer = await self.api.get(f"/open-apis/im/v1/chats/{quote(chat_id, safe='')}?user_id_type=open_id")
+        data = answer.get("data") or {}
+        roles = {str(m): "admin" for m in data.get("user_manager_id_list") or [] if isinstance(m, str)}
+        if isinstance(data.get("owner_id"), str) and data.get("owner_id_type", "open_id") == "open_id":
+            roles[data["owner_id"]] = "owner"
+        return roles
+
     # --- inbound ----------------------------------------------------------------------
 
     async def handle_request(self, request: ChannelRequest) -> ChannelResponse:
@@ -131,9 +180,16 @@ class FeishuChannel:
             raise InvalidPayload("only event subscription schema 2.0 is supported")
         self._check_token(header.get("token"))
         kind = header.get("event_type")
-        if kind != MESSAGE_RECEIVED:
+        if kind == CARD_ACTION:  # a press on an approval card's button (docs/events.md)
+            return await self._card_action(payload)
+        if kind in (REACTION_CREATED, REACTION_DELETED):
+            return await self._reaction(payload)
+        if kind not in (MESSAGE_RECEIVED, MESSAGE_RECALLED):
             return ChannelResponse.json({"ok": True, "ignored": f"event type {kind}"})
-        parsed = await self._parse(payload)
+        if kind == MESSAGE_RECALLED:  # docs/events.md
+            parsed = parse_recall(payload, self.settings)
+        else:
+            parsed = await self._parse(payload)
         if parsed.event is None:
             return ChannelResponse.json({"ok": True, "ignored": parsed.ignored})
         event = await self._with_media(parsed.event)
@@ -146,6 +202,42 @@ class FeishuChannel:
         if result.skipped:
             body["skipped"] = True
         return ChannelResponse.json(body)
+
+    async def _card_action(self, payload: dict[str, Any]) -> ChannelResponse:
+        """Accept the press, then wait (within Feishu's 3 s) for a refusal to show as a toast.
+
+        The answer to a card callback is what Feishu shows the presser: `{}` shows nothing, a
+        `toast` is seen by them alone. What the press decided reaches the chat as a reply."""
+        started = time.monotonic()
+        parsed = parse_card_action(payload, self.settings)
+        if parsed.event is None:
+            return ChannelResponse.json({})
+        [result] = await self.context.accept([parsed.event])
+        left = CARD_WAIT_SECONDS - (time.monotonic() - started)
+        if result.duplicate or result.skipped or left <= 0:
+            return ChannelResponse.json({})
+        waited = await self.context.wait_for_replies(result.event_id, left)
+        refusal = next((r.text for r in waited.replies if r.private and r.text), None)
+        if refusal is None:
+            return ChannelResponse.json({})
+        return ChannelResponse.json({"toast": {"type": "error", "content": refusal}})
+
+    async def _reaction(self, payload: dict[str, Any]) -> ChannelResponse:
+        """A reaction, to the session of the message it is on (`channels.feishu.reactions`)."""
+        reaction = parse_reaction(payload)
+        if reaction is None or reaction.open_id == self.bot_open_id:
+            return ChannelResponse.json({"ok": True, "ignored": "a reaction by an app"})
+        try:
+            where = await self.locator.locate(reaction.message_id)
+        except LookupFailed as exc:  # nothing stored: Feishu sends the event again later
+            return ChannelResponse.json({"error": "unavailable", "detail": f"message lookup: {exc}"}, 503)
+        if where is None:
+            return ChannelResponse.json(
+                {"ok": True, "ignored": "a reaction on a message Feishu does not show"}
+            )
+        [result] = await self.context.accept([reaction_event(reaction, where, self.settings)])
+        body = {"ok": True, "event_id": result.event_id, "session_key": result.session_key}
+        return ChannelResponse.json({**body, "duplicate": True} if result.duplicate else body)
 
     def _unsigned(self, request: ChannelRequest) -> dict[str, Any]:
         """With an Encrypt Key, Feishu signs every event; only `url_verification` comes unsigned.
@@ -241,48 +333,21 @@ class FeishuChannel:
     # --- outbound ---------------------------------------------------------------------
 
     async def send(self, message: OutboundMessage) -> SendResult:
-        chunks = self.chunks(message)
-        media = uploads(message)
-        if not chunks and not media:
+        if DELETE_KEY in message.metadata:  # our answer to a recalled message (docs/events.md)
+            try:
+                await self.api.delete(f"/open-apis/im/v1/messages/{quote(str(message.metadata[DELETE_KEY]))}")
+            except ChannelRejected as exc:  # already recalled, or too old: nothing to retry
+                log.info("feishu_delete_refused", detail=exc.detail)
             return SendResult()
-
-        async def deliver(index: int, _item: str) -> str | None:
-            return await self.deliver_step(message, index, chunks, media)
-
-        items = [*chunks, *(f"file:{i}" for i in range(len(media)))]
-        sent = await send_chunks(self._progress, message.message_id, items, deliver)
-        return SendResult(platform_message_id=next((m for m in sent if m), None))
-
-    def chunks(self, message: OutboundMessage) -> list[str]:
-        return split_text(outbound_text(message.parts), self.settings.max_message_bytes, units=_sent_bytes)
-
-    async def deliver_step(
-        self, message: OutboundMessage, index: int, chunks: list[str], media: list[ImagePart | FilePart]
-    ) -> str | None:
-        """One step of a reply: text chunk `index`, or (after the text) one upload and its message."""
-        if index < len(chunks):
-            msg_type, content = "text", json.dumps({"text": chunks[index]}, ensure_ascii=False)
-        else:
-            msg_type, content = await upload(self.api, media[index - len(chunks)])
-        # Feishu sends at most one message per uuid within an hour.
-        return await self.post_message(message, msg_type, content, uuid=f"{message.message_id}-{index}")
-
-    async def post_message(
-        self, message: OutboundMessage, msg_type: str, content: str, *, uuid: str | None = None
-    ) -> str | None:
-        """Send one message where the reply goes (a reply to the message, or into the chat)."""
-        reply_to, in_thread = _reply_target(message)
-        body: dict[str, Any] = {"msg_type": msg_type, "content": content}
-        if uuid is not None:
-            body["uuid"] = uuid
-        if reply_to:
-            body["reply_in_thread"] = in_thread
-            data = await self.api.post(f"/open-apis/im/v1/messages/{reply_to}/reply", body)
-        else:
-            body["receive_id"] = message.chat_id
-            data = await self.api.post("/open-apis/im/v1/messages", body, {"receive_id_type": "chat_id"})
-        sent = data.get("message_id") if isinstance(data, dict) else None
-        return str(sent) if sent else None
+        if message.metadata.get(PRIVATE_NOTICE_KEY) and message.metadata.get(CARD_PRESS_KEY):
+            # A refused press: shown as the callback's toast when decided within its 3 s
+            # (`_card_action`); Feishu has no later private answer to a card callback.
+            # (A refused typed `/approve` is an ordinary reply.)
+            log.info("feishu_private_notice_not_sent", text=message.text[:200])
+            return SendResult()
+        if APPROVAL_KEY in message.metadata and message.text:
+            return await self.cards.send(message)
+        return await self.outbound.send(message)
 
     # --- inbound media ------------------------------------------------------------------
 
@@ -300,7 +365,9 @@ class FeishuChannel:
             assert part.url is not None
             token = await self.api.tokens.get()
             headers = {"Authorization": f"Bearer {token}"}
-            return await download_capped(self.context.http, part.url, limit, headers=headers)
+            return await download_capped(
+                self.context.fetcher, part.url, limit, headers=headers, trusted=[prefix]
+            )
 
         try:
             return await inline_media(
@@ -314,34 +381,17 @@ class FeishuChannel:
             reply = answer_to(event, "")
             text = json.dumps({"text": too_large_text(self.settings.locale, limit)}, ensure_ascii=False)
             try:
-                await self.post_message(reply, "text", text)
+                await self.outbound.post_message(reply, "text", text)
             except DeliveryError as exc:  # best-effort: nothing is stored either way
                 log.warning("feishu_too_large_reply_failed", error=exc.detail)
             return None
 
     # --- streaming (`app.streaming`) ------------------------------------------------------
 
-    def streamer(self) -> FeishuStreamer | FeishuCardStreamer | None:
+    def streamer(self) -> AfterFinish | None:
         s = self.settings
         if not s.app_id or not s.app_secret or s.streaming is StreamingMode.OFF:
             return None
-        if s.streaming is StreamingMode.NATIVE:
-            return FeishuCardStreamer(self, FeishuStreamer(self))
-        return FeishuStreamer(self)
-
-
-def _reply_target(message: OutboundMessage) -> tuple[str | None, bool]:
-    """The message to answer with /reply (and whether in its thread), or None to post in the chat."""
-    replied = message.metadata.get("reply_feishu_message_id")
-    if isinstance(replied, str) and replied:
-        return replied, bool(message.metadata.get("reply_feishu_in_thread"))
-    # A reply without its event (a scheduled job) for a thread session: the thread's root.
-    if message.thread_id and message.thread_id.startswith("om_"):
-        return message.thread_id, True
-    return None, False
-
-
-def _sent_bytes(char: str) -> int:
-    """What one character weighs in the request: UTF-8, JSON-escaped twice (content is a JSON string)."""
-    once = json.dumps(char, ensure_ascii=False)[1:-1]
-    return len(json.dumps(once, ensure_ascii=False)[1:-1].encode())
+        text = FeishuStreamer(self.outbound, s)
+        inner = FeishuCardStreamer(self.outbound, s, text) if s.streaming is StreamingMode.NATIVE else text
+        return AfterFinish(inner, self.cards.after_preview)

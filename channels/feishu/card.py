@@ -41,12 +41,14 @@ import structlog
 from app.channel import SendResult
 from app.errors import ChannelRejected, ChannelSendAuthError, DeliveryError
 from app.events import OutboundMessage
-from channels.common.chunks import send_chunks, split_text
+from channels.common.chunks import split_text
 from channels.common.wechat_api import outbound_text
 from channels.feishu.media import uploads
 
 if TYPE_CHECKING:
-    from channels.feishu.stream import FeishuChannel, FeishuStreamer
+    from channels.feishu.outbound import FeishuOutbound
+    from channels.feishu.settings import FeishuSettings
+    from channels.feishu.stream import FeishuStreamer
 
 log = structlog.get_logger(__name__)
 
@@ -95,19 +97,26 @@ def card_json(text: str, *, streaming: bool) -> dict[str, Any]:
 
 
 class FeishuCardStreamer:
-    def __init__(self, channel: FeishuChannel, text_previews: FeishuStreamer) -> None:
-        self.channel = channel
+    def __init__(
+        self, outbound: FeishuOutbound, settings: FeishuSettings, text_previews: FeishuStreamer
+    ) -> None:
+        self.outbound = outbound
         self.text_previews = text_previews
-        self.edit_interval = channel.settings.stream_edit_seconds
+        self.edit_interval = settings.stream_edit_seconds
         self.max_preview_chars = CARD_TEXT_BYTES // 3  # Chinese: three bytes a character
-        self.streaming_seconds = channel.settings.card_streaming_seconds
+        self.streaming_seconds = settings.card_streaming_seconds
         self._sequences: OrderedDict[str, int] = OrderedDict()  # card id -> last sequence used
+
+    def edits_card(self, preview_id: str) -> bool:
+        """A card preview's edits are CardKit calls (`app.streaming.protocol.CardEdits`),
+        paced by `feishu.card` when set; a text preview (the fallback) edits a message."""
+        return preview_id.startswith(PREFIX)
 
     async def typing(self, message: OutboundMessage) -> None:
         return None
 
     async def open(self, message: OutboundMessage) -> str:
-        api = self.channel.api
+        api = self.outbound.api
         try:
             created = await api.post(
                 CARDS_PATH,
@@ -124,7 +133,7 @@ class FeishuCardStreamer:
             raise ChannelRejected(f"{CARDS_PATH} answered without a card_id")
         opened_ms = int(time.time() * 1000)
         content = json.dumps({"type": "card", "data": {"card_id": card_id}})
-        sent = await self.channel.post_message(message, "interactive", content)
+        sent = await self.outbound.post_message(message, "interactive", content)
         if not sent:
             raise ChannelRejected("Feishu answered the card message without a message_id")
         self._sequences[card_id] = 0
@@ -148,21 +157,21 @@ class FeishuCardStreamer:
 
         async def deliver(index: int, chunk: str) -> str | None:
             if index > 0 or not chunks:
-                return await self.channel.deliver_step(message, index, chunks, media)
+                return await self.outbound.deliver_step(message, index, chunks, media)
             try:
                 await self._complete(card, chunk, message.message_id)
             except ChannelRejected as exc:
                 # The card is gone (deleted, or not ours): the message goes, the answer comes anew.
                 log.info("feishu_card_replaced", card_id=card.card_id, reason=exc.detail)
                 try:
-                    await self.channel.api.delete(f"/open-apis/im/v1/messages/{card.message_id}")
+                    await self.outbound.delete(card.message_id)
                 except DeliveryError as gone:
                     log.warning("feishu_card_recall_failed", error=gone.detail)
-                return await self.channel.deliver_step(message, index, chunks, media)
+                return await self.outbound.deliver_step(message, index, chunks, media)
             return card.message_id
 
         items = [*chunks, *(f"file:{i}" for i in range(len(media)))]
-        sent = await send_chunks(self.channel._progress, message.message_id, items, deliver)
+        sent = await self.outbound.steps(message.message_id, items, deliver)
         return SendResult(platform_message_id=next((m for m in sent if m), card.message_id))
 
     async def _complete(self, card: CardPreview, text: str, answer_id: str) -> None:
@@ -174,7 +183,7 @@ class FeishuCardStreamer:
                 log.info("feishu_card_streaming_closed", card_id=card.card_id, reason=exc.detail)
             else:
                 settings = {"config": {"streaming_mode": False}}
-                await self.channel.api.patch(
+                await self.outbound.api.patch(
                     f"{CARDS_PATH}/{card.card_id}/settings",
                     {
                         "settings": json.dumps(settings),
@@ -183,7 +192,7 @@ class FeishuCardStreamer:
                     },
                 )
                 return
-        await self.channel.api.put(
+        await self.outbound.api.put(
             f"{CARDS_PATH}/{card.card_id}",
             {
                 "card": {
@@ -201,7 +210,7 @@ class FeishuCardStreamer:
             "sequence": self._next_sequence(card),
             "uuid": idempotency_key or str(uuid.uuid4()),
         }
-        await self.channel.api.put(f"{CARDS_PATH}/{card.card_id}/elements/{ELEMENT_ID}/content", body)
+        await self.outbound.api.put(f"{CARDS_PATH}/{card.card_id}/elements/{ELEMENT_ID}/content", body)
 
     def _next_sequence(self, card: CardPreview) -> int:
         """Greater than every sequence used on this card, by this process or an earlier one."""

@@ -16,11 +16,25 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.errors import InvalidPayload
-from app.events import ChatType, FilePart, ImagePart, InboundEvent, MentionPart, Part, ReplyToPart, TextPart
+from app.events import (
+    MESSAGE_REF_KEY,
+    ChatType,
+    FilePart,
+    ImagePart,
+    InboundEvent,
+    MentionPart,
+    NativeEvent,
+    NativeKind,
+    Part,
+    ReplyToPart,
+    TextPart,
+)
 from channels.feishu.settings import FeishuSettings
 
 CHANNEL = "feishu"
 MESSAGE_RECEIVED = "im.message.receive_v1"
+MESSAGE_RECALLED = "im.message.recalled_v1"
+RECALL_SENDER = "feishu:recall"  # the sender of a recall event: Feishu does not name one
 
 
 @dataclass(frozen=True)
@@ -102,8 +116,11 @@ def parse_message_event(
     metadata: dict[str, Any] = {
         "feishu_event_id": event_id,
         "feishu_message_id": message_id,
+        MESSAGE_REF_KEY: message_id,  # a recall of it finds its event (docs/events.md)
         "feishu_message_type": kind,
         "tenant_key": header.get("tenant_key"),
+        # Named on an approval card's buttons (`channels.feishu.native`): the press says no type.
+        "reply_feishu_chat_type": "p2p" if chat_type is ChatType.DIRECT else "group",
     }
     if platform_thread:
         metadata["feishu_thread_id"] = platform_thread
@@ -259,3 +276,32 @@ def _replace_mentions(text: str, mentions: list[_Mention], bot_open_id: str | No
     for mention in sorted(mentions, key=lambda m: len(m.key), reverse=True):
         text = text.replace(mention.key, "" if _is_self(mention, bot_open_id) else f"@{mention.name}")
     return re.sub(r"[ \t]{2,}", " ", text).strip()
+
+
+def parse_recall(payload: dict[str, Any], settings: FeishuSettings) -> Parsed:
+    """`im.message.recalled_v1` → a `recalled` event. Feishu names the message and its chat,
+    not who wrote it (nor the chat's type): the event's sender is a stand-in and the
+    author is not checked (`NativeEvent.author_known`), so with `user_in_chat` sessions a
+    recall reaches the chat's key, not the member's (docs/events.md)."""
+    header, body = payload.get("header"), payload.get("event")
+    if not isinstance(header, dict) or not isinstance(body, dict):
+        raise InvalidPayload("a schema 2.0 event needs a header and an event object")
+    event_id, message_id, chat_id = (
+        _str(header.get("event_id")),
+        _str(body.get("message_id")),
+        _str(body.get("chat_id")),
+    )
+    if not event_id or not message_id or not chat_id:
+        raise InvalidPayload("im.message.recalled_v1 needs header.event_id, message_id and chat_id")
+    return Parsed(
+        event=InboundEvent.native(
+            NativeEvent(kind=NativeKind.RECALLED, target=message_id, author_known=False),
+            channel=CHANNEL,
+            chat_id=chat_id,
+            sender_id=RECALL_SENDER,
+            chat_type=ChatType.GROUP,
+            external_id=event_id,
+            session_scope=settings.session_scope,
+            metadata={"feishu_event_id": event_id, "recall_type": body.get("recall_type")},
+        )
+    )

@@ -15,6 +15,7 @@ from channels.common.media import MediaSettings
 
 class FeishuSettings(StreamingSettings, MediaSettings, ChannelSettings):
     model_config = SettingsConfigDict(env_prefix="FEISHU_", env_file=".env", extra="ignore")
+    deletes_messages: ClassVar[bool] = True  # DELETE /im/v1/messages/{id} (docs/events.md)
 
     app_id: str | None = Field(None, description="App ID (cli_…), Credentials & Basic Info.")
     app_secret: str | None = Field(None, description="App Secret, for the tenant access token.")

@@ -15,18 +15,17 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import structlog
 
 from app.channel import SendResult
 from app.errors import ChannelRejected, DeliveryError
-from app.events import FilePart, ImagePart, OutboundMessage
-from channels.common.chunks import ChunkProgress, send_chunks
+from app.events import OutboundMessage
 from channels.feishu.media import uploads
 
 if TYPE_CHECKING:
-    from channels.feishu.api import FeishuApi
+    from channels.feishu.outbound import FeishuOutbound
     from channels.feishu.settings import FeishuSettings
 
 log = structlog.get_logger(__name__)
@@ -35,28 +34,10 @@ EDIT_LIMIT = 20  # edits of one message (Feishu's documented limit)
 _REMEMBERED = 1000
 
 
-class FeishuChannel(Protocol):
-    """What the streamer needs from the channel (`channels.feishu.adapter.FeishuChannel`)."""
-
-    settings: FeishuSettings
-    api: FeishuApi
-    _progress: ChunkProgress
-
-    def chunks(self, message: OutboundMessage) -> list[str]: ...
-
-    async def deliver_step(
-        self, message: OutboundMessage, index: int, chunks: list[str], media: list[ImagePart | FilePart]
-    ) -> str | None: ...
-
-    async def post_message(
-        self, message: OutboundMessage, msg_type: str, content: str, *, uuid: str | None = None
-    ) -> str | None: ...
-
-
 class FeishuStreamer:
-    def __init__(self, channel: FeishuChannel) -> None:
-        self.channel = channel
-        self.edit_interval = channel.settings.stream_edit_seconds
+    def __init__(self, outbound: FeishuOutbound, settings: FeishuSettings) -> None:
+        self.outbound = outbound
+        self.edit_interval = settings.stream_edit_seconds
         # A preview is one message: far below Feishu's text limit in practice.
         self.max_preview_chars = 4000
         self._edits: OrderedDict[str, int] = OrderedDict()  # preview id -> edits made (this process)
@@ -65,7 +46,7 @@ class FeishuStreamer:
         return None
 
     async def open(self, message: OutboundMessage) -> str:
-        sent = await self.channel.post_message(message, "text", _text(message.text))
+        sent = await self.outbound.post_message(message, "text", _text(message.text))
         if not sent:
             raise ChannelRejected("Feishu answered the preview without a message_id")
         return sent
@@ -76,35 +57,33 @@ class FeishuStreamer:
         await self._put(preview_id, message.text)
 
     async def _put(self, preview_id: str, text: str) -> None:
-        await self.channel.api.put(
-            f"/open-apis/im/v1/messages/{preview_id}", {"msg_type": "text", "content": _text(text)}
-        )
+        await self.outbound.edit_text(preview_id, text)
         self._edits[preview_id] = self._edits.get(preview_id, 0) + 1
         self._edits.move_to_end(preview_id)
         while len(self._edits) > _REMEMBERED:
             self._edits.popitem(last=False)
 
     async def finish(self, message: OutboundMessage, preview_id: str) -> SendResult:
-        chunks = self.channel.chunks(message)
+        chunks = self.outbound.chunks(message)
         media = uploads(message)
 
         async def deliver(index: int, chunk: str) -> str | None:
             if index > 0 or not chunks:
-                return await self.channel.deliver_step(message, index, chunks, media)
+                return await self.outbound.deliver_step(message, index, chunks, media)
             try:
                 await self._put(preview_id, chunk)
             except ChannelRejected as exc:
                 # Recalled, or no edits left: the preview goes, the answer comes as a new message.
                 log.info("feishu_preview_replaced", preview_id=preview_id, reason=exc.detail)
                 try:
-                    await self.channel.api.delete(f"/open-apis/im/v1/messages/{preview_id}")
+                    await self.outbound.delete(preview_id)
                 except DeliveryError as gone:  # already recalled, or too old to recall
                     log.warning("feishu_preview_recall_failed", error=gone.detail)
-                return await self.channel.deliver_step(message, index, chunks, media)
+                return await self.outbound.deliver_step(message, index, chunks, media)
             return preview_id
 
         items = [*chunks, *(f"file:{i}" for i in range(len(media)))]
-        sent = await send_chunks(self.channel._progress, message.message_id, items, deliver)
+        sent = await self.outbound.steps(message.message_id, items, deliver)
         return SendResult(platform_message_id=next((m for m in sent if m), preview_id))
 
 

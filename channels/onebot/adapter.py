@@ -38,23 +38,32 @@ from app.errors import (
     ChannelRejected,
     ChannelSendAuthError,
     ChannelUnavailable,
-    DeliveryError,
     InvalidPayload,
 )
-from app.events import ChatType, FilePart, ImagePart, InboundEvent, OutboundMessage, ReplyToPart
+from app.events import (
+    DELETE_KEY,
+    MESSAGE_REF_KEY,
+    ROLE_KEY,
+    ChatType,
+    FilePart,
+    ImagePart,
+    InboundEvent,
+    OutboundMessage,
+    ReplyToPart,
+)
 from channels.common.media import (
     Media,
     MediaTooLarge,
-    answer_to,
     download_capped,
     inline_media,
-    too_large_text,
+    tell_too_large,
 )
 from channels.common.progress import ProgressStreamer
 from channels.onebot.actions import action_result, batches, id_param, retry_after
 from channels.onebot.auth import presented_token, verify_signature
 from channels.onebot.connection import BotConnection
 from channels.onebot.message import normalize, parts_to_segments, segments_to_parts
+from channels.onebot.notices import parse_notice
 from channels.onebot.settings import OneBotSettings
 
 log = structlog.get_logger(__name__)
@@ -212,6 +221,10 @@ class OneBotChannel:
         event = self.parse_event(data, header_self_id)
         # Unsigned reports may come from anyone: their URLs are not fetched (no SSRF).
         signed = bool(self.settings.secret)
+        if event is not None and not signed and ROLE_KEY in event.metadata:
+            # Nor is the role they claim believed: anyone could say "owner".
+            metadata = {k: v for k, v in event.metadata.items() if k != ROLE_KEY}
+            event = event.model_copy(update={"metadata": metadata})
         if event is not None and (event := await self._with_media(event, fetch=signed)) is not None:
             await self.context.accept([event])
         return ChannelResponse(status=204)  # no quick operation: replies go through the API
@@ -220,8 +233,10 @@ class OneBotChannel:
 
     def parse_event(self, data: dict[str, Any], self_id: str) -> InboundEvent | None:
         """An `InboundEvent` for a message event; None for what is acknowledged and ignored."""
+        if data.get("post_type") == "notice":  # recalls, members joining and leaving
+            return parse_notice(data, self_id, channel=self.name, scope=self.settings.session_scope)
         if data.get("post_type") != "message":
-            return None  # meta_event (heartbeat, lifecycle), notice, request, message_sent
+            return None  # meta_event (heartbeat, lifecycle), request, message_sent
         message_type = data.get("message_type")
         user_id = _id(data.get("user_id"))
         if user_id is None:
@@ -252,9 +267,13 @@ class OneBotChannel:
         metadata: dict[str, Any] = {"reply_self_id": self_id, "reply_message_type": message_type}
         if message_id is not None:
             metadata["reply_message_id"] = message_id
+            metadata[MESSAGE_REF_KEY] = message_id  # a recall of it finds its event
         name = sender.get("card") or sender.get("nickname")
         if name:
             metadata["sender_name"] = str(name)
+        role = sender.get("role")  # owner | admin | member, in group messages (app.access.roles)
+        if chat_type is ChatType.GROUP and role in ("owner", "admin", "member"):
+            metadata[ROLE_KEY] = role
         return InboundEvent(
             channel=self.name,
             chat_id=chat_id,
@@ -278,7 +297,7 @@ class OneBotChannel:
         limit = self.settings.media_max_bytes
 
         async def download(part: ImagePart | FilePart) -> Media | None:
-            return await download_capped(self.context.http, part.url, limit) if part.url else None
+            return await download_capped(self.context.fetcher, part.url, limit) if part.url else None
 
         try:
             return await inline_media(
@@ -289,16 +308,20 @@ class OneBotChannel:
                 files=self.context.keeps_files,  # file/video/record segments, kept in the workspace
             )
         except MediaTooLarge as exc:
-            reply = answer_to(event, too_large_text(self.settings.locale, exc.limit))
-            try:  # best-effort: the event itself is not stored
-                await self.send(reply)
-            except DeliveryError as error:
-                log.warning("onebot_too_large_reply_failed", error=error.detail)
+            await tell_too_large(self.send, event, self.settings.locale, exc.limit)
             return None
 
     # --- sending -----------------------------------------------------------------------
 
     async def send(self, message: OutboundMessage) -> SendResult:
+        if DELETE_KEY in message.metadata:  # our answer to a recalled message (docs/events.md)
+            self_id = message.metadata.get("reply_self_id")
+            await self._call(
+                str(self_id) if self_id is not None else None,
+                "delete_msg",
+                {"message_id": id_param(str(message.metadata[DELETE_KEY]))},
+            )
+            return SendResult()
         kind, _, target = message.chat_id.partition(":")
         if kind not in ("group", "private") or not target:
             raise ChannelRejected(f"not a OneBot chat id: {message.chat_id!r}")

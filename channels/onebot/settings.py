@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
@@ -12,6 +14,7 @@ from channels.common.progress import check_streaming
 
 class OneBotSettings(ChannelSettings):
     model_config = SettingsConfigDict(env_prefix="ONEBOT_", env_file=".env", extra="ignore")
+    deletes_messages: ClassVar[bool] = True  # delete_msg (docs/events.md)
 
     access_token: str | None = Field(
         None, description="Token bridges must present on the reverse WebSocket; also sent to the HTTP API."

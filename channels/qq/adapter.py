@@ -33,10 +33,10 @@ from app.errors import (
     ChannelRejected,
     ChannelSendAuthError,
     ChannelUnavailable,
-    DeliveryError,
     InvalidPayload,
 )
 from app.events import (
+    APPROVAL_KEY,
     ChatType,
     FilePart,
     ImagePart,
@@ -49,15 +49,15 @@ from app.events import (
 from channels.common.media import (
     Media,
     MediaTooLarge,
-    answer_to,
     download_capped,
     inline_media,
-    too_large_text,
+    tell_too_large,
 )
 from channels.common.progress import ProgressStreamer
 from channels.qq import signing
 from channels.qq.attachments import attachment_part
 from channels.qq.attachments import clean_str as _str
+from channels.qq.interactions import approval_body, parse_interaction
 from channels.qq.settings import QQSettings
 
 log = structlog.get_logger(__name__)
@@ -133,7 +133,19 @@ class QQChannel:
             event = await self._with_media(self.parse_message(payload))
             if event is not None:
                 await self.context.accept([event])
+        elif op == OP_DISPATCH and kind == "INTERACTION_CREATE":  # a button press (docs/events.md)
+            pressed = parse_interaction(payload, channel=self.name, scope=self.settings.session_scope)
+            if pressed is not None:
+                await self.context.accept([pressed])  # committed before QQ hears back
+                await self._answer_interaction(str(pressed.metadata["reply_event_id"]))
         return ChannelResponse.json({"op": OP_CALLBACK_ACK, "d": 0})
+
+    async def _answer_interaction(self, interaction_id: str) -> None:
+        """`PUT /interactions/{id}` with `code: 0`, or the button keeps spinning; best-effort."""
+        try:
+            await self._api("PUT", f"/interactions/{interaction_id}", {"code": 0})
+        except (ChannelRejected, ChannelUnavailable, ChannelSendAuthError, ChannelRateLimited) as exc:
+            log.warning("qq_interaction_answer_failed", interaction=interaction_id, error=str(exc))
 
     def _answer_validation(self, payload: dict[str, Any], *, signed: bool) -> ChannelResponse:
         assert self._key is not None
@@ -207,7 +219,7 @@ class QQChannel:
         limit = self.settings.media_max_bytes
 
         async def fetch(part: ImagePart | FilePart) -> Media | None:
-            return await download_capped(self.context.http, part.url, limit) if part.url else None
+            return await download_capped(self.context.fetcher, part.url, limit) if part.url else None
 
         try:
             return await inline_media(
@@ -218,10 +230,7 @@ class QQChannel:
                 files=self.context.keeps_files,  # kept in the session's workspace
             )
         except MediaTooLarge as exc:
-            try:  # best-effort: the event itself is not stored
-                await self.send(answer_to(event, too_large_text(self.settings.locale, exc.limit)))
-            except DeliveryError as error:
-                log.warning("qq_too_large_reply_failed", error=error.detail)
+            await tell_too_large(self.send, event, self.settings.locale, exc.limit)
             return None
 
     # --- outbound ----------------------------------------------------------------------
@@ -239,11 +248,18 @@ class QQChannel:
             for text in _split(message.text, self.settings.max_text_chars)
             if text
         ]
+        if bodies and self.settings.approval_buttons and APPROVAL_KEY in message.metadata:
+            # The prompt's last message carries the Approve/Deny keyboard (markdown).
+            last = str(bodies[-1]["content"])
+            bodies[-1] = approval_body(last, message.metadata[APPROVAL_KEY], self.settings.locale)
         links = [p.url for p in message.parts if isinstance(p, FilePart) and p.url]
         if links:  # files need a platform upload the bot may not be allowed; a link always works
             bodies.append({"content": "\n".join(links), "msg_type": 0})
         images = [p for p in message.parts if isinstance(p, ImagePart) and (p.url or p.data_base64)]
         msg_id = message.metadata.get("reply_msg_id")
+        # Without a message to answer (a button press), the event id makes the reply passive.
+        reply_key = "msg_id" if msg_id else "event_id"
+        msg_id = msg_id or message.metadata.get("reply_event_id")
         sent: str | None = None
         items: list[dict[str, Any] | ImagePart] = [*bodies, *images]
         for index, item in enumerate(items):
@@ -266,10 +282,23 @@ class QQChannel:
             else:
                 body = dict(item)
             if msg_id:
-                body["msg_id"] = str(msg_id)
+                body[reply_key] = str(msg_id)
                 body["msg_seq"] = self._seq(str(msg_id), message.message_id, index)
             try:
-                data = await self._api("POST", f"{base}/messages", body)
+                try:
+                    data = await self._api("POST", f"{base}/messages", body)
+                except ChannelRejected as exc:
+                    if "keyboard" not in body or isinstance(exc, _AlreadyDelivered):
+                        raise
+                    # Markdown or keyboards not granted to this bot: the prompt as text.
+                    log.warning("qq_approval_buttons_refused", error=str(exc))
+                    body = {k: v for k, v in body.items() if k not in ("keyboard", "markdown")}
+                    body.update(
+                        msg_type=0, content=str(item["markdown"]["content"]) if isinstance(item, dict) else ""
+                    )
+                    if msg_id:
+                        body["msg_seq"] = self._seq(str(msg_id), f"{message.message_id}:text", index)
+                    data = await self._api("POST", f"{base}/messages", body)
             except _AlreadyDelivered:
                 log.info("qq_reply_already_delivered", msg_id=msg_id, msg_seq=body.get("msg_seq"))
                 data = None

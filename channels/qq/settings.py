@@ -39,6 +39,13 @@ class QQSettings(ChannelSettings):
         "message's passive replies); unset: none.",
     )
 
+    approval_buttons: bool = Field(
+        False,
+        description="Send approval prompts as markdown with Approve/Deny callback buttons (a custom "
+        "keyboard: markdown and custom keyboards are permissions QQ grants by invitation); off: "
+        "the prompt is text and `/approve <id>` is typed.",
+    )
+
     @field_validator("streaming")
     @classmethod
     def _no_previews(cls, value: StreamingMode) -> StreamingMode:

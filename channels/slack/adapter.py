@@ -8,14 +8,13 @@ pointed at `SLACK_API_BASE_URL`, in the message's thread, split when long.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import time
 from typing import Any
 
 import aiohttp
 import structlog
-from slack_sdk.errors import SlackApiError, SlackClientError
+from slack_sdk.errors import SlackClientError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from app.channel import ChannelContext, ChannelRequest, ChannelResponse, SendResult
@@ -28,12 +27,14 @@ from app.errors import (
     InvalidPayload,
 )
 from app.events import FilePart, ImagePart, InboundEvent, OutboundMessage, TextPart
-from app.streaming import Streamer, StreamingMode
-from channels.common.chunks import ChunkProgress, send_chunks
+from app.streaming.protocol import Streamer, StreamingMode
+from channels.common.after_finish import AfterFinish
 from channels.common.media import Media, MediaTooLarge, download_capped, inline_media, too_large_text
 from channels.slack import signing
-from channels.slack.errors import delivery_error as _delivery_error
+from channels.slack.native import interaction_payload, needs_thread, parse_block_action, with_thread
+from channels.slack.native_outbound import add_approval_buttons, send_native
 from channels.slack.native_stream import SlackNativeStreamer
+from channels.slack.outbound import SlackOutbound
 from channels.slack.parse import Parsed, parse_event_callback
 from channels.slack.settings import SlackSettings
 from channels.slack.text import split_text
@@ -54,7 +55,7 @@ class SlackChannel:
         self.client: AsyncWebClient | None = None
         self._session: aiohttp.ClientSession | None = None
         self._socket: Any = None  # Socket Mode client, when SLACK_MODE=socket
-        self._progress = ChunkProgress(capacity=1000)  # chunks already posted, per message
+        self.outbound: SlackOutbound | None = None  # with the client, at start
 
     # --- lifecycle ----------------------------------------------------------------------
 
@@ -71,6 +72,7 @@ class SlackChannel:
             timeout=self.settings.request_timeout_seconds,
             session=self._session,
         )
+        self.outbound = SlackOutbound(self.client)
         await self._ensure_identity()
         if self.settings.mode == "socket":
             from channels.slack.socket_mode import start_socket_mode
@@ -105,8 +107,10 @@ class SlackChannel:
     # --- inbound --------------------------------------------------------------------
 
     async def handle_request(self, request: ChannelRequest) -> ChannelResponse:
-        if request.method != "POST" or request.path.strip("/") != "events":
-            return ChannelResponse.json({"error": "not_found", "detail": "POST /channels/slack/events"}, 404)
+        path = request.path.strip("/")
+        if request.method != "POST" or path not in ("events", "interactions"):
+            detail = "POST /channels/slack/events or /channels/slack/interactions"
+            return ChannelResponse.json({"error": "not_found", "detail": detail}, 404)
         if not self.settings.signing_secret:
             raise ChannelNotConfigured("SLACK_SIGNING_SECRET is not set on this server")
         signing.verify(
@@ -115,7 +119,17 @@ class SlackChannel:
             request.body,
             tolerance=self.settings.timestamp_tolerance_seconds,
         )
+        if path == "interactions":  # button presses (docs/events.md), signed like events
+            await self.handle_interaction(interaction_payload(request.body))
+            return ChannelResponse(status=200)
         return ChannelResponse.json(await self.handle_payload(request.json()))
+
+    async def handle_interaction(self, payload: Any) -> None:
+        """One verified interaction payload (HTTP or Socket Mode): its button presses accepted."""
+        if not isinstance(payload, dict):
+            raise InvalidPayload("an interaction payload must be a JSON object")
+        if payload.get("type") == "block_actions":
+            await self.context.accept(parse_block_action(payload, self.settings.session_scope))
 
     async def handle_payload(self, payload: Any) -> dict[str, Any]:
         """One verified Events API payload (HTTP or Socket Mode) → the acknowledgement body."""
@@ -132,7 +146,10 @@ class SlackChannel:
         parsed = await self._parse(payload)
         if parsed.event is None:
             return {"ok": True, "ignored": parsed.ignored}
-        event = await self._with_media(parsed.event)
+        accepted = parsed.event
+        if self.outbound is not None and needs_thread(accepted):  # a reaction's thread
+            accepted = await with_thread(self.outbound, accepted)
+        event = await self._with_media(accepted)
         if event is None:
             return {"ok": True, "ignored": "media too large"}
         [result] = await self.context.accept([event])
@@ -171,11 +188,17 @@ class SlackChannel:
         if not token or not url.startswith(self.settings.files_base_url):
             return None  # the token goes nowhere else
         headers = {"Authorization": f"Bearer {token}"}
-        return await download_capped(self.context.http, url, self.settings.media_max_bytes, headers=headers)
+        trusted = [self.settings.files_base_url]
+        return await download_capped(
+            self.context.fetcher, url, self.settings.media_max_bytes, headers=headers, trusted=trusted
+        )
 
     async def _too_large(self, event: InboundEvent, limit: int) -> None:
         try:
-            await self._post(event.chat_id, too_large_text(self.settings.locale, limit), event.thread_id)
+            assert self.outbound is not None  # events arrive only once started
+            await self.outbound.post(
+                event.chat_id, too_large_text(self.settings.locale, limit), event.thread_id
+            )
         except DeliveryError as exc:  # best-effort: Slack already has our acknowledgement
             log.warning("slack_too_large_reply_failed", error=exc.detail)
 
@@ -184,11 +207,31 @@ class SlackChannel:
             await self._ensure_identity()  # auth.test failed at start; try again
         return parse_event_callback(payload, self.settings, self.bot_user_id)
 
+    # --- roles ----------------------------------------------------------------------
+
+    async def sender_role(self, chat_id: str, sender_id: str) -> str | None:
+        """The sender's role from the workspace (`users.info`; `app.access.roles` caches
+        it): owners, admins, and guest accounts (restricted, single-channel) as guests."""
+        if self.client is None:
+            return None
+        user = (await self.client.users_info(user=sender_id)).get("user") or {}
+        if user.get("is_owner") or user.get("is_primary_owner"):
+            return "owner"
+        if user.get("is_admin"):
+            return "admin"
+        if user.get("is_restricted") or user.get("is_ultra_restricted"):
+            return "guest"
+        return "member"
+
     # --- outbound -------------------------------------------------------------------
 
     async def send(self, message: OutboundMessage) -> SendResult:
-        if self.client is None:
+        outbound = self.outbound
+        if outbound is None:
             raise ChannelSendAuthError("SLACK_BOT_TOKEN is not set", retryable=False)
+        native = await send_native(outbound, message, self.settings.locale)  # docs/events.md
+        if native is not None:
+            return native
         chunks = split_text(message.text, self.settings.max_message_chars)
         media = _uploads(message)
         if not chunks and not media:
@@ -196,49 +239,28 @@ class SlackChannel:
 
         async def post(index: int, chunk: str) -> str | None:
             if index >= len(chunks):  # the text first, then each file
-                await self._upload(message.chat_id, media[index - len(chunks)], message.thread_id)
+                await outbound.upload(message.chat_id, media[index - len(chunks)], message.thread_id)
                 return None
-            return await self._post(message.chat_id, chunk, message.thread_id)
+            return await outbound.post(message.chat_id, chunk, message.thread_id)
 
         items = [*chunks, *(f"file:{i}" for i in range(len(media)))]
-        posted = await send_chunks(self._progress, message.message_id, items, post)
+        posted = await outbound.steps(message.message_id, items, post)
         return SendResult(platform_message_id=next((ts for ts in posted if ts), None))
-
-    async def _post(self, channel: str, text: str, thread_ts: str | None) -> str | None:
-        assert self.client is not None
-        try:
-            resp = await self.client.chat_postMessage(channel=channel, text=text, thread_ts=thread_ts)
-        except SlackApiError as exc:
-            raise _delivery_error(exc) from exc
-        except (SlackClientError, aiohttp.ClientError, TimeoutError) as exc:
-            raise ChannelUnavailable(f"Slack unreachable: {exc!r}") from exc
-        ts = resp.get("ts")
-        return str(ts) if ts else None
-
-    async def _upload(self, channel: str, part: ImagePart | FilePart, thread_ts: str | None) -> None:
-        """Slack's external upload: files.getUploadURLExternal, the bytes, files.completeUploadExternal."""
-        assert self.client is not None and part.data_base64
-        name = getattr(part, "name", None) or ("image" if isinstance(part, ImagePart) else "file")
-        try:
-            await self.client.files_upload_v2(
-                channel=channel,
-                thread_ts=thread_ts,
-                content=base64.b64decode(part.data_base64),
-                filename=name,
-            )
-        except SlackApiError as exc:
-            raise _delivery_error(exc) from exc
-        except (SlackClientError, aiohttp.ClientError, TimeoutError) as exc:
-            raise ChannelUnavailable(f"Slack upload failed: {exc!r}") from exc
 
     # --- streaming (`app.streaming`) --------------------------------------------------
 
     def streamer(self) -> Streamer | None:
-        if self.client is None or self.settings.streaming is StreamingMode.OFF:
+        if self.outbound is None or self.settings.streaming is StreamingMode.OFF:
             return None
         if self.settings.streaming is StreamingMode.NATIVE:
-            return SlackNativeStreamer(self)
-        return SlackStreamer(self)
+            return SlackNativeStreamer(self.outbound, self.settings)
+        # An approval prompt that ends a preview gets its buttons too (docs/events.md).
+        outbound, locale = self.outbound, self.settings.locale
+
+        async def buttons(message: OutboundMessage, result: SendResult) -> None:
+            await add_approval_buttons(outbound, message, result, locale)
+
+        return AfterFinish(SlackStreamer(self.outbound, self.settings), buttons)
 
 
 class SlackStreamer:
@@ -247,52 +269,46 @@ class SlackStreamer:
     Slack's Web API has no typing indicator for bots: `typing` does nothing.
     """
 
-    def __init__(self, channel: SlackChannel) -> None:
-        self.channel = channel
-        self.edit_interval = channel.settings.stream_edit_seconds
-        self.max_preview_chars = channel.settings.max_message_chars
+    def __init__(self, outbound: SlackOutbound, settings: SlackSettings) -> None:
+        self.outbound = outbound
+        self.settings = settings
+        self.edit_interval = settings.stream_edit_seconds
+        self.max_preview_chars = settings.max_message_chars
 
     async def typing(self, message: OutboundMessage) -> None:
         return None
 
     async def open(self, message: OutboundMessage) -> str:
-        ts = await self.channel._post(message.chat_id, message.text, message.thread_id)
+        ts = await self.outbound.post(message.chat_id, message.text, message.thread_id)
         if ts is None:
             raise ChannelUnavailable("Slack answered chat.postMessage without a ts")
         return ts
 
     async def edit(self, message: OutboundMessage, preview_id: str) -> None:
-        client = self.channel.client
-        assert client is not None
-        try:
-            await client.chat_update(channel=message.chat_id, ts=preview_id, text=message.text)
-        except SlackApiError as exc:
-            raise _delivery_error(exc) from exc
-        except (SlackClientError, aiohttp.ClientError, TimeoutError) as exc:
-            raise ChannelUnavailable(f"Slack unreachable: {exc!r}") from exc
+        await self.outbound.edit(message.chat_id, preview_id, message.text)
 
     async def finish(self, message: OutboundMessage, preview_id: str) -> SendResult:
-        chunks = split_text(message.text, self.channel.settings.max_message_chars)
+        chunks = split_text(message.text, self.settings.max_message_chars)
 
         media = _uploads(message)
 
         async def deliver(index: int, chunk: str) -> str | None:
             if index >= len(chunks):
-                await self.channel._upload(message.chat_id, media[index - len(chunks)], message.thread_id)
+                await self.outbound.upload(message.chat_id, media[index - len(chunks)], message.thread_id)
                 return None
             if index > 0:
-                return await self.channel._post(message.chat_id, chunk, message.thread_id)
+                return await self.outbound.post(message.chat_id, chunk, message.thread_id)
             try:
                 await self.edit(message.model_copy(update={"parts": (TextPart(text=chunk),)}), preview_id)
             except ChannelRejected as exc:
                 if "message_not_found" not in exc.detail:
                     raise
                 # The preview was deleted: the answer replaces it as a new message.
-                return await self.channel._post(message.chat_id, chunk, message.thread_id)
+                return await self.outbound.post(message.chat_id, chunk, message.thread_id)
             return preview_id
 
         items = [*chunks, *(f"file:{i}" for i in range(len(media)))]
-        posted = await send_chunks(self.channel._progress, message.message_id, items, deliver)
+        posted = await self.outbound.steps(message.message_id, items, deliver)
         return SendResult(platform_message_id=next((ts for ts in posted if ts), preview_id))
 
 

@@ -20,45 +20,28 @@ without a preview; its answer is then posted normally.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Protocol
-
-import aiohttp
-from slack_sdk.errors import SlackApiError, SlackClientError
+from typing import TYPE_CHECKING, Any
 
 from app.channel import SendResult
 from app.errors import ChannelRejected, ChannelUnavailable, PreviewUnavailable
 from app.events import FilePart, ImagePart, OutboundMessage
-from channels.common.chunks import ChunkProgress, send_chunks
-from channels.slack.errors import delivery_error
 from channels.slack.text import split_text
 
 if TYPE_CHECKING:
-    from slack_sdk.web.async_client import AsyncWebClient
-
+    from channels.slack.outbound import SlackOutbound
     from channels.slack.settings import SlackSettings
 
 _REMEMBERED = 1000  # streams whose shown text this process keeps
 
 
-class SlackChannel(Protocol):
-    """What the streamer needs from the channel (`channels.slack.adapter.SlackChannel`)."""
-
-    settings: SlackSettings
-    client: AsyncWebClient | None
-    _progress: ChunkProgress
-
-    async def _post(self, channel: str, text: str, thread_ts: str | None) -> str | None: ...
-
-    async def _upload(self, channel: str, part: ImagePart | FilePart, thread_ts: str | None) -> None: ...
-
-
 class SlackNativeStreamer:
     """Previews as one Slack stream per answer; Slack has no typing state for bots."""
 
-    def __init__(self, channel: SlackChannel) -> None:
-        self.channel = channel
-        self.edit_interval = channel.settings.stream_edit_seconds
-        self.max_preview_chars = channel.settings.max_message_chars
+    def __init__(self, outbound: SlackOutbound, settings: SlackSettings) -> None:
+        self.outbound = outbound
+        self.settings = settings
+        self.edit_interval = settings.stream_edit_seconds
+        self.max_preview_chars = settings.max_message_chars
         self._shown: OrderedDict[str, str] = OrderedDict()  # stream ts -> the markdown it shows
 
     async def typing(self, message: OutboundMessage) -> None:
@@ -75,7 +58,7 @@ class SlackNativeStreamer:
                 recipient_team_id=message.metadata.get("reply_slack_team"),
             )
         try:
-            resp = await self._call("chat_startStream", **args)
+            resp = await self.outbound.call("chat_startStream", **args)
         except ChannelRejected as exc:
             raise PreviewUnavailable(f"Slack refused chat.startStream: {exc.detail}") from exc
         ts = resp.get("ts")
@@ -88,26 +71,26 @@ class SlackNativeStreamer:
         shown, text = self._shown.get(preview_id), message.text
         if shown is None or len(text) <= len(shown) or not text.startswith(shown):
             return  # unknown (a restart) or a rewrite: the answer completes the message
-        await self._call(
+        await self.outbound.call(
             "chat_appendStream", channel=message.chat_id, ts=preview_id, markdown_text=text[len(shown) :]
         )
         self._remember(preview_id, text)
 
     async def finish(self, message: OutboundMessage, preview_id: str) -> SendResult:
-        chunks = split_text(message.text, self.channel.settings.max_message_chars)
+        chunks = split_text(message.text, self.settings.max_message_chars)
         media = [p for p in message.parts if isinstance(p, (ImagePart, FilePart)) and p.data_base64]
         thread_ts = _thread_ts(message)
 
         async def deliver(index: int, chunk: str) -> str | None:
             if index >= len(chunks):
-                await self.channel._upload(message.chat_id, media[index - len(chunks)], thread_ts)
+                await self.outbound.upload(message.chat_id, media[index - len(chunks)], thread_ts)
                 return None
             if index > 0:
-                return await self.channel._post(message.chat_id, chunk, thread_ts)
+                return await self.outbound.post(message.chat_id, chunk, thread_ts)
             return await self._complete(message, preview_id, chunk)
 
         items = [*chunks, *(f"file:{i}" for i in range(len(media)))]
-        posted = await send_chunks(self.channel._progress, message.message_id, items, deliver)
+        posted = await self.outbound.steps(message.message_id, items, deliver)
         return SendResult(platform_message_id=next((ts for ts in posted if ts), preview_id))
 
     async def _complete(self, message: OutboundMessage, ts: str, text: str) -> str | None:
@@ -115,32 +98,23 @@ class SlackNativeStreamer:
         shown = self._shown.get(ts)
         rest = text[len(shown) :] if shown is not None and text.startswith(shown) else None
         try:
-            await self._call("chat_stopStream", channel=message.chat_id, ts=ts, markdown_text=rest or None)
+            await self.outbound.call(
+                "chat_stopStream", channel=message.chat_id, ts=ts, markdown_text=rest or None
+            )
         except ChannelRejected as exc:
             if "message_not_found" in exc.detail:
-                return await self.channel._post(message.chat_id, text, _thread_ts(message))
+                return await self.outbound.post(message.chat_id, text, _thread_ts(message))
             rest = None  # already stopped (a retry, a restart, Slack's own timeout): replace the text
         self._shown.pop(ts, None)
         if rest is not None:
             return ts
         try:
-            await self._call("chat_update", channel=message.chat_id, ts=ts, text=text)
+            await self.outbound.call("chat_update", channel=message.chat_id, ts=ts, text=text)
         except ChannelRejected as exc:
             if "message_not_found" not in exc.detail:
                 raise
-            return await self.channel._post(message.chat_id, text, _thread_ts(message))
+            return await self.outbound.post(message.chat_id, text, _thread_ts(message))
         return ts
-
-    async def _call(self, method: str, **args: Any) -> Any:
-        client = self.channel.client
-        if client is None:
-            raise ChannelUnavailable("Slack client not started")
-        try:
-            return await getattr(client, method)(**args)
-        except SlackApiError as exc:
-            raise delivery_error(exc) from exc
-        except (SlackClientError, aiohttp.ClientError, TimeoutError) as exc:
-            raise ChannelUnavailable(f"Slack unreachable: {exc!r}") from exc
 
     def _remember(self, ts: str, shown: str) -> None:
         self._shown[ts] = shown

@@ -7,7 +7,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.errors import InvalidPayload
-from app.events import ChatType, FilePart, ImagePart, InboundEvent, MentionPart, Part, TextPart
+from app.events import (
+    MESSAGE_REF_KEY,
+    ChatType,
+    FilePart,
+    ImagePart,
+    InboundEvent,
+    MentionPart,
+    Part,
+    TextPart,
+)
+from channels.slack.native import parse_native
 from channels.slack.settings import SlackSettings
 
 CHANNEL = "slack"
@@ -28,6 +38,9 @@ def parse_event_callback(payload: dict[str, Any], settings: SlackSettings, bot_u
     if not isinstance(event, dict) or not isinstance(event_id, str):
         raise InvalidPayload("event_callback needs an event object and an event_id")
     kind = event.get("type")
+    native = parse_native(payload, event, settings.session_scope, bot_user_id)
+    if native is not None:  # reactions, edits, deletions (docs/events.md)
+        return Parsed(event=native)
     if kind not in ("message", "app_mention"):
         return Parsed(ignored=f"event type {kind}")
     if event.get("bot_id") or event.get("subtype") not in _USER_SUBTYPES:
@@ -82,6 +95,7 @@ def parse_event_callback(payload: dict[str, Any], settings: SlackSettings, bot_u
             metadata={
                 "slack_event_id": event_id,
                 "slack_ts": ts,
+                MESSAGE_REF_KEY: ts,  # an edit, deletion or reaction of it finds its event
                 "team_id": payload.get("team_id"),
                 # Copied onto the reply (`reply_*`): native streaming names its recipient and
                 # answers under the user's message (`channels.slack.native_stream`).

@@ -18,6 +18,7 @@ class SlackSettings(StreamingSettings, MediaSettings, ChannelSettings):
     model_config = SettingsConfigDict(env_prefix="SLACK_", env_file=".env", extra="ignore")
     # native: chat.startStream / appendStream / stopStream (`channels.slack.native_stream`).
     streaming_modes: ClassVar[frozenset[StreamingMode]] = frozenset(StreamingMode)
+    deletes_messages: ClassVar[bool] = True  # chat.delete (docs/events.md)
 
     # Slack conversations live in threads, so a thread is a session unless configured otherwise.
     session_scope: SessionScope = Field(

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import time
 from collections.abc import Mapping
 
 from app.errors import ChannelAuthError
+from channels.common.freshness import require_fresh
 
 SIGNATURE_HEADER = "x-slack-signature"
 TIMESTAMP_HEADER = "x-slack-request-timestamp"
@@ -23,13 +23,13 @@ def verify(
         raise ChannelAuthError("missing X-Slack-Request-Timestamp header")
     if not signature:
         raise ChannelAuthError("missing X-Slack-Signature header")
-    try:
-        ts = int(timestamp)
-    except ValueError as exc:
-        raise ChannelAuthError("X-Slack-Request-Timestamp must be unix seconds") from exc
-    now = time.time() if now is None else now
-    if abs(now - ts) > tolerance:
-        raise ChannelAuthError(f"request timestamp is more than {tolerance} s away from server time")
+    require_fresh(
+        timestamp,
+        tolerance,
+        not_a_number="X-Slack-Request-Timestamp must be unix seconds",
+        too_far="request timestamp is more than {tolerance} s away from server time",
+        now=now,
+    )
     base = b"v0:" + timestamp.encode() + b":" + body
     expected = "v0=" + hmac.new(secret.encode(), base, hashlib.sha256).hexdigest()
     if not hmac.compare_digest(expected.encode(), signature.strip().encode()):

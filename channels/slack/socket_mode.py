@@ -1,15 +1,17 @@
 """Socket Mode (development): events arrive over a WebSocket the app opens to Slack.
 
-No public URL is needed. Each envelope's payload goes through the same path as the
-Events API (`SlackChannel.handle_payload`) and is acknowledged only after the inbox
-commit; an envelope that could not be stored is left unacknowledged so Slack sends it
-again. Requests are authenticated by the app-level token (`SLACK_APP_TOKEN`), not signed.
+No public URL is needed. Each `events_api` envelope's payload goes through the same path
+as the Events API (`SlackChannel.handle_payload`), each `interactive` envelope's (a press
+on an approval prompt's buttons, `block_actions`) the same path as the interactivity
+Request URL (`SlackChannel.handle_interaction`); either is acknowledged only after the
+inbox commit, and an envelope that could not be stored is left unacknowledged so Slack
+sends it again. Requests are authenticated by the app-level token (`SLACK_APP_TOKEN`),
+not signed.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
@@ -18,7 +20,7 @@ from slack_sdk.socket_mode.request import SocketModeRequest
 from slack_sdk.socket_mode.response import SocketModeResponse
 from slack_sdk.web.async_client import AsyncWebClient
 
-from app.connections import fingerprint
+from app.connections import HeldConnection, fingerprint
 from app.errors import ChannelNotConfigured, ChannelRequestError
 
 if TYPE_CHECKING:
@@ -33,6 +35,7 @@ class SlackChannel(Protocol):
     context: ChannelContext
 
     async def handle_payload(self, payload: Any) -> dict[str, Any]: ...
+    async def handle_interaction(self, payload: Any) -> None: ...
 
 
 log = structlog.get_logger(__name__)
@@ -50,7 +53,7 @@ class SlackSocket:
         self.channel = channel
         self.app_token = app_token
         name = f"slack:{fingerprint(app_token)}"
-        self._holder = asyncio.ensure_future(channel.context.hold_connection(name, self._run))
+        self._holder = HeldConnection(channel.context.hold_connection, name, self._run)
 
     async def _run(self) -> None:
         client = _client(self.channel, self.app_token)
@@ -61,9 +64,7 @@ class SlackSocket:
             await client.close()
 
     async def close(self) -> None:
-        self._holder.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._holder
+        await self._holder.release()
 
 
 async def start_socket_mode(channel: SlackChannel) -> SlackSocket:
@@ -79,9 +80,12 @@ def _client(channel: SlackChannel, app_token: str) -> SocketModeClient:
     client = SocketModeClient(app_token=app_token, web_client=web)
 
     async def on_request(socket: SocketModeClient, request: SocketModeRequest) -> None:
-        if request.type == "events_api":
+        if request.type in ("events_api", "interactive"):
             try:
-                await channel.handle_payload(request.payload)
+                if request.type == "events_api":
+                    await channel.handle_payload(request.payload)
+                else:  # a button press (docs/events.md), as at the interactivity Request URL
+                    await channel.handle_interaction(request.payload)
             except ChannelRequestError as exc:  # malformed: acknowledged, a retry would not help
                 log.warning("slack_socket_payload_refused", detail=exc.detail)
             except Exception:

@@ -10,42 +10,40 @@ Outbound: `sendMessage` through python-telegram-bot's `Bot`, pointed at
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import hmac
 import time
 from typing import Any
 
 import structlog
-from telegram import Bot, InputFile, ReplyParameters
-from telegram.constants import ChatAction
+from telegram import Bot
+from telegram.constants import ChatMemberStatus
 from telegram.error import (
-    BadRequest,
-    ChatMigrated,
     Conflict,
     TelegramError,
 )
 from telegram.request import HTTPXRequest
 
-from app.channel import ChannelContext, ChannelRequest, ChannelResponse, SendResult
-from app.connections import fingerprint
+from app.channel import ChannelContext, ChannelRequest, ChannelResponse, ConnectionConflicts, SendResult
+from app.connections import HeldConnection, fingerprint
 from app.errors import (
     ChannelAuthError,
     ChannelNotConfigured,
-    ChannelRejected,
     ChannelRequestError,
     ChannelSendAuthError,
     DeliveryError,
 )
-from app.events import FilePart, ImagePart, InboundEvent, OutboundMessage, TextPart
-from app.streaming import Streamer, StreamingMode
-from channels.common.chunks import ChunkProgress, send_chunks
-from channels.common.media import Media, MediaTooLarge, inline_media, too_large_text
+from app.events import FilePart, ImagePart, InboundEvent, OutboundMessage
+from app.streaming.protocol import Streamer, StreamingMode
+from channels.common.after_finish import AfterFinish
+from channels.common.media import Media, MediaTooLarge, download_capped, inline_media, too_large_text
 from channels.telegram.drafts import TelegramDraftStreamer
-from channels.telegram.errors import telegram_errors
+from channels.telegram.members import ALLOWED_UPDATES
+from channels.telegram.native_outbound import TelegramNativeOutbound
+from channels.telegram.outbound import TelegramOutbound, chat_id_of, thread_of
 from channels.telegram.parse import CHANNEL, FILE_URL_PREFIX, BotIdentity, Parsed, parse_update
 from channels.telegram.settings import TelegramSettings
-from channels.telegram.text import split_text
+from channels.telegram.stream import TelegramStreamer
 
 log = structlog.get_logger(__name__)
 
@@ -78,8 +76,12 @@ class TelegramChannel:
         self.identity = BotIdentity(settings.bot_id, settings.bot_username)
         self._identity_tried_at = -IDENTITY_RETRY_SECONDS
         self.poll_error: str | None = None  # the last getUpdates failure, for operators and tests
-        self._poller: asyncio.Future[None] | None = None
-        self._progress = ChunkProgress(capacity=1000)  # chunks already delivered, per message
+        self._polling = False  # this replica runs the long poll (holds the connection)
+        self._conflicts = 0  # getUpdates answered 409 this many times in a row
+        self._poller: HeldConnection | None = None
+        self._connection = ""  # the polling connection's lease name
+        # The Bot API calls every sender shares: replies here, previews in the streamers.
+        self.outbound = TelegramOutbound(self.bot, settings) if self.bot is not None else None
 
     # --- lifecycle ----------------------------------------------------------------------
 
@@ -101,14 +103,12 @@ class TelegramChannel:
             )
         if self.settings.mode == "polling":
             # One poller per token across every replica (a second one gets 409 Conflict).
-            name = f"telegram:{fingerprint(self.bot.token)}"
-            self._poller = asyncio.ensure_future(self.context.hold_connection(name, self._poll_loop))
+            name = self._connection = f"telegram:{fingerprint(self.bot.token)}"
+            self._poller = HeldConnection(self.context.hold_connection, name, self._poll_loop)
 
     async def stop(self) -> None:
         if self._poller is not None:
-            self._poller.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._poller
+            await self._poller.release()
             self._poller = None
         if self.bot is not None:
             with contextlib.suppress(Exception):
@@ -151,7 +151,7 @@ class TelegramChannel:
         if event is None:
             body["ignored"] = "media too large"
             return ChannelResponse.json(body)
-        [result] = await self.context.accept([event])
+        result, *_ = await self.context.accept([event, *parsed.more])
         body.update(event_id=result.event_id, session_key=result.session_key)
         if result.duplicate:
             body["duplicate"] = True
@@ -192,7 +192,8 @@ class TelegramChannel:
 
     async def _fetch(self, part: ImagePart | FilePart) -> Media | None:
         """One file by its `telegram-file:` reference: getFile (its `file_size` checked
-        before downloading), then the bytes, under the limit."""
+        before downloading), then the bytes, under the limit, through the guarded fetcher
+        (the configured file base is trusted; decoded bytes are counted while decoding)."""
         assert self.bot is not None
         if not (part.url or "").startswith(FILE_URL_PREFIX):
             return None
@@ -200,7 +201,10 @@ class TelegramChannel:
         tg_file = await self.bot.get_file((part.url or "")[len(FILE_URL_PREFIX) :])
         if tg_file.file_size is not None and tg_file.file_size > limit:
             raise MediaTooLarge(limit)
-        data = bytes(await tg_file.download_as_bytearray())
+        url = tg_file.file_path or ""
+        if url.startswith(("http://", "https://")):
+            return await download_capped(self.context.fetcher, url, limit, trusted=[self.bot.base_file_url])
+        data = bytes(await tg_file.download_as_bytearray())  # a local Bot API server's own file path
         if len(data) > limit:
             raise MediaTooLarge(limit)
         return Media(data)
@@ -209,21 +213,51 @@ class TelegramChannel:
         assert self.bot is not None
         text = too_large_text(self.settings.locale, limit)
         try:
-            await self._send_chunk(_chat_id(event.chat_id), text, _thread_of(event.thread_id), None)
+            assert self.outbound is not None  # events are parsed only with a bot
+            await self.outbound.send_text(chat_id_of(event.chat_id), text, thread_of(event.thread_id), None)
         except DeliveryError as exc:  # best-effort: the platform already has our 200
             log.warning("telegram_too_large_reply_failed", error=exc.detail)
 
     # --- inbound: long polling (development) ----------------------------------------
 
     async def _poll_loop(self) -> None:
+        """Long polling while this replica holds the connection, from the committed offset.
+
+        Each `getUpdates` is sent only after the hold was confirmed (fenced) and its
+        long-poll timeout ends before the hold could pass to another replica; a hand-over
+        ends the loop after the poll in flight, so two replicas never poll at once (Telegram
+        answers that with 409, and keeps a long poll open after its client went away). The
+        offset of what reached the inbox is saved with the hold for the next holder.
+        """
+        self._polling, self._conflicts = True, 0
+        try:
+            await self._poll()
+        finally:
+            self._polling = False
+
+    def connection_conflicts(self) -> ConnectionConflicts | None:
+        """`getUpdates` refused as a conflict, in a row (`app.alerts`: a 409 loop)."""
+        if not self._polling:
+            return None
+        return ConnectionConflicts(self._conflicts, (self.poll_error or "") if self._conflicts else "")
+
+    async def _poll(self) -> None:
         assert self.bot is not None
-        offset: int | None = None
+        states = self.context.connection_state
+        saved = await states.load_state(self._connection)
+        offset: int | None = saved.get("offset") if saved else None
+        committed = offset
         while True:
+            if offset != committed and await states.save_state(self._connection, {"offset": offset}):
+                committed = offset
+            certain_for = await states.confirm(self._connection)
+            if certain_for <= 0:
+                return  # lost, or handing over: no more polls from this replica
             try:
                 updates = await self.bot.get_updates(
                     offset=offset,
-                    timeout=self.settings.polling_timeout_seconds,
-                    allowed_updates=["message"],
+                    timeout=int(min(float(self.settings.polling_timeout_seconds), certain_for / 2)),
+                    allowed_updates=ALLOWED_UPDATES,
                 )
             except asyncio.CancelledError:
                 raise
@@ -232,21 +266,23 @@ class TelegramChannel:
                     f"getUpdates answered 409 Conflict: {exc.message}. Another process is polling "
                     "with this token, or a webhook is set (delete it, or use TELEGRAM_MODE=webhook)."
                 )
-                log.error("telegram_poll_conflict", detail=self.poll_error)
+                self._conflicts += 1
+                log.error("telegram_poll_conflict", detail=self.poll_error, in_a_row=self._conflicts)
                 await asyncio.sleep(self.settings.polling_retry_seconds)
                 continue
             except TelegramError as exc:
+                self._conflicts = 0  # another failure: not (or no longer) a conflict
                 self.poll_error = f"getUpdates failed: {exc.message}"
                 log.warning("telegram_poll_failed", error=exc.message)
                 await asyncio.sleep(self.settings.polling_retry_seconds)
                 continue
-            self.poll_error = None
+            self.poll_error, self._conflicts = None, 0
             for update in updates:
                 try:
                     parsed = await self._parse(update.to_dict())
                     event = await self._with_media(parsed.event) if parsed.event is not None else None
                     if event is not None:
-                        await self.context.accept([event])
+                        await self.context.accept([event, *parsed.more])
                 except asyncio.CancelledError:
                     raise
                 except ChannelRequestError as exc:  # an update we cannot use: skip, do not loop on it
@@ -259,177 +295,46 @@ class TelegramChannel:
                 # Confirmed only after the inbox commit: nothing is lost if we die here.
                 offset = update.update_id + 1
 
+    # --- roles ----------------------------------------------------------------------
+
+    async def chat_roles(self, chat_id: str) -> dict[str, str]:
+        """The group's administrators as roles (`app.access.roles` caches the answer):
+        updates carry no role, so the Bot API is asked (getChatAdministrators)."""
+        if self.bot is None:
+            return {}
+        admins = await self.bot.get_chat_administrators(chat_id_of(chat_id))
+        return {
+            str(member.user.id): "owner" if member.status == ChatMemberStatus.OWNER else "admin"
+            for member in admins
+        }
+
     # --- outbound -------------------------------------------------------------------
 
     async def send(self, message: OutboundMessage) -> SendResult:
-        if self.bot is None:
+        if self.outbound is None or self.bot is None:
             raise ChannelSendAuthError("TELEGRAM_BOT_TOKEN is not set", retryable=False)
-        chunks = split_text(message.text, self.settings.max_message_chars)
-        media = [p for p in message.parts if isinstance(p, (ImagePart, FilePart)) and _uploadable(p)]
-        if not chunks and not media:
+        # Platform-native events (docs/events.md): deletions, button presses, prompts.
+        native = TelegramNativeOutbound(self.bot, self.settings.locale)
+        if await native.before_send(message):
             return SendResult()
-        chat_id: int | str = _chat_id(message.chat_id)
-        thread_id = int(message.thread_id) if message.thread_id and message.thread_id.isdigit() else None
-        quote = message.metadata.get("reply_msg_id")
-
-        async def deliver(index: int, chunk: str) -> int:
-            reply = (
-                ReplyParameters(message_id=int(quote), allow_sending_without_reply=True)
-                if quote is not None and index == 0
-                else None
-            )
-            if index >= len(chunks):  # the text first, then each image or file
-                return await self._send_media(chat_id, media[index - len(chunks)], thread_id, reply)
-            return await self._send_chunk(chat_id, chunk, thread_id, reply)
-
-        items = [*chunks, *(f"media:{i}" for i in range(len(media)))]
-        sent = await send_chunks(self._progress, message.message_id, items, deliver)
-        return SendResult(platform_message_id=str(sent[0]) if sent else None)
-
-    async def _send_chunk(
-        self, chat_id: int | str, text: str, thread_id: int | None, reply: ReplyParameters | None
-    ) -> int:
-        assert self.bot is not None
-        with telegram_errors():
-            try:
-                sent = await self.bot.send_message(
-                    chat_id=chat_id, text=text, message_thread_id=thread_id, reply_parameters=reply
-                )
-            except ChatMigrated as exc:  # the group became a supergroup: same chat, new id
-                sent = await self.bot.send_message(
-                    chat_id=exc.new_chat_id, text=text, message_thread_id=thread_id, reply_parameters=reply
-                )
-        return sent.message_id
-
-    async def _send_media(
-        self,
-        chat_id: int | str,
-        part: ImagePart | FilePart,
-        thread_id: int | None,
-        reply: ReplyParameters | None,
-    ) -> int:
-        """`sendPhoto` for an image, `sendDocument` for a file: the bytes uploaded, or the URL."""
-        assert self.bot is not None
-        content: Any
-        if part.data_base64:
-            name = getattr(part, "name", None) or ("image" if isinstance(part, ImagePart) else "file")
-            content = InputFile(base64.b64decode(part.data_base64), filename=name)
-        else:
-            content = part.url
-        with telegram_errors():
-            if isinstance(part, ImagePart):
-                sent = await self.bot.send_photo(
-                    chat_id=chat_id, photo=content, message_thread_id=thread_id, reply_parameters=reply
-                )
-            else:
-                sent = await self.bot.send_document(
-                    chat_id=chat_id, document=content, message_thread_id=thread_id, reply_parameters=reply
-                )
-        return sent.message_id
+        result = await self.outbound.send(message)
+        await native.after_send(message, result)
+        return result
 
     # --- streaming (`app.streaming`) --------------------------------------------------
 
     def streamer(self) -> Streamer | None:
-        if self.bot is None or self.settings.streaming is StreamingMode.OFF:
+        if self.bot is None or self.outbound is None or self.settings.streaming is StreamingMode.OFF:
             return None
+        # An approval prompt that ends a preview gets its buttons too (docs/events.md).
+        native = TelegramNativeOutbound(self.bot, self.settings.locale)
+        edits = AfterFinish(TelegramStreamer(self.outbound, self.settings), native.after_send)
         if self.settings.streaming is StreamingMode.NATIVE:  # drafts; edit previews in groups
-            return TelegramDraftStreamer(self, self.bot, TelegramStreamer(self))
-        return TelegramStreamer(self)
-
-
-class TelegramStreamer:
-    """Previews as `sendMessage` + `editMessageText`, typing as `sendChatAction`.
-
-    Telegram allows about one message per second per chat (`TELEGRAM_STREAM_EDIT_SECONDS`).
-    """
-
-    def __init__(self, channel: TelegramChannel) -> None:
-        assert channel.bot is not None
-        self.channel = channel
-        self.bot = channel.bot
-        self.edit_interval = channel.settings.stream_edit_seconds
-        self.max_preview_chars = channel.settings.max_message_chars
-
-    async def typing(self, message: OutboundMessage) -> None:
-        with telegram_errors():
-            await self.bot.send_chat_action(
-                chat_id=_chat_id(message.chat_id),
-                action=ChatAction.TYPING,
-                message_thread_id=_thread(message),
-            )
-
-    async def open(self, message: OutboundMessage) -> str:
-        reply = _quote(message)
-        sent = await self.channel._send_chunk(
-            _chat_id(message.chat_id), message.text, _thread(message), reply
-        )
-        return str(sent)
-
-    async def edit(self, message: OutboundMessage, preview_id: str) -> None:
-        with telegram_errors():
-            try:
-                await self.bot.edit_message_text(
-                    message.text, chat_id=_chat_id(message.chat_id), message_id=int(preview_id)
-                )
-            except BadRequest as exc:
-                if "not modified" not in exc.message.lower():
-                    raise
-
-    async def finish(self, message: OutboundMessage, preview_id: str) -> SendResult:
-        chunks = split_text(message.text, self.channel.settings.max_message_chars)
-        media = [p for p in message.parts if isinstance(p, (ImagePart, FilePart)) and _uploadable(p)]
-        chat_id, thread_id = _chat_id(message.chat_id), _thread(message)
-
-        async def deliver(index: int, chunk: str) -> int:
-            if index >= len(chunks):
-                return await self.channel._send_media(chat_id, media[index - len(chunks)], thread_id, None)
-            if index > 0:
-                return await self.channel._send_chunk(chat_id, chunk, thread_id, None)
-            try:
-                await self.edit(message.model_copy(update={"parts": (TextPart(text=chunk),)}), preview_id)
-            except ChannelRejected as exc:
-                if "not found" not in exc.detail.lower():
-                    raise
-                # The preview was deleted: the answer replaces it as a new message.
-                return await self.channel._send_chunk(chat_id, chunk, thread_id, _quote(message))
-            return int(preview_id)
-
-        items = [*chunks, *(f"media:{i}" for i in range(len(media)))]
-        sent = await send_chunks(self.channel._progress, message.message_id, items, deliver)
-        return SendResult(platform_message_id=str(sent[0]) if sent else preview_id)
-
-
-def _uploadable(part: ImagePart | FilePart) -> bool:
-    """Bytes we hold, or a URL Telegram can fetch (never a platform reference)."""
-    return bool(part.data_base64) or (part.url or "").startswith(("http://", "https://"))
-
-
-def _thread_of(thread_id: str | None) -> int | None:
-    return int(thread_id) if thread_id and thread_id.isdigit() else None
-
-
-def _thread(message: OutboundMessage) -> int | None:
-    return _thread_of(message.thread_id)
-
-
-def _quote(message: OutboundMessage) -> ReplyParameters | None:
-    quote = message.metadata.get("reply_msg_id")
-    return (
-        ReplyParameters(message_id=int(quote), allow_sending_without_reply=True)
-        if quote is not None
-        else None
-    )
+            return TelegramDraftStreamer(self, self.bot, edits)
+        return edits
 
 
 def _from_group(data: Any) -> bool:
     message = data.get("message") if isinstance(data, dict) else None
     chat = message.get("chat") if isinstance(message, dict) else None
     return isinstance(chat, dict) and chat.get("type") in ("group", "supergroup")
-
-
-def _chat_id(value: str) -> int | str:
-    """Numeric ids go as integers; `@channelusername` stays a string."""
-    try:
-        return int(value)
-    except ValueError:
-        return value

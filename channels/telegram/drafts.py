@@ -28,7 +28,7 @@ from telegram import Bot
 from app.channel import SendResult
 from app.errors import ChannelRejected, PreviewUnavailable
 from app.events import OutboundMessage, TextPart
-from app.streaming import Streamer
+from app.streaming.protocol import Streamer
 from channels.telegram.errors import telegram_errors
 
 if TYPE_CHECKING:

@@ -9,7 +9,19 @@ from typing import Any
 from telegram import Bot, Message, MessageEntity, Update
 
 from app.errors import InvalidPayload
-from app.events import ChatType, FilePart, ImagePart, InboundEvent, MentionPart, Part, ReplyToPart, TextPart
+from app.events import (
+    MESSAGE_REF_KEY,
+    ChatType,
+    FilePart,
+    ImagePart,
+    InboundEvent,
+    MentionPart,
+    Part,
+    ReplyToPart,
+    TextPart,
+)
+from channels.telegram.members import member_change, service_members
+from channels.telegram.native import button_press, edited, reaction
 from channels.telegram.settings import TelegramSettings
 
 CHANNEL = "telegram"
@@ -38,6 +50,11 @@ class Parsed:
     update_id: int
     event: InboundEvent | None = None
     ignored: str | None = None
+    more: tuple[InboundEvent, ...] = ()  # further events of the same update (members added at once)
+
+    @property
+    def events(self) -> list[InboundEvent]:
+        return [self.event, *self.more] if self.event is not None else []
 
 
 def _is_int(value: Any) -> bool:
@@ -50,9 +67,37 @@ def parse_update(data: Any, bot: Bot | None, settings: TelegramSettings, me: Bot
     try:
         update = Update.de_json(data, bot)
         message = update.message
+        if update.edited_message is not None:
+            # Gated like a message (a group edit not addressed to the bot is ignored).
+            parsed = _parse_message(update.update_id, update.edited_message, settings, me)
+            if parsed.event is None:
+                return parsed
+            return Parsed(update.update_id, event=edited(parsed.event))
+        if update.message_reaction is not None:
+            change = reaction(update.update_id, update.message_reaction, settings.session_scope)
+            if change is None:
+                return Parsed(update.update_id, ignored="a reaction without a member or an emoji")
+            return Parsed(update.update_id, event=change)
+        if update.callback_query is not None:
+            event = button_press(update.update_id, update.callback_query, settings.session_scope)
+            if event is None:
+                return Parsed(update.update_id, ignored="a button press without a message")
+            return Parsed(update.update_id, event=event)
+        if update.chat_member is not None:  # joins and leaves (docs/events.md)
+            change = member_change(update.chat_member, settings.session_scope)
+            if change is None:
+                return Parsed(update.update_id, ignored="a member update that is no join or leave")
+            return Parsed(update.update_id, event=change)
+        if update.my_chat_member is not None:
+            return Parsed(update.update_id, ignored="the bot's own membership")
         if message is None:
-            # Edits, channel posts, callbacks …: acknowledged so Telegram stops retrying.
+            # Channel posts, reaction counts …: acknowledged so Telegram stops retrying.
             return Parsed(update.update_id, ignored="not a new message")
+        members = service_members(message, settings.session_scope)
+        if members is not None:  # new_chat_members / left_chat_member service messages
+            if not members:
+                return Parsed(update.update_id, ignored="a membership change of bots only")
+            return Parsed(update.update_id, event=members[0], more=tuple(members[1:]))
         return _parse_message(update.update_id, message, settings, me)
     except InvalidPayload:
         raise
@@ -133,7 +178,11 @@ def _parse_message(update_id: int, message: Message, settings: TelegramSettings,
     thread_id = (
         str(message.message_thread_id) if message.is_topic_message and message.message_thread_id else None
     )
-    metadata: dict[str, Any] = {"telegram_message_id": message.message_id}
+    # MESSAGE_REF_KEY: a later edit of the message finds its event (docs/events.md).
+    metadata: dict[str, Any] = {
+        "telegram_message_id": message.message_id,
+        MESSAGE_REF_KEY: str(message.message_id),
+    }
     if sender.username:
         metadata["sender_username"] = sender.username
     if chat_type is ChatType.GROUP and settings.quote_in_groups:

@@ -20,6 +20,7 @@ class TelegramSettings(StreamingSettings, MediaSettings, ChannelSettings):
     model_config = SettingsConfigDict(env_prefix="TELEGRAM_", env_file=".env", extra="ignore")
     # native: message drafts (sendMessageDraft) in private chats (`channels.telegram.drafts`).
     streaming_modes: ClassVar[frozenset[StreamingMode]] = frozenset(StreamingMode)
+    deletes_messages: ClassVar[bool] = True  # deleteMessage (docs/events.md)
 
     bot_token: str | None = Field(None, description="Bot token from @BotFather.")
     webhook_secret: str | None = Field(

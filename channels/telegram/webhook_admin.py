@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from channels.telegram.adapter import build_bot
+from channels.telegram.members import ALLOWED_UPDATES
 from channels.telegram.settings import TelegramSettings
 
 
@@ -23,7 +24,7 @@ async def set_webhook(
         await bot.set_webhook(
             url,
             secret_token=settings.webhook_secret,
-            allowed_updates=["message"],
+            allowed_updates=ALLOWED_UPDATES,
             drop_pending_updates=drop_pending,
         )
     return url

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import hmac
-import time
 
 from app.errors import ChannelAuthError
 from app.signed_callback import SIGNATURE_HEADER, TIMESTAMP_HEADER, sign
+from channels.common.freshness import require_fresh
 
 __all__ = ["SIGNATURE_HEADER", "TIMESTAMP_HEADER", "sign", "verify"]
 
@@ -25,13 +25,7 @@ def verify(
         raise ChannelAuthError("missing X-Chatgate-Timestamp header")
     if not signature:
         raise ChannelAuthError("missing X-Chatgate-Signature header")
-    try:
-        ts = int(timestamp)
-    except ValueError as exc:
-        raise ChannelAuthError("X-Chatgate-Timestamp must be unix seconds") from exc
-    now = time.time() if now is None else now
-    if abs(now - ts) > tolerance:
-        raise ChannelAuthError(f"timestamp is more than {tolerance} s away from server time")
+    require_fresh(timestamp, tolerance, not_a_number="X-Chatgate-Timestamp must be unix seconds", now=now)
     expected = sign(secret, timestamp, body)
     if not hmac.compare_digest(expected.encode(), signature.strip().encode()):
         raise ChannelAuthError("signature does not match")

@@ -20,6 +20,9 @@ reply are uploaded as temporary media (`cgi-bin/media/upload?type=image`) and se
 image messages; the Official Account has no file messages, so a file is named in the text.
 While a turn runs the user sees "typing" (`cgi-bin/message/custom/typing`,
 `WECHAT_MP_STREAMING=native`, the default), at most every 15 s as WeChat allows.
+
+Follows and unfollows (`subscribe` / `unsubscribe`) are `joined` / `left` events
+(`channels.wechat_mp.native`, docs/events.md).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from channels.common.wechat_callback import message_of, open_encrypted, parse_ca
 from channels.common.wechat_crypto import WeChatCrypto, sha1_signature, signature_matches
 from channels.common.wechat_media import Upload, WeChatMedia, reply_text, uploads
 from channels.common.wechat_xml import WeChatMessage
+from channels.wechat_mp.native import follow_event
 
 log = structlog.get_logger(__name__)
 
@@ -107,6 +111,16 @@ class WeChatMpSettings(ChannelSettings):
         None, gt=0, description="Send one short 'working…' notice when a turn runs longer; unset: none."
     )
 
+    @field_validator("farewell_text")
+    @classmethod
+    def _no_farewell(cls, value: str) -> str:
+        if value:
+            raise ValueError(
+                "WECHAT_MP_FAREWELL_TEXT cannot be delivered: WeChat sends nothing to a user who "
+                "unfollowed (errcode 43004); leave it empty"
+            )
+        return value
+
     @field_validator("streaming")
     @classmethod
     def _no_previews(cls, value: StreamingMode) -> StreamingMode:
@@ -125,7 +139,7 @@ class WeChatMpChannel:
         self._crypto: WeChatCrypto | None = None
         self._api = TokenApi(context.http, settings, self._fetch_token, ERRCODES, channel="wechat_mp")
         self.tokens = self._api.tokens
-        self._media = WeChatMedia(self._api)
+        self._media = WeChatMedia(self._api, context.fetcher)
         self._progress = ChunkProgress()
 
     async def start(self) -> None:
@@ -193,6 +207,10 @@ class WeChatMpChannel:
 
     async def _accept(self, fields: dict[str, str]) -> ChannelResponse:
         message = message_of(fields)
+        follow = follow_event(message, scope=self.settings.session_scope, account=message.to_user)
+        if follow is not None:  # subscribe / unsubscribe: joined / left (docs/events.md)
+            await self.context.accept([follow])
+            return _success()
         parts = message.parts()
         if parts is None:
             log.info("wechat_mp_event_ignored", msg_type=message.msg_type, wechat_event=message.event)

@@ -32,11 +32,12 @@ from app.errors import (
     ChannelAuthError,
     ChannelForbidden,
     ChannelNotConfigured,
+    ChannelRejected,
     ChannelSendAuthError,
     DeliveryError,
     InvalidPayload,
 )
-from app.events import ChatType, FilePart, ImagePart, InboundEvent, OutboundMessage
+from app.events import APPROVAL_KEY, ChatType, FilePart, ImagePart, InboundEvent, OutboundMessage
 from app.streaming.protocol import StreamingMode
 from channels.common.chunks import ChunkProgress, send_chunks
 from channels.common.media import Media, MediaTooLarge, inline_media, too_large_text
@@ -46,6 +47,7 @@ from channels.common.wechat_callback import message_of, open_encrypted, parse_ca
 from channels.common.wechat_crypto import WeChatCrypto
 from channels.common.wechat_media import Upload, WeChatMedia, reply_text, uploads
 from channels.common.wechat_xml import WeChatMessage
+from channels.wecom.native import CARD_EVENT, approval_card, card_press
 
 log = structlog.get_logger(__name__)
 
@@ -86,6 +88,13 @@ class WeComSettings(ChannelSettings):
         None, gt=0, description="Send one short 'working…' notice when a turn runs longer; unset: none."
     )
 
+    approval_buttons: bool = Field(
+        False,
+        description="Follow approval prompts with a template card (button_interaction) with "
+        "Approve/Deny buttons; a press decides as /approve or /deny by the presser. Off: the "
+        "prompt is text and `/approve <id>` is typed.",
+    )
+
     @field_validator("streaming")
     @classmethod
     def _no_previews(cls, value: StreamingMode) -> StreamingMode:
@@ -101,7 +110,7 @@ class WeComChannel:
         self._crypto: WeChatCrypto | None = None
         self._api = TokenApi(context.http, settings, self._fetch_token, ERRCODES, channel="wecom")
         self.tokens = self._api.tokens
-        self._media = WeChatMedia(self._api)
+        self._media = WeChatMedia(self._api, context.fetcher)
         self._progress = ChunkProgress()
 
     async def start(self) -> None:
@@ -153,6 +162,13 @@ class WeComChannel:
         agent = inner.get("AgentID") or outer.get("AgentID")
         if self.settings.agent_id is not None and agent and agent != str(self.settings.agent_id):
             raise ChannelForbidden(f"AgentID {agent[:20]!r} is not this app")
+        if (message.event or "").lower() == CARD_EVENT:  # a template card button press
+            press = card_press(message, scope=self.settings.session_scope, agent=agent)
+            if press is None:
+                log.info("wecom_card_event_without_key", task_id=message.fields.get("TaskId"))
+            else:
+                await self.context.accept([press])
+            return _no_passive_reply()
         parts = message.parts()
         if parts is None:
             log.info("wecom_event_ignored", msg_type=message.msg_type, wecom_event=message.event)
@@ -214,20 +230,42 @@ class WeComChannel:
         text = reply_text(message.parts)
         pieces = split_utf8(text, self.settings.max_text_bytes) if text.strip() else []
         media = uploads(message.parts)
-        if not pieces and not media:
+        card = self._approval_card(message)
+        if not pieces and not media and card is None:
             return SendResult()
 
         async def deliver(index: int, piece: str) -> str | None:
+            if card is not None and index == len(pieces) + len(media):
+                return await self._send_card(message.chat_id, card)
             if index >= len(pieces):
                 return await self._send_media(message.chat_id, media[index - len(pieces)])
             return await self._send_text(message.chat_id, piece)
 
-        items = [*pieces, *(f"media:{i}" for i in range(len(media)))]
+        items = [*pieces, *(f"media:{i}" for i in range(len(media))), *(["card"] if card else [])]
         sent = await send_chunks(self._progress, message.message_id, items, deliver)
         return SendResult(platform_message_id=next((s for s in reversed(sent) if s), None))
 
     async def _send_text(self, chat_id: str, content: str) -> str | None:
         return await self._send_message(chat_id, "text", {"content": content})
+
+    def _approval_card(self, message: OutboundMessage) -> dict[str, Any] | None:
+        """Approve/Deny buttons after an approval prompt (`WECOM_APPROVAL_BUTTONS`), sent as
+        a message of their own: WeCom cannot add buttons to a sent text. App messages only
+        (a group chat made by the app, `appchat:`, gets none)."""
+        if not self.settings.approval_buttons or APPROVAL_KEY not in message.metadata:
+            return None
+        if message.chat_id.startswith(APPCHAT_PREFIX):
+            return None
+        approval = str(message.metadata[APPROVAL_KEY])
+        return approval_card(approval, message.message_id, self.settings.locale)
+
+    async def _send_card(self, chat_id: str, card: dict[str, Any]) -> str | None:
+        try:
+            return await self._send_message(chat_id, "template_card", card)
+        except ChannelRejected as exc:
+            # The prompt is already sent as text; `/approve <id>` typed still works.
+            log.warning("wecom_approval_card_refused", error=exc.detail)
+            return None
 
     async def _send_media(self, chat_id: str, item: Upload) -> str | None:
         media_id = await self._media.upload(item)

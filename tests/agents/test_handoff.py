@@ -21,6 +21,7 @@ from tests.conftest import ServeApp, make_settings, webhook_settings
 from tests.fakes.openai_server import FakeOpenAI, text
 from tests.fakes.telegram import FakeTelegram
 from tests.support.servers import serve_in_loop
+from tests.support.timing import eventually
 
 
 async def key_of(srv: Any, words: str) -> str:
@@ -100,6 +101,9 @@ async def test_a_handoff_made_on_one_replica_redirects_on_the_other(pg_url: str)
                 assert resp.status_code == 200, resp.text
             done = await telegram_says(client, a, tg_fake, 2, "/handoff webhook")
             assert done == "This conversation now continues in your direct chat on webhook."
+            # The bus carries the change to B: B forgets the set it had read (a notification
+            # is asynchronous; asking B before it arrived would race it).
+            await eventually(lambda: b.runtime.handoffs._handed_off is None, timeout=10)
 
             assert await say(client, b, "what should I buy?", chat="u1dm", sender="u1") == "The milk."
             assert await key_of(b, "what should I buy?") == "telegram:4242"

@@ -6,9 +6,7 @@ signed webhook delivering to a callback receiver (in Chinese)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-from typing import Any
 
 import httpx
 
@@ -22,6 +20,7 @@ from tests.fakes import telegram as tg
 from tests.fakes.http_receiver import HttpReceiver
 from tests.fakes.openai_server import FakeOpenAI, text
 from tests.fakes.telegram import FakeTelegram
+from tests.support.timing import eventually
 
 ARRIVED_ZH = "这段对话已从 telegram 转到这里继续。发送 /handoff back 可将其转回。"
 WENT_BACK_ZH = "对话已转回 telegram，这个聊天重新拥有自己的对话。"
@@ -33,14 +32,6 @@ def delivered(receiver: HttpReceiver) -> list[tuple[str, str]]:
     """(chat_id, text) of what the webhook's callback received, in order."""
     bodies = [json.loads(r.body) for r in receiver.received]
     return [(b["chat_id"], b["text"]) for b in bodies]
-
-
-async def eventually(check: Any, timeout: float = 15) -> None:
-    for _ in range(int(timeout / 0.05)):
-        if check():
-            return
-        await asyncio.sleep(0.05)
-    assert check()
 
 
 async def test_handoff_notices_at_both_ends_and_the_original_chat_is_answered_in_the_target(
@@ -66,14 +57,14 @@ async def test_handoff_notices_at_both_ends_and_the_original_chat_is_answered_in
 
             # /handoff from Telegram: the answer there, a notice in the webhook chat (in Chinese)
             assert await telegram_says(client, srv, tg_fake, 2, "/handoff webhook") == DONE
-            await eventually(lambda: ("u1dm", ARRIVED_ZH) in delivered(receiver))
+            await eventually(lambda: ("u1dm", ARRIVED_ZH) in delivered(receiver), timeout=15)
 
             # still writing on Telegram: it joins the session, the answer goes to the target
             told = len(tg_fake.calls_of("sendMessage"))
             fake.enqueue(text("answered over there"))
             resp = await post_update(client, srv.url, tg.update(3, tg.message("one more thing")))
             assert resp.status_code == 200
-            await eventually(lambda: ("u1dm", "answered over there") in delivered(receiver))
+            await eventually(lambda: ("u1dm", "answered over there") in delivered(receiver), timeout=15)
             assert await key_of(srv, "one more thing") == "telegram:4242"
             assert ("user", "one more thing") in [
                 (m["role"], m.get("content")) for m in fake.requests[-1].body["messages"]
@@ -91,7 +82,7 @@ async def test_handoff_notices_at_both_ends_and_the_original_chat_is_answered_in
             assert await telegram_says(client, srv, tg_fake, 4, "/handoff webhook") == DONE
             back = await telegram_says(client, srv, tg_fake, 5, "/handoff back")
             assert back == "Handed back: each chat has its own conversation again."
-            await eventually(lambda: ("u1dm", WENT_BACK_ZH) in delivered(receiver))
+            await eventually(lambda: ("u1dm", WENT_BACK_ZH) in delivered(receiver), timeout=15)
             # after that, Telegram is answered on Telegram again
             assert await telegram_says(client, srv, tg_fake, 6, "and now?") == "ok"
         assert [t for c, t in delivered(receiver) if t in (ARRIVED_ZH, WENT_BACK_ZH)] == [

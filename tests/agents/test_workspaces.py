@@ -4,7 +4,6 @@ archives the directory of a closed session. The model is a fake OpenAI server.""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -16,17 +15,11 @@ from tests.agents.test_agents import post
 from tests.app.agent.test_agent_e2e import openai_settings
 from tests.conftest import ServeApp
 from tests.fakes.openai_server import FakeOpenAI, ToolCall, calls, text
+from tests.support.timing import eventually
 
 
 def tool_results(request: Any) -> list[str]:
     return [m["content"] for m in request.messages if m["role"] == "tool"]
-
-
-async def eventually(check: Any, timeout: float = 10) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not check():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.05)
 
 
 async def test_sessions_cannot_read_each_others_files(serve: ServeApp, tmp_path: Path) -> None:

@@ -13,7 +13,12 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
 import pytest
+
+from tests.conftest import ADMIN_TOKEN, WEBHOOK_SECRET, ServeApp
+from tests.support.timing import scaled
+from tests.support.webhook import post_webhook
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -112,6 +117,19 @@ def test_version(tmp_path: Path) -> None:
     done = _cli(["--version"], tmp_path)
     assert done.returncode == 0
     assert re.fullmatch(r"chatgate \d+\.\d+\.\d+\S*\n", done.stdout)
+
+
+def test_a_bad_token_setting_is_named_but_never_quoted(tmp_path: Path) -> None:
+    secret = "short-secret-x"
+    for setting, value in (
+        ("OPENAI_API_TOKENS", f'{{"{secret}": "caller"}}'),
+        ("OPENAI_API_TOKENS", secret),
+        ("A2A_TOKENS", f"{secret}=caller"),
+    ):
+        done = _cli(["serve", "--port", "9"], tmp_path, **{setting: value})
+        assert done.returncode == 2
+        assert setting in done.stderr
+        assert secret not in done.stderr
 
 
 def test_a_configuration_error_is_one_line_naming_the_setting(tmp_path: Path) -> None:
@@ -236,7 +254,7 @@ class _Interactive:
             self.out += chunk
 
     def wait_for(self, text: str, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + scaled(timeout)
         while text not in self.out:
             assert time.monotonic() < deadline, f"{text!r} not in {self.out!r}"
             time.sleep(0.05)
@@ -288,3 +306,68 @@ async def test_doctor_asks_the_model_endpoint_and_compares_clocks(tmp_path: Path
     assert any(
         line.startswith(f"FAIL  model: {fake.url}/models not answering") for line in gone.stdout.splitlines()
     )
+
+
+def test_serve_names_a_misspelt_channel_and_an_unreachable_database_in_one_line(tmp_path: Path) -> None:
+    secrets = {"WEBHOOK_SECRET": "s" * 20, "ADMIN_TOKEN": "a" * 20}
+    typo = _cli(["serve", "--port", "9"], tmp_path, CHANNELS="webhook,telgram", **secrets)
+    assert typo.returncode == 2
+    assert typo.stderr.splitlines() == [
+        "chatgate: configuration error: CHANNELS: unknown channel 'telgram' (did you mean 'telegram'?); "
+        "known: " + ", ".join(__import__("channels").KNOWN_CHANNELS)
+    ]
+    down = _cli(
+        ["serve", "--port", "9"],
+        tmp_path,
+        DATABASE_URL="postgresql://postgres@127.0.0.1:1/nothing",
+        DB_CONNECT_RETRY_SECONDS="1",
+        **secrets,
+    )
+    assert down.returncode == 2
+    assert [line for line in down.stderr.splitlines() if line.startswith("chatgate:")] == [
+        "chatgate: database unusable: not reachable after 1 s of retries: "
+        "[Errno 111] Connect call failed ('127.0.0.1', 1)"
+    ]
+    assert "Traceback" not in down.stderr
+
+
+async def test_status_reports_the_running_deployment_not_the_shell(
+    serve: ServeApp, db_url: str, tmp_path: Path
+) -> None:
+    """From the database: the channels that had traffic (whatever CHANNELS the shell says);
+    with --url: what the running server serves, with each channel's health."""
+    async with serve() as srv, httpx.AsyncClient(timeout=60) as client:
+        sent = await post_webhook(
+            client, srv.url, WEBHOOK_SECRET, {"chat_id": "c", "sender_id": "u", "text": "hi"}, wait=True
+        )
+        assert sent.status_code == 200, sent.text
+        env = {"DATABASE_URL": db_url, "CHANNELS": "telegram"}  # the shell's own idea
+        local = await asyncio.to_thread(_cli, ["status", "--json"], tmp_path, **env)
+        assert local.returncode == 0, local.stderr
+        data = json.loads(local.stdout)
+        assert [(c["channel"], c["inbound_last_hour"]) for c in data["channels"]] == [("webhook", 1)]
+        remote = await asyncio.to_thread(
+            _cli, ["status", "--url", srv.url, "--json"], tmp_path, ADMIN_TOKEN=ADMIN_TOKEN, **env
+        )
+        assert remote.returncode == 0, remote.stderr
+        served = json.loads(remote.stdout)
+        assert {c["channel"]: c["health"] for c in served["channels"]}["webhook"] == "ok"
+        wrong = await asyncio.to_thread(
+            _cli, ["status", "--url", srv.url], tmp_path, ADMIN_TOKEN="not-the-token-at-all", **env
+        )
+        assert wrong.returncode == 1
+        assert wrong.stderr.startswith("chatgate: status: ") and "answered 401" in wrong.stderr
+
+
+def test_chat_shows_the_answer_as_it_is_written(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'stream.db'}"
+    chat = _Interactive(tmp_path, DATABASE_URL=db, OFFLINE_STREAM_DELAY_MS="400")
+    chat.wait_for("you> ")
+    chat.send("one two three four five six")
+    chat.wait_for("bot> You")
+    partial = chat.out
+    assert "six" not in partial  # the first words are on screen before the last is written
+    chat.wait_for("six\nyou> ")
+    assert chat.out.count("bot> You said: one two three four five six\n") == 1  # completed, not repeated
+    chat.proc.send_signal(signal.SIGINT)
+    assert chat.proc.wait(timeout=30) == 0

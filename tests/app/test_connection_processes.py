@@ -20,7 +20,7 @@ from app.db.models import inbox
 from tests.conftest import ADMIN_TOKEN
 from tests.fakes import telegram as tg
 from tests.fakes.telegram import FakeTelegram
-from tests.support.servers import ServerProcess
+from tests.support.servers import ServerProcess, start_together
 
 # serial: replicas take over within a lease TTL: timing that a loaded machine upsets.
 pytestmark = [pytest.mark.slow, pytest.mark.serial]
@@ -35,6 +35,8 @@ def _env(db_url: str, fake: FakeTelegram, worker: str) -> dict[str, str]:
         "CHANNELS": "telegram",
         "WORKER_ID": worker,
         "CONNECTION_LEASE_TTL_SECONDS": str(TTL),
+        # The keys a killed replica leased are free after TTL too, not the default 30 s.
+        "LEASE_TTL_SECONDS": str(TTL),
         "TELEGRAM_BOT_TOKEN": fake.token,
         "TELEGRAM_MODE": "polling",
         "TELEGRAM_API_BASE_URL": fake.url,
@@ -72,9 +74,9 @@ async def _channel_connections(client: httpx.AsyncClient, server: ServerProcess)
 
 async def test_one_replica_polls_and_the_other_takes_over_after_sigkill(pg_url: str) -> None:
     async with FakeTelegram() as fake:
-        servers = {
-            name: ServerProcess(_env(pg_url, fake, name)).start() for name in ("replica-a", "replica-b")
-        }
+        servers = await start_together(
+            {name: _env(pg_url, fake, name) for name in ("replica-a", "replica-b")}
+        )
         engine = create_async_engine(pg_url)
         try:
             for i in range(5):
@@ -116,3 +118,53 @@ async def test_one_replica_polls_and_the_other_takes_over_after_sigkill(pg_url: 
     assert Counter(fake.sent_texts()) == Counter(f"You said: {t}" for t in texts)  # each exactly once
     assert stored == 15
     assert fake.most_polls_in_flight == 1  # never two pollers at once
+
+
+async def test_sigterm_hands_the_poll_over_at_once_and_never_two_poll_together(pg_url: str) -> None:
+    """A rolling restart of the polling replica: its poll in flight ends before it lets go
+    (a long poll a client abandoned stays open at Telegram), the other replica polls next
+    from the committed offset, well before the lease TTL; every update answered once."""
+    ttl = 30.0  # long: a hand-over that waited for the expiry would take 30 s
+    async with FakeTelegram() as fake:
+        env = {
+            name: {
+                **_env(pg_url, fake, name),
+                "CONNECTION_LEASE_TTL_SECONDS": str(ttl),
+                "TELEGRAM_POLLING_TIMEOUT_SECONDS": "2",
+            }
+            for name in ("replica-a", "replica-b")
+        }
+        # Started off the event loop: the fake Telegram answers their getMe meanwhile.
+        started = await asyncio.gather(*(asyncio.to_thread(ServerProcess(env[n]).start) for n in env))
+        servers = dict(zip(env, started, strict=True))
+        engine = create_async_engine(pg_url)
+        try:
+            for i in range(5):
+                await fake.push_update(tg.update(100 + i, tg.message(f"before {i}")))
+            await fake.wait_for("sendMessage", 5, timeout=30)
+            owner = await _owner(engine)
+            assert owner in servers
+            survivor = next(name for name in servers if name != owner)
+            await asyncio.sleep(0.5)  # the owner is in the middle of a long poll now
+            servers[owner].terminate()
+            took = await _wait_owner(engine, survivor, timeout=ttl)
+            for i in range(5):
+                await fake.push_update(tg.update(200 + i, tg.message(f"after {i}")))
+            status = await asyncio.to_thread(servers[owner].wait, 20)
+            await fake.wait_for("sendMessage", 10, timeout=30)
+            await asyncio.sleep(1.0)  # a duplicate answer would arrive now
+            [hold] = await list_holds(engine)
+        finally:
+            for server in servers.values():
+                server.stop()
+            await engine.dispose()
+    assert status == 0
+    assert took < 2 + 2, f"handed over after {took:.1f} s (the poll in flight ends within 2 s)"
+    assert hold.takeovers == 0  # released, not expired
+    texts = [f"{w} {i}" for w in ("before", "after") for i in range(5)]
+    assert Counter(fake.sent_texts()) == Counter(f"You said: {t}" for t in texts)
+    assert fake.most_polls_in_flight == 1  # never two pollers at once
+    # The new holder went on from the offset the old one committed, not from the start.
+    offsets = [int(c.params.get("offset", 0)) for c in fake.calls_of("getUpdates")]
+    committed = offsets.index(105)
+    assert min(offsets[committed:]) >= 105, offsets

@@ -119,8 +119,14 @@ async def test_a_retry_that_fails_again_is_a_dead_letter_again(serve: ServeApp) 
         async def failed_again() -> bool:
             return await _status(srv.runtime, inbox, inbox.c.event_id, boom) == "failed"
 
-        await asyncio.sleep(0.3)
+        async def ran_again() -> bool:
+            return model.calls.count("boom") >= 4
+
+        await _until(ran_again)
         await _until(failed_again)
+        # A later event of the same conversation is the barrier: a further attempt of the
+        # failed one would come before it.
+        await _fail_events(srv.runtime, "after", chat="c")
         assert model.calls.count("boom") == 4  # three attempts, then one more, not three more
 
 
@@ -178,8 +184,11 @@ async def test_discard_by_filter_and_retention_keeps_unresolved_ones(serve: Serv
         assert await _status(srv.runtime, inbox, inbox.c.event_id, b) == "discarded"
         [left] = (await http.get(API, headers=AUTH)).json()["dead_letters"]
         assert left["event_id"] == c
-        await asyncio.sleep(0.5)
+        # A later event of the same conversation is the barrier: a discarded one run again
+        # would run before it.
+        [barrier] = await _fail_events(srv.runtime, "later", chat="one")
         assert model.calls.count("a") == 1  # a discarded event is never run again
+        assert await _status(srv.runtime, inbox, inbox.c.event_id, a) == "discarded"
 
         from datetime import timedelta
 
@@ -192,6 +201,7 @@ async def test_discard_by_filter_and_retention_keeps_unresolved_ones(serve: Serv
         async with srv.runtime.engine.connect() as conn:
             kept = set((await conn.execute(select(inbox.c.event_id))).scalars())
         assert kept == {c}  # the unresolved dead letter stays; discarded and done ones go
+        assert barrier not in kept
         assert (await http.get(API, headers={"Authorization": "Bearer wrong"})).status_code == 401
 
 

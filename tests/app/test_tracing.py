@@ -43,6 +43,7 @@ from tests.fakes.http_receiver import HttpReceiver
 from tests.fakes.openai_server import FakeOpenAI, ToolCall, calls, text
 from tests.fakes.otlp_receiver import OtlpReceiver
 from tests.support.servers import serve_in_loop
+from tests.support.timing import scaled
 from tests.support.webhook import post_webhook
 
 CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -89,7 +90,7 @@ async def _replica_b(db_url: str, fake: FakeOpenAI, callback: str) -> Runtime:
 
 
 async def _until(check: Any, timeout: float = 15.0) -> None:
-    for _ in range(int(timeout / 0.05)):
+    for _ in range(int(scaled(timeout) / 0.05)):
         if await check():
             return
         await asyncio.sleep(0.05)

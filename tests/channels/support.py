@@ -16,6 +16,7 @@ from app.db.models import inbox, messages, outbox
 from app.events import InboundEvent
 from tests.conftest import ADMIN_TOKEN
 from tests.fakes.openai_server import FakeOpenAI
+from tests.support.timing import scaled
 
 
 async def count(runtime: Any, table: Any, *where: Any) -> int:
@@ -41,21 +42,21 @@ async def outbox_rows(runtime: Any) -> list[dict[str, Any]]:
 async def wait_outbox_final(runtime: Any, count: int = 1, timeout: float = 15) -> list[dict[str, Any]]:
     """Wait until `count` outbox rows are sent or failed; return all rows."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
+    deadline = loop.time() + scaled(timeout)
     while True:
         rows = await outbox_rows(runtime)
         final = [r for r in rows if r["status"] in ("sent", "failed")]
         if len(final) >= count:
             return rows
         if loop.time() > deadline:
-            raise AssertionError(f"outbox not final in {timeout}s: {rows}")
+            raise AssertionError(f"outbox not final in {scaled(timeout):g}s: {rows}")
         await asyncio.sleep(0.05)
 
 
 async def settled_outbox(runtime: Any, timeout: float = 15) -> list[Any]:
     """The outbox rows once none is pending or being sent (delivery finished either way)."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
+    deadline = loop.time() + scaled(timeout)
     while True:
         async with runtime.engine.connect() as conn:
             rows = list(
@@ -72,7 +73,7 @@ async def settled_outbox(runtime: Any, timeout: float = 15) -> list[Any]:
 
 async def wait_inbox_done(runtime: Any, timeout: float = 15) -> None:
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
+    deadline = loop.time() + scaled(timeout)
     while True:
         open_rows = await count(runtime, inbox, inbox.c.status.in_(("pending", "processing")))
         if open_rows == 0:
@@ -116,3 +117,8 @@ async def stored_answer(runtime: Any) -> str:
     async with runtime.engine.connect() as conn:
         rows = (await conn.execute(select(messages.c.role, messages.c.content).order_by(messages.c.id))).all()
     return [content for role, content in rows if role == "assistant"][-1]
+
+
+# The fake file hosts run on 127.0.0.1: a URL from a payload reaches them only because the
+# operator named the host (`MEDIA_ALLOW_PRIVATE_HOSTS`), as one would for a bridge on the LAN.
+LOCAL_MEDIA: dict[str, Any] = {"media_allow_private_hosts": ["127.0.0.1"]}

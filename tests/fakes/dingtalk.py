@@ -7,7 +7,9 @@ to, as it talks to api.dingtalk.com:
 - `POST /v1.0/gateway/connections/open` (`clientId`, `clientSecret`, `subscriptions`) →
   `endpoint` (this server's WebSocket) and a one-time `ticket`;
 - `GET /gateway/connect?ticket=…`: the Stream WebSocket. The fake pushes CALLBACK frames
-  (topic `/v1.0/im/bot/messages/get`, `data` a JSON string) and SYSTEM `ping` frames, and
+  (topic `/v1.0/im/bot/messages/get`, or a card's button press on
+  `/v1.0/card/instances/callback` built by `card_callback`; `data` a JSON string) and
+  SYSTEM `ping` frames and EVENT frames (the app's event subscription, `push_event`), and
   records the ACK frames the client sends back (`{"code", "headers": {"messageId"}, …}`);
   with `redeliver_unacked`, a CALLBACK nobody ACKed (none connected, or the client died
   first) is pushed again to the next connection, as DingTalk retries unacknowledged pushes;
@@ -42,10 +44,12 @@ from typing import Any
 from aiohttp import BodyPartReader, web
 
 from tests.fakes.local_server import LocalServer
+from tests.support.timing import scaled
 
 CLIENT_ID = "dingtestclientid"
 CLIENT_SECRET = "dingtalk-test-secret"
 ROBOT_TOPIC = "/v1.0/im/bot/messages/get"
+CARD_TOPIC = "/v1.0/card/instances/callback"
 BOT_USER_ID = "$:LWCP_v1:$bot"
 TOKEN_PATH = "/v1.0/oauth2/accessToken"
 OPEN_PATH = "/v1.0/gateway/connections/open"
@@ -140,7 +144,7 @@ class FakeDingTalk(LocalServer):
 
     async def wait_for(self, predicate: Any, timeout: float = 15) -> None:
         async with self._changed:
-            await asyncio.wait_for(self._changed.wait_for(predicate), timeout)
+            await asyncio.wait_for(self._changed.wait_for(predicate), scaled(timeout))
 
     async def wait_for_delivered(self, count: int, timeout: float = 15) -> list[Call]:
         await self.wait_for(lambda: len(self.delivered()) >= count, timeout)
@@ -155,8 +159,11 @@ class FakeDingTalk(LocalServer):
     async def wait_for_socket(self, timeout: float = 15) -> None:
         await self.wait_for(lambda: bool(self._sockets), timeout)
 
-    async def push_callback(self, data: dict[str, Any], message_id: str | None = None) -> str:
-        """Send a robot message as a CALLBACK frame to every connected client; its messageId."""
+    async def push_callback(
+        self, data: dict[str, Any], message_id: str | None = None, *, topic: str = ROBOT_TOPIC
+    ) -> str:
+        """Send a robot message (or, `topic=CARD_TOPIC`, a card callback) as a CALLBACK frame
+        to every connected client; its messageId."""
         message_id = message_id or f"frame-{next(self._frame_ids)}"
         frame = {
             "specVersion": "1.0",
@@ -167,7 +174,34 @@ class FakeDingTalk(LocalServer):
                 "contentType": "application/json",
                 "messageId": message_id,
                 "time": str(int(time.time() * 1000)),
-                "topic": ROBOT_TOPIC,
+                "topic": topic,
+            },
+            "data": json.dumps(data, ensure_ascii=False),
+        }
+        self._unacked[message_id] = frame
+        await self._broadcast(frame)
+        return message_id
+
+    async def push_event(self, event_type: str, data: dict[str, Any], event_id: str) -> str:
+        """An event of the app's event subscription as an EVENT frame (`headers.eventType`,
+        `eventId`, `data` a JSON string); its messageId. Pushed again to the next connection
+        like a CALLBACK when nobody ACKed it (`redeliver_unacked`)."""
+        message_id = f"event-{next(self._frame_ids)}"
+        frame = {
+            "specVersion": "1.0",
+            "type": "EVENT",
+            "headers": {
+                "appId": "app-1",
+                "connectionId": "conn-1",
+                "contentType": "application/json",
+                "messageId": message_id,
+                "time": str(int(time.time() * 1000)),
+                "topic": "*",
+                "eventBornTime": str(int(time.time() * 1000)),
+                "eventCorpId": "dingcorp",
+                "eventId": event_id,
+                "eventType": event_type,
+                "eventUnifiedAppId": "unified-app-1",
             },
             "data": json.dumps(data, ensure_ascii=False),
         }
@@ -430,6 +464,7 @@ def robot_message(
     webhook_expires_ms: int | None = None,
     msg_id: str | None = None,
     rich: bool = False,
+    is_admin: bool = False,
 ) -> dict[str, Any]:
     """A robot message as DingTalk delivers it (Stream `data` or HTTP body)."""
     now_ms = int(time.time() * 1000)
@@ -439,7 +474,7 @@ def robot_message(
         "chatbotUserId": BOT_USER_ID,
         "msgId": msg_id or f"msg{next(_msg_ids):06d}",
         "senderNick": "Alice",
-        "isAdmin": False,
+        "isAdmin": is_admin,
         "senderStaffId": staff_id,
         "sessionWebhookExpiredTime": webhook_expires_ms or now_ms + 90 * 60 * 1000,
         "createAt": now_ms,
@@ -467,6 +502,21 @@ def robot_message(
         message["msgtype"] = "text"
         message["text"] = {"content": (" " if group else "") + text}
     return message
+
+
+def card_callback(track_id: str, user_id: str, action: str) -> dict[str, Any]:
+    """A press on a card's "request" (回传请求) button as DingTalk reports it over Stream:
+    the card (`outTrackId`), who pressed (`userId`) and the button's action id and params
+    (`content`, a JSON string of `cardPrivateData`)."""
+    content = {"cardPrivateData": {"actionIds": [action], "params": {"action": action}}}
+    return {
+        "extension": "{}",
+        "corpId": "dingcorp",
+        "type": "actionCallback",
+        "userId": user_id,
+        "content": json.dumps(content),
+        "outTrackId": track_id,
+    }
 
 
 def signed_headers(*, secret: str = CLIENT_SECRET, timestamp_ms: int | None = None) -> dict[str, str]:

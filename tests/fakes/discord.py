@@ -24,6 +24,7 @@ import aiohttp
 from aiohttp import WSMsgType, web
 
 from tests.fakes.local_server import LocalServer
+from tests.support.timing import scaled
 
 BOT_ID = "1100000000000000001"
 APP_ID = "1200000000000000002"
@@ -90,7 +91,7 @@ class FakeDiscord(LocalServer):
 
     async def wait_until(self, predicate: Any, timeout: float = 15) -> None:
         async with self._changed:
-            await asyncio.wait_for(self._changed.wait_for(predicate), timeout)
+            await asyncio.wait_for(self._changed.wait_for(predicate), scaled(timeout))
 
     async def wait_for_messages(self, count: int, timeout: float = 15) -> list[Call]:
         await self.wait_until(lambda: len(self.messages()) >= count, timeout)
@@ -200,6 +201,8 @@ class FakeDiscord(LocalServer):
             body = await request.json() if request.can_read_body else {}
         headers = {k.lower(): v for k, v in request.headers.items()}
         if path == "/users/@me":
+            if headers.get("authorization") != f"Bot {TOKEN}":
+                return _json({"message": "401: Unauthorized", "code": 0}, status=401)
             return _json(
                 {"id": BOT_ID, "username": "gate", "discriminator": "0", "bot": True, "avatar": None}
             )

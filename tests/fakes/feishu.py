@@ -33,6 +33,7 @@ from cryptography.hazmat.primitives import padding
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from tests.fakes.local_server import LocalServer
+from tests.support.timing import scaled
 
 APP_ID = "cli_test0001"
 APP_SECRET = "feishu-app-secret"
@@ -111,6 +112,12 @@ class FakeFeishu(LocalServer):
     cards: dict[str, Card] = field(default_factory=dict)  # card_id -> the card entity
     recalled: set[str] = field(default_factory=set)  # message ids
     card_streaming_seconds: float = 600.0  # Feishu closes a card's streaming mode after 10 minutes
+    # chat_id -> (owner open_id, manager open_ids), served by GET im/v1/chats/:chat_id
+    chats: dict[str, tuple[str, list[str]]] = field(default_factory=dict)
+    p2p_chats: set[str] = field(default_factory=set)  # chats GET im/v1/chats/:chat_id calls p2p
+    # message id -> what GET im/v1/messages/:id says of a message the bot did not send
+    # (chat_id, root_id …; sender: the user's open_id); the bot's own are remembered.
+    messages: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._changed = asyncio.Condition()
@@ -137,7 +144,7 @@ class FakeFeishu(LocalServer):
         kinds = kinds or ("create", "reply")
         async with self._changed:
             await asyncio.wait_for(
-                self._changed.wait_for(lambda: len(self.calls_of(*kinds)) >= count), timeout
+                self._changed.wait_for(lambda: len(self.calls_of(*kinds)) >= count), scaled(timeout)
             )
         return self.calls_of(*kinds)
 
@@ -174,6 +181,36 @@ class FakeFeishu(LocalServer):
         if time.monotonic() >= expires:
             return Failure(400, 99991677, "Authentication token expired.")
         return None
+
+    async def _chat_info(self, request: web.Request) -> web.Response:
+        failure = self._auth_failure(request) or self._failure("chat_info")
+        params = dict(request.query)
+        await self._record(Call("chat_info", request.path, params, {}, _headers(request), ok=failure is None))
+        if failure is not None:
+            return _fail(failure)
+        chat_id = request.match_info["chat_id"]
+        if chat_id in self.p2p_chats:
+            data = {
+                "chat_id": chat_id,
+                "chat_mode": "p2p",
+                "user_manager_id_list": [],
+                "bot_manager_id_list": [],
+            }
+            return web.json_response({"code": 0, "msg": "success", "data": data})
+        if chat_id not in self.chats:
+            return web.json_response({"code": 232011, "msg": "chat not found"}, status=400)
+        owner, managers = self.chats[chat_id]
+        id_type = params.get("user_id_type", "open_id")
+        data = {
+            "chat_id": chat_id,
+            "name": "Team",
+            "chat_mode": "group",
+            "owner_id": owner,
+            "owner_id_type": id_type,
+            "user_manager_id_list": managers,
+            "bot_manager_id_list": [],
+        }
+        return web.json_response({"code": 0, "msg": "success", "data": data})
 
     async def _bot_info(self, request: web.Request) -> web.Response:
         failure = self._auth_failure(request) or self._failure("bot_info")
@@ -217,9 +254,18 @@ class FakeFeishu(LocalServer):
             "sender": {"id": self.app_id, "id_type": "app_id", "sender_type": "app"},
         }
         if replied:
+            parent = self._known(replied)
+            data["chat_id"] = parent.get("chat_id", "oc_from_reply")
             data["parent_id"] = replied
-            data["root_id"] = replied
+            data["root_id"] = parent.get("root_id") or replied
+        if not duplicate:
+            self.messages[message_id] = {
+                k: v for k, v in data.items() if k in ("chat_id", "root_id", "parent_id", "msg_type")
+            }
         return web.json_response({"code": 0, "msg": "success", "data": data})
+
+    def _known(self, message_id: str) -> dict[str, Any]:
+        return self.messages.get(message_id, {})
 
     async def _get_message(self, request: web.Request) -> web.Response:
         message_id = request.match_info["message_id"]
@@ -232,7 +278,11 @@ class FakeFeishu(LocalServer):
         await self._record(Call("get", request.path, {}, {}, _headers(request), ok=failure is None))
         if failure is not None:
             return _fail(failure)
-        item = {"message_id": message_id, "msg_type": "text", "sender": {**sender, "tenant_key": TENANT_KEY}}
+        known = dict(self._known(message_id))
+        if isinstance(known.get("sender"), str):  # a user's message the test described
+            sender = {"id": known.pop("sender"), "id_type": "open_id", "sender_type": "user"}
+        item = {"message_id": message_id, "msg_type": "text", **known}
+        item["sender"] = {**sender, "tenant_key": TENANT_KEY}
         return web.json_response({"code": 0, "msg": "success", "data": {"items": [item]}})
 
     async def _update(self, request: web.Request) -> web.Response:
@@ -402,6 +452,7 @@ class FakeFeishu(LocalServer):
         app = web.Application()
         app.router.add_post(TOKEN_PATH, self._token)
         app.router.add_get("/open-apis/bot/v3/info", self._bot_info)
+        app.router.add_get("/open-apis/im/v1/chats/{chat_id}", self._chat_info)
         app.router.add_post("/open-apis/im/v1/messages", self._send)
         app.router.add_post("/open-apis/im/v1/messages/{message_id}/reply", self._send)
         app.router.add_get("/open-apis/im/v1/messages/{message_id}", self._get_message)
@@ -580,3 +631,103 @@ def group_mention(text: str, **kw: Any) -> dict[str, Any]:
     """A group message "@chatgate <text>"."""
     kw.setdefault("chat_id", "oc_team")
     return text_event(f"@_user_1 {text}", chat_type="group", mentions=[bot_mention()], **kw)
+
+
+def recall_event(
+    message_id: str, *, chat_id: str = "oc_alice", token: str = VERIFICATION_TOKEN
+) -> dict[str, Any]:
+    """`im.message.recalled_v1`: the message was recalled (Feishu names no author)."""
+    n = next(_ids)
+    now_ms = str(int(time.time() * 1000))
+    return {
+        "schema": "2.0",
+        "header": {
+            "event_id": f"{n:032x}",
+            "event_type": "im.message.recalled_v1",
+            "create_time": now_ms,
+            "token": token,
+            "app_id": APP_ID,
+            "tenant_key": TENANT_KEY,
+        },
+        "event": {
+            "message_id": message_id,
+            "chat_id": chat_id,
+            "recall_time": now_ms,
+            "recall_type": "message_owner",
+        },
+    }
+
+
+def card_action_event(
+    value: dict[str, Any],
+    *,
+    operator: str,
+    message_id: str,
+    chat_id: str = "oc_alice",
+    token: str = VERIFICATION_TOKEN,
+) -> dict[str, Any]:
+    """`card.action.trigger`: `operator` pressed a button whose `value` is `value` on the card
+    message `message_id` (the callback format of Feishu's card JSON 2.0 / new callbacks)."""
+    n = next(_ids)
+    now_us = str(int(time.time() * 1_000_000))
+    return {
+        "schema": "2.0",
+        "header": {
+            "event_id": f"{n:032x}",
+            "token": token,
+            "create_time": now_us,
+            "event_type": "card.action.trigger",
+            "tenant_key": TENANT_KEY,
+            "app_id": APP_ID,
+        },
+        "event": {
+            "operator": {
+                "tenant_key": TENANT_KEY,
+                "user_id": f"u_{operator}",
+                "open_id": operator,
+                "union_id": f"on_{operator}",
+            },
+            "token": f"c-{n:08x}",
+            "action": {"value": value, "tag": "button"},
+            "host": "im_message",
+            "context": {"open_message_id": message_id, "open_chat_id": chat_id},
+        },
+    }
+
+
+def reaction_event(
+    message_id: str,
+    emoji_type: str,
+    *,
+    operator: str = "ou_alice",
+    removed: bool = False,
+    operator_type: str = "user",
+    token: str = VERIFICATION_TOKEN,
+) -> dict[str, Any]:
+    """`im.message.reaction.created_v1` (or `deleted_v1`): `operator` added (took back) the
+    reaction `emoji_type` on `message_id`. Feishu names the message, not its chat."""
+    n = next(_ids)
+    now_ms = str(int(time.time() * 1000))
+    event: dict[str, Any] = {
+        "message_id": message_id,
+        "reaction_type": {"emoji_type": emoji_type},
+        "operator_type": operator_type,
+        "action_time": now_ms,
+    }
+    if operator_type == "user":
+        event["user_id"] = {"union_id": f"on_{operator}", "user_id": f"u_{operator}", "open_id": operator}
+    else:
+        event["app_id"] = operator
+    kind = "deleted" if removed else "created"
+    return {
+        "schema": "2.0",
+        "header": {
+            "event_id": f"{n:032x}",
+            "event_type": f"im.message.reaction.{kind}_v1",
+            "create_time": now_ms,
+            "token": token,
+            "app_id": APP_ID,
+            "tenant_key": TENANT_KEY,
+        },
+        "event": event,
+    }

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from aiohttp import web
 
 from tests.fakes.local_server import LocalServer
+from tests.support.timing import scaled
 
 
 @dataclass
@@ -20,8 +22,9 @@ class Received:
 class HttpReceiver(LocalServer):
     """Answers 500 to the first `fail_first` requests, then 200; records the accepted ones."""
 
-    def __init__(self, fail_first: int = 0, status: int = 200) -> None:
+    def __init__(self, fail_first: int = 0, status: int = 200, delay: float = 0.0) -> None:
         self.fail_first = fail_first
+        self.delay = delay  # seconds before answering: deliveries stay in flight that long
         self.status = status
         self.attempts = 0
         self.received: list[Received] = []
@@ -32,6 +35,8 @@ class HttpReceiver(LocalServer):
         body = await request.read()
         if self.attempts <= self.fail_first:
             return web.Response(status=500, text="try again")
+        if self.delay:
+            await asyncio.sleep(self.delay)
         async with self._changed:
             self.received.append(
                 Received(request.path, {k.lower(): v for k, v in request.headers.items()}, body)
@@ -41,7 +46,17 @@ class HttpReceiver(LocalServer):
 
     async def wait_for(self, count: int, timeout: float = 10) -> list[Received]:
         async with self._changed:
-            await asyncio.wait_for(self._changed.wait_for(lambda: len(self.received) >= count), timeout)
+            await asyncio.wait_for(
+                self._changed.wait_for(lambda: len(self.received) >= count), scaled(timeout)
+            )
+        return list(self.received)
+
+    async def wait_until(
+        self, predicate: Callable[[list[Received]], bool], timeout: float = 10
+    ) -> list[Received]:
+        """Wait until `predicate(received)` holds (e.g. a set of distinct ids, redeliveries allowed)."""
+        async with self._changed:
+            await asyncio.wait_for(self._changed.wait_for(lambda: predicate(self.received)), scaled(timeout))
         return list(self.received)
 
     async def __aenter__(self) -> HttpReceiver:

@@ -1,11 +1,11 @@
 """A real MCP server for the tests, built with the SDK's MCPServer (FastMCP in mcp 1.x).
 
     python -m tests.fakes.mcp_server stdio
-    python -m tests.fakes.mcp_server http PORT
+    python -m tests.fakes.mcp_server http PORT [json]
 
 Tools: `add` (read-only), `echo`, `write_note` (not read-only), `fail` (raises, so the
-client gets an error result), `get.weather` (a name that is not provider-legal), and
-`whoami` (the server's pid: tells a reconnect apart).
+client gets an error result), `get.weather` (a name that is not provider-legal), `big` (a
+result of any size), and `whoami` (the server's pid: tells a reconnect apart).
 """
 
 from __future__ import annotations
@@ -52,6 +52,12 @@ def get_weather(city: str) -> str:
 
 
 @server.tool(annotations=ToolAnnotations(read_only_hint=True))
+def big(size: int) -> str:
+    """A result of `size` characters (a tool that answers far more than asked)."""
+    return "x" * size
+
+
+@server.tool(annotations=ToolAnnotations(read_only_hint=True))
 def whoami() -> str:
     """The server process id."""
     return str(os.getpid())
@@ -59,7 +65,8 @@ def whoami() -> str:
 
 def main(argv: list[str]) -> None:
     if argv[:1] == ["http"]:
-        server.run("streamable-http", host="127.0.0.1", port=int(argv[1]), json_response=False)
+        json_response = argv[2:3] == ["json"]  # one JSON body per answer instead of an SSE stream
+        server.run("streamable-http", host="127.0.0.1", port=int(argv[1]), json_response=json_response)
     else:
         server.run("stdio")
 

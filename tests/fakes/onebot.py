@@ -24,6 +24,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from tests.fakes.local_server import LocalServer
+from tests.support.timing import scaled
 
 _message_ids = itertools.count(1000)
 
@@ -49,7 +50,13 @@ def private_message(self_id: int, user_id: int, message: Any, *, message_id: int
 
 
 def group_message(
-    self_id: int, group_id: int, user_id: int, message: Any, *, message_id: int | None = None
+    self_id: int,
+    group_id: int,
+    user_id: int,
+    message: Any,
+    *,
+    message_id: int | None = None,
+    role: str = "member",
 ) -> dict:
     return {
         "time": int(time.time()),
@@ -64,7 +71,7 @@ def group_message(
         "message": message,
         "raw_message": message if isinstance(message, str) else "",
         "font": 0,
-        "sender": {"user_id": user_id, "nickname": f"user{user_id}", "card": "", "role": "member"},
+        "sender": {"user_id": user_id, "nickname": f"user{user_id}", "card": "", "role": role},
     }
 
 
@@ -143,7 +150,7 @@ class FakeBridge:
 
     async def wait_closed(self, timeout: float = 10) -> int | None:
         assert self._ws is not None
-        await asyncio.wait_for(self._ws.wait_closed(), timeout)
+        await asyncio.wait_for(self._ws.wait_closed(), scaled(timeout))
         return self._ws.close_code
 
     async def send_raw(self, data: str | bytes) -> None:
@@ -178,7 +185,9 @@ class FakeBridge:
 
     async def wait_for_actions(self, count: int, timeout: float = 15) -> list[Action]:
         async with self._changed:
-            await asyncio.wait_for(self._changed.wait_for(lambda: len(self.actions) >= count), timeout)
+            await asyncio.wait_for(
+                self._changed.wait_for(lambda: len(self.actions) >= count), scaled(timeout)
+            )
         return list(self.actions)
 
 
@@ -186,7 +195,7 @@ async def refused_with(ws_url: str, headers: dict[str, str], timeout: float = 5)
     """Connect like a bridge and return the close code and reason the server answered with."""
     async with connect(ws_url, additional_headers=headers) as ws:
         try:
-            await asyncio.wait_for(ws.recv(), timeout)
+            await asyncio.wait_for(ws.recv(), scaled(timeout))
         except ConnectionClosed as exc:
             return (exc.rcvd.code if exc.rcvd else None), (exc.rcvd.reason if exc.rcvd else "")
     return None, ""
@@ -228,7 +237,7 @@ class FakeHttpApi(LocalServer):
 
     async def wait_for(self, count: int, timeout: float = 15) -> list[ApiCall]:
         async with self._changed:
-            await asyncio.wait_for(self._changed.wait_for(lambda: len(self.calls) >= count), timeout)
+            await asyncio.wait_for(self._changed.wait_for(lambda: len(self.calls) >= count), scaled(timeout))
         return list(self.calls)
 
     async def __aenter__(self) -> FakeHttpApi:
@@ -236,3 +245,31 @@ class FakeHttpApi(LocalServer):
         app.router.add_post("/{action}", self._handle)
         await self._serve(app)
         return self
+
+
+def recall_notice(self_id: int, user_id: int, message_id: int, *, group_id: int | None = None) -> dict:
+    """`group_recall` (with `group_id`) or `friend_recall`: the author recalled `message_id`."""
+    data: dict[str, Any] = {
+        "time": int(time.time()),
+        "self_id": self_id,
+        "post_type": "notice",
+        "user_id": user_id,
+        "message_id": message_id,
+    }
+    if group_id is None:
+        return {**data, "notice_type": "friend_recall"}
+    return {**data, "notice_type": "group_recall", "group_id": group_id, "operator_id": user_id}
+
+
+def member_notice(self_id: int, group_id: int, user_id: int, *, joined: bool) -> dict:
+    """`group_increase` (joined) or `group_decrease` (left)."""
+    return {
+        "time": int(time.time()),
+        "self_id": self_id,
+        "post_type": "notice",
+        "notice_type": "group_increase" if joined else "group_decrease",
+        "sub_type": "approve" if joined else "leave",
+        "group_id": group_id,
+        "operator_id": user_id,
+        "user_id": user_id,
+    }

@@ -23,6 +23,8 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.support.timing import scaled
+
 
 @dataclass
 class ToolCall:
@@ -103,6 +105,8 @@ class FakeOpenAI:
         self._runner: web.AppRunner | None = None
         self.url = ""  # …/v1, what LLM_BASE_URL takes
         self.transcript = "this is a voice note"  # what audio/transcriptions answers
+        # The audio's seconds it reports as usage (as OpenAI does for whisper-1); None: no usage.
+        self.transcript_seconds: float | None = None
         self.transcriptions: list[dict[str, Any]] = []
 
     # --- scripting ------------------------------------------------------------------
@@ -112,7 +116,9 @@ class FakeOpenAI:
 
     async def wait_requests(self, count: int, timeout: float = 10) -> list[Recorded]:
         async with self._changed:
-            await asyncio.wait_for(self._changed.wait_for(lambda: len(self.requests) >= count), timeout)
+            await asyncio.wait_for(
+                self._changed.wait_for(lambda: len(self.requests) >= count), scaled(timeout)
+            )
         return list(self.requests)
 
     # --- serving --------------------------------------------------------------------
@@ -271,7 +277,10 @@ class FakeOpenAI:
         upload = form.get("file")
         audio = upload.file.read() if isinstance(upload, web.FileField) else b""
         self.transcriptions.append({"model": form.get("model"), "audio": audio})
-        return web.json_response({"text": self.transcript})
+        body: dict[str, Any] = {"text": self.transcript}
+        if self.transcript_seconds is not None:
+            body["usage"] = {"type": "duration", "seconds": self.transcript_seconds}
+        return web.json_response(body)
 
     async def __aenter__(self) -> FakeOpenAI:
         app = web.Application()

@@ -13,6 +13,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from tests.fakes.local_server import LocalServer
+from tests.support.timing import scaled
 
 
 @dataclass
@@ -71,7 +72,7 @@ class OtlpReceiver(LocalServer):
         """Wait until spans of all these names arrived."""
         async with self._changed:
             await asyncio.wait_for(
-                self._changed.wait_for(lambda: names <= {s.name for s in self.spans}), timeout
+                self._changed.wait_for(lambda: names <= {s.name for s in self.spans}), scaled(timeout)
             )
         return list(self.spans)
 

@@ -21,6 +21,7 @@ from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from tests.fakes.local_server import LocalServer
+from tests.support.timing import scaled
 
 
 def key_from_secret(secret: str) -> Ed25519PrivateKey:
@@ -76,6 +77,36 @@ def c2c_message(
     }
 
 
+def interaction(
+    button_data: str,
+    *,
+    user_openid: str | None = None,
+    group_openid: str | None = None,
+    member_openid: str | None = None,
+    interaction_id: str | None = None,
+) -> dict[str, Any]:
+    """An `INTERACTION_CREATE` callback: a press of a message-keyboard callback button, in a
+    private chat (`user_openid`) or a group (`group_openid`, `member_openid`), as documented."""
+    n = next(_ids)
+    d: dict[str, Any] = {
+        "id": interaction_id or f"interaction-{n}",
+        "type": 11,
+        "chat_type": 2 if user_openid else 1,
+        "scene": "c2c" if user_openid else "group",
+        "timestamp": "2026-12-02T12:00:00+08:00",
+        "data": {
+            "type": 11,
+            "resolved": {"button_data": button_data, "button_id": button_data.split(":")[0]},
+        },
+        "version": 1,
+    }
+    if user_openid:
+        d["user_openid"] = user_openid
+    else:
+        d["group_openid"], d["group_member_openid"] = group_openid, member_openid
+    return {"op": 0, "id": f"INTERACTION_CREATE:evt{n}", "t": "INTERACTION_CREATE", "s": n, "d": d}
+
+
 def group_at_message(
     group_openid: str, member_openid: str, content: str, *, message_id: str | None = None
 ) -> dict[str, Any]:
@@ -129,6 +160,8 @@ class QQPlatform(LocalServer):
         self.valid_tokens: set[str] = set()
         self.sent: list[SentMessage] = []
         self.uploads: list[SentMessage] = []
+        self.refuse_markdown = False  # answer markdown messages 400, as for a bot without the permission
+        self.interactions: list[SentMessage] = []  # PUT /interactions/{id}: button presses answered
         self.upload_failures = 0  # the first uploads answered 500
         self.upload_attempts = 0
         self._seen_seq: set[tuple[str, int]] = set()
@@ -162,6 +195,8 @@ class QQPlatform(LocalServer):
         ):
             return web.json_response({"code": 500000, "message": "internal error"}, status=500)
         body = await request.json()
+        if self.refuse_markdown and body.get("msg_type") == 2:
+            return web.json_response({"code": 304003, "message": "markdown not allowed"}, status=400)
         if "msg_id" in body:
             pair = (body["msg_id"], int(body.get("msg_seq", 1)))
             if pair in self._seen_seq:
@@ -188,9 +223,21 @@ class QQPlatform(LocalServer):
         n = len(self.uploads)
         return web.json_response({"file_uuid": f"uuid-{n}", "file_info": f"file-info-{n}", "ttl": 3600})
 
+    async def _interaction(self, request: web.Request) -> web.Response:
+        auth = request.headers.get("Authorization", "")
+        if auth.removeprefix("QQBot ") not in self.valid_tokens:
+            return web.json_response({"code": 11244, "message": "token not exist or expire"}, status=401)
+        body = await request.json()
+        if body.get("code") not in (0, 1, 2, 3, 4, 5):
+            return web.json_response({"code": 40034002, "message": "invalid code"}, status=400)
+        async with self._changed:
+            self.interactions.append(SentMessage(request.path, auth, body))
+            self._changed.notify_all()
+        return web.Response(status=204)  # "成功返回空"
+
     async def wait_for(self, count: int, timeout: float = 15) -> list[SentMessage]:
         async with self._changed:
-            await asyncio.wait_for(self._changed.wait_for(lambda: len(self.sent) >= count), timeout)
+            await asyncio.wait_for(self._changed.wait_for(lambda: len(self.sent) >= count), scaled(timeout))
         return list(self.sent)
 
     async def __aenter__(self) -> QQPlatform:
@@ -200,5 +247,6 @@ class QQPlatform(LocalServer):
         app.router.add_post("/v2/groups/{group_openid}/messages", self._message)
         app.router.add_post("/v2/users/{openid}/files", self._upload)
         app.router.add_post("/v2/groups/{group_openid}/files", self._upload)
+        app.router.add_put("/interactions/{interaction_id}", self._interaction)
         await self._serve(app)
         return self

@@ -14,12 +14,14 @@ import hmac
 import itertools
 import json
 import time
+import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
 from tests.fakes.local_server import LocalServer
+from tests.support.timing import scaled
 
 BOT_TOKEN = "xoxb-test-token"
 APP_TOKEN = "xapp-test-token"
@@ -58,11 +60,16 @@ class FakeSlack(LocalServer):
     # method -> answers of its next calls, in order: a failure, or None for a normal answer
     script: dict[str, list[Failure | None]] = field(default_factory=dict)
     always: dict[str, Failure] = field(default_factory=dict)
+    # user id -> users.info flags (is_admin, is_owner, is_restricted …); others: plain members
+    users: dict[str, dict[str, Any]] = field(default_factory=dict)
     # conversation id -> failures of chat.postMessage to it, answered in order
     by_channel: dict[str, list[Failure | None]] = field(default_factory=dict)
     url: str = ""
     # ts -> the message's current text, as the conversation shows it (posted, then updated)
     texts: dict[str, str] = field(default_factory=dict)
+    threads: dict[str, str] = field(
+        default_factory=dict
+    )  # ts of a message we posted in a thread -> thread_ts
     # chat.startStream messages not stopped yet (their text grows with each append)
     streaming: set[str] = field(default_factory=set)
     # external uploads: file id -> bytes received at its upload URL; completed: shared files
@@ -94,7 +101,7 @@ class FakeSlack(LocalServer):
     async def wait_for(self, method: str, count: int, timeout: float = 15) -> list[Call]:
         async with self._changed:
             await asyncio.wait_for(
-                self._changed.wait_for(lambda: len(self.calls_of(method)) >= count), timeout
+                self._changed.wait_for(lambda: len(self.calls_of(method)) >= count), scaled(timeout)
             )
         return self.calls_of(method)
 
@@ -102,24 +109,23 @@ class FakeSlack(LocalServer):
 
     async def wait_for_socket(self, timeout: float = 15) -> None:
         async with self._changed:
-            await asyncio.wait_for(self._changed.wait_for(lambda: bool(self._sockets)), timeout)
+            await asyncio.wait_for(self._changed.wait_for(lambda: bool(self._sockets)), scaled(timeout))
 
-    async def push_envelope(self, payload: dict[str, Any], envelope_id: str, retry_attempt: int = 0) -> None:
-        """Send an events_api envelope to every connected app, as Slack's Socket Mode does."""
-        envelope = {
-            "envelope_id": envelope_id,
-            "type": "events_api",
-            "payload": payload,
-            "accepts_response_payload": False,
-            "retry_attempt": retry_attempt,
-            "retry_reason": "timeout" if retry_attempt else "",
-        }
+    async def push_envelope(
+        self, payload: dict[str, Any], envelope_id: str, retry_attempt: int = 0, *, kind: str = "events_api"
+    ) -> None:
+        """Send an envelope to every connected app, as Slack's Socket Mode does: `events_api`
+        (an Events API payload) or `interactive` (an interaction payload, e.g. block_actions)."""
+        envelope: dict[str, Any] = {"envelope_id": envelope_id, "type": kind, "payload": payload}
+        if kind == "events_api":
+            envelope.update(retry_attempt=retry_attempt, retry_reason="timeout" if retry_attempt else "")
+        envelope["accepts_response_payload"] = kind == "interactive"
         for ws in list(self._sockets):
             await ws.send_str(json.dumps(envelope))
 
     async def wait_for_acks(self, count: int, timeout: float = 15) -> list[str]:
         async with self._changed:
-            await asyncio.wait_for(self._changed.wait_for(lambda: len(self.acks) >= count), timeout)
+            await asyncio.wait_for(self._changed.wait_for(lambda: len(self.acks) >= count), scaled(timeout))
         return list(self.acks)
 
     async def _socket(self, request: web.Request) -> web.WebSocketResponse:
@@ -183,11 +189,17 @@ class FakeSlack(LocalServer):
                     "bot_id": BOT_ID,
                 }
             )
+        if method == "users.info":
+            flags = self.users.get(str(params.get("user")), {})
+            return web.json_response(
+                {"ok": True, "user": {"id": params.get("user"), "team_id": TEAM_ID, **flags}}
+            )
         if method == "chat.postMessage":
             ts = f"{int(time.time())}.{next(self._ts):06d}"
             message = {"type": "message", "text": params.get("text"), "user": self.bot_user_id, "ts": ts}
             if params.get("thread_ts"):
                 message["thread_ts"] = params["thread_ts"]
+                self.threads[ts] = str(params["thread_ts"])
             self.texts[ts] = str(params.get("text"))
             return web.json_response(
                 {"ok": True, "channel": params.get("channel"), "ts": ts, "message": message}
@@ -236,6 +248,26 @@ class FakeSlack(LocalServer):
                     "message": {"type": "message", "text": params.get("text"), "user": self.bot_user_id},
                 }
             )
+        if method == "conversations.replies":
+            # The thread a message belongs to (a reply's thread_ts is its parent's ts).
+            ts = str(params.get("ts"))
+            parent = self.threads.get(ts)
+            if parent is None and ts not in self.texts:
+                return web.json_response({"ok": False, "error": "thread_not_found"})
+            first: dict[str, Any] = {
+                "type": "message",
+                "ts": parent or ts,
+                "text": self.texts.get(parent or ts),
+            }
+            if parent is not None:
+                first["thread_ts"] = parent
+            return web.json_response({"ok": True, "messages": [first], "has_more": False})
+        if method == "chat.delete":
+            if self.texts.pop(str(params.get("ts")), None) is None:
+                return web.json_response({"ok": False, "error": "message_not_found"})
+            return web.json_response({"ok": True, "channel": params.get("channel"), "ts": params.get("ts")})
+        if method == "chat.postEphemeral":
+            return web.json_response({"ok": True, "message_ts": f"{int(time.time())}.{next(self._ts):06d}"})
         return web.json_response({"ok": False, "error": "unknown_method"}, status=404)
 
     def _stream(self, method: str, params: dict[str, Any]) -> web.Response:
@@ -304,6 +336,7 @@ class FakeSlack(LocalServer):
         app.router.add_post("/upload/{file_id}", self._upload)
         app.router.add_get("/files-pri/{path:.+}", self._file)
         app.router.add_post("/api/{method}", self._handle)
+        app.router.add_get("/api/{method}", self._handle)  # slack_sdk reads users.info with GET
         app.router.add_get("/link/", self._socket)
         self._port = await self._serve(app, "/api/", shutdown_timeout=0.5)
         return self
@@ -398,3 +431,48 @@ def channel_message(
 
 def body_of(payload: dict[str, Any]) -> bytes:
     return json.dumps(payload).encode()
+
+
+def reaction(
+    reaction: str, *, on_ts: str, channel: str, user: str = "UALICE", removed: bool = False
+) -> dict[str, Any]:
+    """`reaction_added` (or `reaction_removed`) of `user` on the message `on_ts`."""
+    return {
+        "type": "reaction_removed" if removed else "reaction_added",
+        "user": user,
+        "reaction": reaction,
+        "item": {"type": "message", "channel": channel, "ts": on_ts},
+        "item_user": BOT_USER_ID,
+        "event_ts": new_ts(),
+    }
+
+
+def block_action(
+    action_id: str, value: str, *, on_ts: str, channel: str, user: str = "UALICE"
+) -> dict[str, Any]:
+    """A `block_actions` interaction: `user` pressed the button `action_id` on the message `on_ts`."""
+    return {
+        "type": "block_actions",
+        "team": {"id": TEAM_ID, "domain": "test"},
+        "user": {"id": user, "username": user.lower(), "team_id": TEAM_ID},
+        "api_app_id": "A0001",
+        "trigger_id": f"trig{next(_ts)}",
+        "container": {"type": "message", "message_ts": on_ts, "channel_id": channel, "is_ephemeral": False},
+        "channel": {"id": channel, "name": "general"},
+        "message": {"type": "message", "ts": on_ts, "user": BOT_USER_ID, "text": "prompt"},
+        "actions": [
+            {
+                "type": "button",
+                "action_id": action_id,
+                "block_id": "b1",
+                "value": value,
+                "action_ts": new_ts(),
+                "text": {"type": "plain_text", "text": action_id},
+            }
+        ],
+    }
+
+
+def interaction_body(payload: dict[str, Any]) -> bytes:
+    """How Slack posts an interaction: form-encoded, one field `payload` holding the JSON."""
+    return urllib.parse.urlencode({"payload": json.dumps(payload)}).encode()

@@ -18,6 +18,7 @@ from typing import Any
 from aiohttp import web
 
 from tests.fakes.local_server import LocalServer
+from tests.support.timing import scaled
 
 BOT_ID = 777000111
 BOT_USERNAME = "gate_bot"
@@ -29,6 +30,7 @@ class Call:
     method: str
     params: dict[str, Any]
     ok: bool = True  # False when the fake answered with an error
+    at: float = field(default_factory=time.time)  # when the fake received it (unix seconds)
 
 
 @dataclass
@@ -49,6 +51,11 @@ SERVER_ERROR = Failure(500, "Internal Server Error")
 BLOCKED = Failure(403, "Forbidden: bot was blocked by the user")
 UNAUTHORIZED = Failure(401, "Unauthorized")
 CONFLICT = Failure(409, "Conflict: terminated by other getUpdates request")
+WEBHOOK_SET = Failure(
+    409,
+    "Conflict: can't use getUpdates method while webhook is active; "
+    "use deleteWebhook to delete the webhook first",
+)
 
 
 @dataclass
@@ -61,6 +68,10 @@ class FakeTelegram(LocalServer):
     script: dict[str, list[Failure | None]] = field(default_factory=dict)
     # method -> failure answered every time
     always: dict[str, Failure] = field(default_factory=dict)
+    # method -> (n, failure): every n-th call of the method is answered with the failure
+    every: dict[str, tuple[int, Failure]] = field(default_factory=dict)
+    # method -> seconds every answer of it takes (a slow round trip)
+    slow: dict[str, float] = field(default_factory=dict)
     updates: list[dict[str, Any]] = field(default_factory=list)
     url: str = ""
     file_url: str = ""
@@ -72,6 +83,8 @@ class FakeTelegram(LocalServer):
     drafts: dict[tuple[int, int], str] = field(default_factory=dict)
     # file_id -> the file's bytes, served by getFile and the file download URL
     files: dict[str, bytes] = field(default_factory=dict)
+    # chat id -> {user id: "creator" | "administrator"}, served by getChatAdministrators
+    admins: dict[int, dict[int, str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._changed = asyncio.Condition()
@@ -92,7 +105,7 @@ class FakeTelegram(LocalServer):
     async def wait_for(self, method: str, count: int, timeout: float = 15) -> list[Call]:
         async with self._changed:
             await asyncio.wait_for(
-                self._changed.wait_for(lambda: len(self.calls_of(method)) >= count), timeout
+                self._changed.wait_for(lambda: len(self.calls_of(method)) >= count), scaled(timeout)
             )
         return self.calls_of(method)
 
@@ -113,9 +126,15 @@ class FakeTelegram(LocalServer):
         async with self._changed:
             scripted = self.script.get(method)
             failure = scripted.pop(0) if scripted else self.always.get(method)
+            if failure is None and method in self.every:
+                n, periodic = self.every[method]
+                if (len(self.calls_of(method)) + 1) % n == 0:
+                    failure = periodic
             call = Call(method, params, ok=failure is None)
             self.calls.append(call)
             self._changed.notify_all()
+        if method in self.slow:
+            await asyncio.sleep(self.slow[method])
         if failure is not None:
             return web.json_response(failure.body(), status=failure.status)
         handler = getattr(self, f"_m_{method}", None)
@@ -173,6 +192,33 @@ class FakeTelegram(LocalServer):
             "from": {"id": self.bot_id, "is_bot": True, "first_name": "Gate", "username": self.username},
             "text": params["text"],
         }
+
+    async def _m_editMessageReplyMarkup(self, params: dict[str, Any]) -> dict[str, Any] | web.Response:
+        message_id = int(params["message_id"])
+        if message_id not in self.texts:
+            return _bad_request("Bad Request: message to edit not found")
+        chat_id = int(params["chat_id"])
+        return {
+            "message_id": message_id,
+            "date": int(time.time()),
+            "chat": {"id": chat_id, "type": "private" if chat_id > 0 else "supergroup"},
+            "from": {"id": self.bot_id, "is_bot": True, "first_name": "Gate", "username": self.username},
+            "text": self.texts[message_id],
+            "reply_markup": params.get("reply_markup"),
+        }
+
+    async def _m_answerCallbackQuery(self, params: dict[str, Any]) -> bool | web.Response:
+        if not params.get("callback_query_id"):
+            return _bad_request(
+                "Bad Request: query is too old and response timeout expired or query ID is invalid"
+            )
+        return True
+
+    async def _m_deleteMessage(self, params: dict[str, Any]) -> bool | web.Response:
+        message_id = int(params["message_id"])
+        if self.texts.pop(message_id, None) is None:
+            return _bad_request("Bad Request: message to delete not found")
+        return True
 
     async def _m_sendMessageDraft(self, params: dict[str, Any]) -> bool | web.Response:
         """Bot API 9.3: a private chat's draft, replaced by each call with the same draft_id."""
@@ -238,6 +284,30 @@ class FakeTelegram(LocalServer):
             self._changed.notify_all()
         return web.Response(body=self.files[file_id], content_type="application/octet-stream")
 
+    async def _m_getChatAdministrators(self, params: dict[str, Any]) -> list[dict[str, Any]] | web.Response:
+        chat_id = int(params["chat_id"])
+        if chat_id > 0:
+            return _bad_request("Bad Request: there are no administrators in the private chat")
+        members = []
+        for user_id, status in self.admins.get(chat_id, {}).items():
+            member: dict[str, Any] = {"status": status, "user": user(user_id, None), "is_anonymous": False}
+            if status == "administrator":
+                member.update(
+                    can_be_edited=False,
+                    can_manage_chat=True,
+                    can_delete_messages=True,
+                    can_manage_video_chats=True,
+                    can_restrict_members=True,
+                    can_promote_members=False,
+                    can_change_info=True,
+                    can_invite_users=True,
+                    can_post_stories=False,
+                    can_edit_stories=False,
+                    can_delete_stories=False,
+                )
+            members.append(member)
+        return members
+
     async def _m_setWebhook(self, _params: dict[str, Any]) -> bool:
         return True
 
@@ -255,7 +325,7 @@ class FakeTelegram(LocalServer):
             self.polls_in_flight += 1
             self.most_polls_in_flight = max(self.most_polls_in_flight, self.polls_in_flight)
             try:
-                await asyncio.wait_for(self._changed.wait_for(lambda: bool(pending())), timeout)
+                await asyncio.wait_for(self._changed.wait_for(lambda: bool(pending())), scaled(timeout))
             except TimeoutError:
                 pass
             finally:
@@ -350,3 +420,103 @@ def mention_entity(text: str, handle: str = f"@{BOT_USERNAME}") -> dict[str, Any
 
 def update(update_id: int, msg: dict[str, Any]) -> dict[str, Any]:
     return {"update_id": update_id, "message": msg}
+
+
+def edited_update(update_id: int, msg: dict[str, Any], text: str) -> dict[str, Any]:
+    """`msg` edited to read `text` (same message_id, with an edit_date)."""
+    return {"update_id": update_id, "edited_message": {**msg, "text": text, "edit_date": int(time.time())}}
+
+
+def callback_update(
+    update_id: int, data: str, *, sender: dict[str, Any] | None = None, on: dict[str, Any]
+) -> dict[str, Any]:
+    """A press on an inline keyboard button with `data`, on the bot's message `on`."""
+    return {
+        "update_id": update_id,
+        "callback_query": {
+            "id": f"cq{update_id}",
+            "from": sender or user(),
+            "chat_instance": "ci1",
+            "data": data,
+            "message": on,
+        },
+    }
+
+
+def reaction_update(
+    update_id: int,
+    message_id: int,
+    emoji: str,
+    *,
+    chat: dict[str, Any] | None = None,
+    sender: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A `message_reaction` update: `sender` now reacts with `emoji` (and nothing else) to the message."""
+    return {
+        "update_id": update_id,
+        "message_reaction": {
+            "chat": chat or private_chat(),
+            "message_id": message_id,
+            "user": sender or user(),
+            "date": int(time.time()),
+            "old_reaction": [],
+            "new_reaction": [{"type": "emoji", "emoji": emoji}],
+        },
+    }
+
+
+def chat_member_update(
+    update_id: int,
+    member: dict[str, Any],
+    old: str,
+    new: str,
+    *,
+    chat: dict[str, Any] | None = None,
+    by: dict[str, Any] | None = None,
+    date: int | None = None,
+    my: bool = False,
+) -> dict[str, Any]:
+    """A `chat_member` update (or, `my`, `my_chat_member`): `member`'s status went from
+    `old` to `new` (member, administrator, left, kicked …), changed by `by` (the member)."""
+
+    def status(name: str) -> dict[str, Any]:
+        data: dict[str, Any] = {"status": name, "user": member}
+        if name == "kicked":
+            data["until_date"] = 0
+        if name == "administrator":
+            rights = (
+                "can_be_edited can_manage_chat can_delete_messages can_manage_video_chats "
+                "can_restrict_members can_promote_members can_change_info can_invite_users "
+                "can_post_stories can_edit_stories can_delete_stories is_anonymous"
+            )
+            data.update(dict.fromkeys(rights.split(), False))
+        return data
+
+    return {
+        "update_id": update_id,
+        "my_chat_member" if my else "chat_member": {
+            "chat": chat or group_chat(),
+            "from": by or member,
+            "date": date if date is not None else int(time.time()),
+            "old_chat_member": status(old),
+            "new_chat_member": status(new),
+        },
+    }
+
+
+def members_message(
+    update_id: int,
+    *,
+    joined: list[dict[str, Any]] | None = None,
+    left: dict[str, Any] | None = None,
+    chat: dict[str, Any] | None = None,
+    by: dict[str, Any] | None = None,
+    date: int | None = None,
+) -> dict[str, Any]:
+    """A `new_chat_members` (or `left_chat_member`) service message in a group."""
+    members = joined or ([left] if left is not None else [])
+    extra: dict[str, Any] = {"new_chat_members": joined} if joined else {"left_chat_member": left}
+    msg = message(None, chat=chat or group_chat(), sender=by or members[0], **extra)
+    if date is not None:
+        msg["date"] = date
+    return update(update_id, msg)

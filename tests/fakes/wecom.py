@@ -14,6 +14,7 @@ import base64
 import hashlib
 import itertools
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Self
@@ -23,6 +24,7 @@ from cryptography.hazmat.primitives import padding
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from tests.fakes.local_server import LocalServer
+from tests.support.timing import scaled
 
 # --- the platform's side of the callback crypto ------------------------------------------
 
@@ -216,6 +218,23 @@ class WeComCallbacks:
             }
         )
 
+    def card_event(self, user: str, event_key: str, task_id: str, *, create_time: int | None = None) -> str:
+        """A press on a template card button (`template_card_event`), as WeCom documents it."""
+        return cdata_xml(
+            {
+                "ToUserName": self.corp_id,
+                "FromUserName": user,
+                "CreateTime": int(time.time()) if create_time is None else create_time,
+                "MsgType": "event",
+                "Event": "template_card_event",
+                "EventKey": event_key,
+                "TaskId": task_id,
+                "CardType": "button_interaction",
+                "ResponseCode": f"response-{task_id}",
+                "AgentID": self.agent_id,
+            }
+        )
+
 
 # --- the API server ----------------------------------------------------------------------
 
@@ -357,17 +376,21 @@ class TokenApiFake(LocalServer):
 
     async def wait_for_sent(self, count: int, timeout: float = 15) -> list[ApiCall]:
         async with self._changed:
-            await asyncio.wait_for(self._changed.wait_for(lambda: len(self.sent) >= count), timeout)
+            await asyncio.wait_for(self._changed.wait_for(lambda: len(self.sent) >= count), scaled(timeout))
         return list(self.sent)
 
     async def wait_for_uploads(self, count: int, timeout: float = 15) -> list[MediaUpload]:
         async with self._changed:
-            await asyncio.wait_for(self._changed.wait_for(lambda: len(self.uploads) >= count), timeout)
+            await asyncio.wait_for(
+                self._changed.wait_for(lambda: len(self.uploads) >= count), scaled(timeout)
+            )
         return list(self.uploads)
 
     async def wait_for_attempts(self, count: int, timeout: float = 15) -> None:
         async with self._changed:
-            await asyncio.wait_for(self._changed.wait_for(lambda: self.send_attempts >= count), timeout)
+            await asyncio.wait_for(
+                self._changed.wait_for(lambda: self.send_attempts >= count), scaled(timeout)
+            )
 
     async def __aenter__(self) -> Self:
         app = web.Application()
@@ -386,11 +409,47 @@ class FakeWeComApi(TokenApiFake):
     def routes(self) -> list[web.RouteDef]:
         return [
             web.get("/cgi-bin/gettoken", self._gettoken),
-            web.post("/cgi-bin/message/send", self.guarded_send),
+            web.post("/cgi-bin/message/send", self._message_send),
             web.post("/cgi-bin/appchat/send", self.guarded_send),
             web.get("/cgi-bin/media/get", self.media_get),
             web.post("/cgi-bin/media/upload", self.media_upload),
         ]
+
+    refuse_template_cards: bool = False  # answer template cards errcode 40058
+    task_ids: set[str] = field(default_factory=set)
+
+    async def _message_send(self, request: web.Request) -> web.StreamResponse:
+        """`message/send`, a `template_card` checked as WeCom documents a `button_interaction`
+        card: `task_id` (digits, letters, `_-@`, at most 128 bytes, unique per app), a
+        `main_title.title`, 1 to 6 buttons each with `text` and a `key` of at most 1024 bytes."""
+        body = await request.json()
+        if isinstance(body, dict) and body.get("msgtype") == "template_card":
+            problem = self._card_problem(body.get("template_card"))
+            if problem or self.refuse_template_cards:
+                self.calls.append(ApiCall(request.path, dict(request.query), body))
+                return web.json_response({"errcode": 40058, "errmsg": problem or "scripted refusal"})
+        return await self.guarded_send(request)
+
+    def _card_problem(self, card: Any) -> str | None:
+        if not isinstance(card, dict) or card.get("card_type") != "button_interaction":
+            return "only button_interaction cards are modelled"
+        task = card.get("task_id")
+        if not isinstance(task, str) or not re.fullmatch(r"[0-9A-Za-z_\-@]{1,128}", task):
+            return "invalid task_id"
+        if task in self.task_ids:
+            return "task_id already used"
+        title = card.get("main_title")
+        if not isinstance(title, dict) or not title.get("title"):
+            return "main_title.title is required"
+        buttons = card.get("button_list")
+        if not isinstance(buttons, list) or not 1 <= len(buttons) <= 6:
+            return "button_list needs 1 to 6 buttons"
+        for button in buttons:
+            key = button.get("key") if isinstance(button, dict) else None
+            if not isinstance(key, str) or not key or len(key.encode()) > 1024 or not button.get("text"):
+                return "a button needs text and a key of at most 1024 bytes"
+        self.task_ids.add(task)
+        return None
 
     async def _gettoken(self, request: web.Request) -> web.Response:
         q = request.query

@@ -16,6 +16,7 @@ from websockets.exceptions import ConnectionClosed
 from channels.browser import BrowserSettings
 from tests.conftest import ServeApp, webhook_settings
 from tests.support.servers import RunningApp
+from tests.support.timing import scaled
 
 ALICE_TOKEN = "alice-static-token-0123456789"
 BOB_TOKEN = "bob-static-token-0123456789"
@@ -75,7 +76,7 @@ class GatewayClient:
     async def expect(self, type_: str, timeout: float = 10.0, **match: Any) -> dict[str, Any]:
         """The next frame of `type_` whose fields equal `match` (others are kept in `frames`)."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
+        deadline = loop.time() + scaled(timeout)
         while True:
             frame = await self.recv(max(0.01, deadline - loop.time()))
             if frame.get("type") == type_ and all(frame.get(k) == v for k, v in match.items()):

@@ -9,6 +9,7 @@ import time
 from websockets.exceptions import ConnectionClosed
 
 from tests.gateway.conftest import ALICE_TOKEN, GatewayServe, gateway_client
+from tests.support.timing import scaled
 
 
 async def test_two_connections_on_one_key_both_receive(gateway_serve: GatewayServe) -> None:
@@ -79,7 +80,7 @@ async def test_resume_while_the_session_is_busy_has_no_gaps_or_repeats(gateway_s
                 )
             seen: list[int] = []
             session_id = None
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + scaled(30)
             while time.monotonic() < deadline and len(seen) < 24:
                 async with gateway_client(srv.url, ALICE_TOKEN) as tab:
                     extra = {"session_id": session_id, "last_seq": seen[-1]} if seen else {}

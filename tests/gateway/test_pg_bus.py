@@ -16,8 +16,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db.models import session_keys, utcnow
 from app.events import InboundEvent
-from app.pg_bus import PgSessionBus, asyncpg_dsn, channel_for
+from app.pg_bus import PgSessionBus, channel_for
 from tests.conftest import ServeApp
+from tests.support.pg_probe import asyncpg_dsn
 
 
 async def _next(queue: asyncio.Queue[dict[str, Any]], timeout: float = 5.0) -> dict[str, Any]:

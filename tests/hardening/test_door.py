@@ -12,9 +12,10 @@ import httpx
 import pytest
 from sqlalchemy import insert
 
+from app.api.app import create_app
 from app.db.models import inbox
 from tests.channels.support import count, inbox_keys
-from tests.conftest import ADMIN_TOKEN, WEBHOOK_SECRET, ServeApp
+from tests.conftest import ADMIN_TOKEN, WEBHOOK_SECRET, ServeApp, make_settings
 from tests.fakes import telegram as tg
 from tests.hardening.channels import JSON_CHANNELS, json_channel_settings
 from tests.support.webhook import post_webhook
@@ -221,3 +222,16 @@ async def test_a_platform_id_longer_than_the_inbox_holds_gets_400(serve: ServeAp
             assert "longer than 256" in resp.json()["detail"]
             assert await count(srv.runtime, inbox) == 0
             assert (await qq.post(client, srv.url, qq.body_with(2, '"hi"'))).status_code == 200
+
+
+async def test_a_content_length_that_is_not_a_number_gets_400_before_any_route(db_url: str) -> None:
+    """The app's door refuses a declared length it cannot read as a number before any route
+    reads a body (HTTP servers refuse most such requests themselves; an ASGI server that
+    passes one on gets this answer), and keeps serving."""
+    app = create_app(make_settings(db_url), channel_settings={})
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        refused = await client.post("/admin/login", content=b"hello", headers={"Content-Length": "abc"})
+        after = await client.get("/healthz")
+    assert (refused.status_code, refused.json()) == (400, {"detail": "Content-Length is not a number"})
+    assert after.status_code == 200

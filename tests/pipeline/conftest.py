@@ -68,6 +68,7 @@ def serve(db_url: str, backend: str) -> ServeApp:
         channel_settings: Mapping[str, ChannelSettings] | None = None,
         provider: Any = None,
         tools: Any = None,
+        wrap_store: Any = None,
         **overrides: Any,
     ) -> AbstractAsyncContextManager[RunningApp]:
         overrides.setdefault("pipeline_store", store_kind(backend))
@@ -79,6 +80,7 @@ def serve(db_url: str, backend: str) -> ServeApp:
             else {"webhook": webhook_settings()},
             provider=provider,
             tools=tools,
+            wrap_store=wrap_store,
         )
         return serve_in_loop(app)
 

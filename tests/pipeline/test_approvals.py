@@ -173,7 +173,10 @@ async def test_without_an_approver_risky_calls_are_denied_at_once(serve: ServeAp
             assert only_text(await ask(srv, "write it")) == "I cannot write files here."
             [run] = await rows(srv, runs)
             assert await rows(srv, approvals) == []
-        assert "no one may approve" in tool_result(fake.requests[1], "call_write")
+        assert (
+            "no one may approve this tool in this conversation (the operator can name approvers' "
+            "sender ids in WEBHOOK_APPROVERS" in tool_result(fake.requests[1], "call_write")
+        )
     assert run["tool_calls"][0] == {
         "id": "call_write",
         "name": "write_file",

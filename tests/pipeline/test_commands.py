@@ -47,10 +47,7 @@ async def test_a_registered_command_runs_once_with_its_arguments_and_others_are_
 
     async def ping(call: CommandCall) -> None:
         calls.append((call.event.sender_id, call.args))
-        runtime = srv.runtime
-        async with runtime.store.fenced(call.lease) as conn:
-            await runtime.replies.answer(conn, call.row, f"you are {call.event.sender_id}", session_id=None)
-        runtime.replies.handled([call.row.event_id])
+        await srv.runtime.replies.answer(call.lease, call.row, f"you are {call.event.sender_id}")
 
     async with serve() as srv:
         srv.runtime.commands.add(

@@ -15,7 +15,7 @@ from app.migrate import upgrade
 from app.runtime import Runtime
 from app.sessions.messages import ChatMessage
 from tests.conftest import make_settings, webhook_settings
-from tests.pipeline.test_steer import wait_until
+from tests.support.timing import eventually
 
 
 @dataclass
@@ -62,10 +62,10 @@ async def test_a_busy_replica_takes_one_waiting_key_at_a_time_and_nothing_is_los
         # (B starts once A's run holds its key: B's poller would rightly take a key that is
         # waiting for nobody).
         await a.ingest.submit([InboundEvent.from_text("webhook", "a", "u", "a's own")])
-        await wait_until(lambda: _asked(a_model, 1))
+        await eventually(lambda: _asked(a_model, 1))
         async with _replica(db_url, b_model, poll=0.05) as b:
             await b.ingest.submit([InboundEvent.from_text("webhook", "b", "u", "b's own")])
-            await wait_until(lambda: _asked(b_model, 1))
+            await eventually(lambda: _asked(b_model, 1))
             await _queue_at_a_and_release(a, b, gate)
         async with a.engine.connect() as conn:
             statuses = (
@@ -86,4 +86,4 @@ async def _queue_at_a_and_release(a: Runtime, b: Runtime, gate: asyncio.Event) -
     assert set(b.scheduler.busy_keys) == {"webhook:b", "webhook:q0"}  # the longest waiting
     assert set(a.scheduler.busy_keys) == {"webhook:a", *(f"webhook:q{i}" for i in range(4))}
     gate.set()
-    await wait_until(lambda: _idle(a, b))
+    await eventually(lambda: _idle(a, b))

@@ -19,7 +19,8 @@ from app.db.models import inbox, messages, outbox, runs, sessions
 from tests.conftest import ADMIN_TOKEN, WEBHOOK_SECRET
 from tests.fakes.http_receiver import HttpReceiver
 from tests.pipeline.conftest import store_kind
-from tests.support.servers import ServerProcess
+from tests.support.servers import ServerProcess, start_together
+from tests.support.timing import scaled
 from tests.support.webhook import post_webhook
 
 pytestmark = pytest.mark.slow
@@ -40,7 +41,7 @@ def _env(db_url: str, **extra: object) -> dict[str, str]:
 
 
 async def _wait_all_done(engine: AsyncEngine, expected: int, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while time.monotonic() < deadline:
         async with engine.connect() as conn:
             done = (
@@ -87,8 +88,7 @@ def _assert_legal_history(history: list[dict]) -> None:
 
 async def test_two_processes_keep_one_sessions_order(pg_url: str) -> None:
     env = _env(pg_url, OFFLINE_LATENCY_MS=150)
-    first = ServerProcess(env).start()
-    second = ServerProcess(env).start()
+    first, second = (await start_together({"first": env, "second": env})).values()
     engine = create_async_engine(pg_url)
     try:
         async with httpx.AsyncClient(timeout=30) as client:
@@ -113,7 +113,7 @@ async def test_two_processes_keep_one_sessions_order(pg_url: str) -> None:
 @pytest.mark.serial  # a wall-time bound: other workers' load would eat the parallelism it measures
 async def test_two_processes_run_different_sessions_in_parallel(pg_url: str) -> None:
     env = _env(pg_url, OFFLINE_LATENCY_MS=200)
-    servers = [ServerProcess(env).start(), ServerProcess(env).start()]
+    servers = list((await start_together({"first": env, "second": env})).values())
     engine = create_async_engine(pg_url)
     try:
         async with httpx.AsyncClient(timeout=60) as client:
@@ -183,7 +183,11 @@ async def test_sigkill_mid_run_loses_nothing(db_url: str, backend: str, kill_aft
             restarted = ServerProcess(env).start()
             try:
                 await _wait_all_done(engine, len(events))
-                received = await receiver.wait_for(len(events), timeout=60)
+                # Every event's reply, by id: a redelivered reply counts once, so the wait
+                # cannot end on N receipts while a distinct reply is still on its way.
+                received = await receiver.wait_until(
+                    lambda got: {json.loads(r.body)["event_id"] for r in got} >= set(events), timeout=60
+                )
             finally:
                 restarted.stop()
 

@@ -21,6 +21,7 @@ from tests.conftest import WEBHOOK_SECRET, ServeApp, webhook_settings
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall, calls, text
 from tests.pipeline.test_approvals import history_is_legal, only_text, rows
 from tests.support.pipeline import accept_elsewhere, wait_elsewhere
+from tests.support.timing import eventually
 from tests.support.webhook import post_webhook
 
 
@@ -60,14 +61,6 @@ async def inbox_rows(srv: Any) -> list[dict[str, Any]]:
         return [dict(r) for r in (await conn.execute(select(inbox).order_by(inbox.c.id))).mappings()]
 
 
-async def wait_until(predicate: Any, timeout: float = 10) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not await predicate():
-        assert loop.time() < deadline, "condition not reached"
-        await asyncio.sleep(0.02)
-
-
 @asynccontextmanager
 async def steering_slow_tool(
     serve: ServeApp, answer: str
@@ -96,7 +89,7 @@ async def test_steer_injects_a_message_at_the_next_tool_boundary(serve: ServeApp
         async def both_done() -> bool:
             return all(r["status"] == "done" for r in await inbox_rows(srv))
 
-        await wait_until(both_done)
+        await eventually(both_done)
         ibx = await inbox_rows(srv)
         [run] = await rows(srv, runs)
         await history_is_legal(srv)

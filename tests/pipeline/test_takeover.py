@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
+from typing import Any
 
 import httpx
-from sqlalchemy import select
+import pytest
+from sqlalchemy import func, select
 
 from app.db.models import inbox, outbox, runs, session_keys, utcnow
 from app.events import InboundEvent
@@ -16,7 +19,8 @@ from tests.app.agent.test_agent_e2e import openai_settings
 from tests.conftest import ServeApp
 from tests.fakes.openai_server import FakeOpenAI, Reply, text
 from tests.pipeline.test_approvals import history_is_legal, rows
-from tests.pipeline.test_steer import inbox_rows, send, wait_until
+from tests.pipeline.test_steer import inbox_rows, send
+from tests.support.timing import eventually
 
 
 async def test_expired_lease_of_a_dead_replica_is_taken_over_and_counted(serve: ServeApp) -> None:
@@ -76,7 +80,7 @@ async def test_a_turn_whose_lease_was_taken_over_during_the_model_call_writes_no
             async def worker_gave_up() -> bool:
                 return key not in srv.runtime.scheduler.busy_keys
 
-            await wait_until(worker_gave_up)
+            await eventually(worker_gave_up)
             written = await history_is_legal(srv, key)
             assert [m.content for m in written] == ["first", "first answer", "second"]
             async with engine.connect() as conn:
@@ -97,3 +101,57 @@ async def test_a_turn_whose_lease_was_taken_over_during_the_model_call_writes_no
                 "answer after the retry",
             ]
             assert [r["outcome"] for r in await rows(srv, runs)] == ["ok", "crashed", "ok"]
+
+
+@pytest.mark.serial  # counts keys queued at one moment: a loaded machine's stalls upset it
+async def test_all_of_a_dead_replicas_sessions_are_reclaimed_in_one_sweep(serve: ServeApp) -> None:
+    """A busy survivor frees every expired lease of a dead replica in one poll, not one key
+    per poll: they all queue for its run slots at once and are all answered."""
+    count = 12
+    async with (
+        serve(
+            lease_ttl_seconds=5, max_concurrent_runs=1, inbox_poll_seconds=0.5, offline_latency_ms=200
+        ) as srv,
+        httpx.AsyncClient(timeout=30) as client,
+    ):
+        runtime = srv.runtime
+        async with runtime.engine.begin() as conn:
+            for i in range(count):
+                event = InboundEvent.from_text("webhook", f"dead{i}", "u", f"left behind {i}")
+                await conn.execute(inbox.insert().values(**inbox_values(event, utcnow())))
+                await conn.execute(
+                    session_keys.insert().values(
+                        key=f"webhook:dead{i}",
+                        lease_owner="dead-replica",
+                        lease_fence=3,
+                        lease_expires_at=utcnow() - timedelta(seconds=1),
+                    )
+                )
+        dead_owned = select(session_keys.c.key).where(session_keys.c.lease_owner == "dead-replica")
+        for _ in range(200):
+            async with runtime.engine.connect() as conn:
+                left = (await conn.execute(dead_owned)).all()
+            if not left:
+                break
+            await asyncio.sleep(0.02)
+        assert not left
+        # The sweep's statement commits before its keys are queued: wait for the queueing.
+        await eventually(lambda: bool(runtime.scheduler.busy_keys), timeout=2)
+        # One slot and 200 ms turns: taking one key per poll would leave most of them held
+        # by the dead replica for several polls still.
+        queued_at_once = len(runtime.scheduler.busy_keys)
+        assert queued_at_once >= count - 2, f"only {queued_at_once} of {count} keys queued at once"
+        await eventually(_all_done(runtime, count), timeout=30)
+        metrics = (await client.get(f"{srv.url}/metrics")).text
+    assert f"chatgate_lease_takeovers_total {float(count)}" in metrics
+
+
+def _all_done(runtime: Any, count: int) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        async with runtime.engine.connect() as conn:
+            done = (
+                await conn.execute(select(func.count()).select_from(inbox).where(inbox.c.status == "done"))
+            ).scalar_one()
+        return bool(done == count)
+
+    return check

@@ -9,30 +9,29 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import event
-
 from app.events import InboundEvent
 from tests.conftest import ServeApp
 from tests.support.pipeline import wait_elsewhere
+from tests.support.recording_store import RecordingStore, recording
 
 
 class _WaiterReads:
-    """Counts the waiter's status-and-replies reads on an engine."""
+    """Counts the waiter's reads of an event's status and replies (`replies_if_done`)."""
 
-    def __init__(self, engine: Any) -> None:
-        self.engine = engine
-        self.count = 0
+    def __init__(self, store: RecordingStore) -> None:
+        self.store = store
+        self.start = 0
 
-    def _seen(self, _conn: Any, _cursor: Any, statement: str, *_rest: Any) -> None:
-        if "event_status" in statement:
-            self.count += 1
+    @property
+    def count(self) -> int:
+        return self.store.ran[self.start :].count("replies_if_done")
 
     def __enter__(self) -> _WaiterReads:
-        event.listen(self.engine.sync_engine, "before_cursor_execute", self._seen)
+        self.start = len(self.store.ran)
         return self
 
     def __exit__(self, *_exc: object) -> None:
-        event.remove(self.engine.sync_engine, "before_cursor_execute", self._seen)
+        pass
 
 
 def _comparable(result: Any) -> list[tuple[str, str, list[dict[str, Any]]]]:
@@ -40,11 +39,12 @@ def _comparable(result: Any) -> list[tuple[str, str, list[dict[str, Any]]]]:
 
 
 async def test_a_turn_hands_its_answer_to_the_waiter_without_a_read(serve: ServeApp) -> None:
-    async with serve() as srv:
+    wrap, recorded = recording()
+    async with serve(wrap_store=wrap) as srv:
         runtime = srv.runtime
         for text in ("hello", "what time is it?"):  # a plain turn and one with a tool call
             [accepted] = await runtime.ingest.submit([InboundEvent.from_text("webhook", "c1", "u1", text)])
-            with _WaiterReads(srv.runtime.engine) as reads:
+            with _WaiterReads(recorded()) as reads:
                 # A long poll: the waiter's periodic look (for other replicas' work) stays out.
                 handed = await runtime.waiters.wait_for_replies(accepted.event_id, 10, poll=10)
             assert reads.count == 0
@@ -57,12 +57,13 @@ async def test_a_turn_hands_its_answer_to_the_waiter_without_a_read(serve: Serve
 
 
 async def test_command_replies_and_late_waiters_still_read(serve: ServeApp) -> None:
-    async with serve() as srv:
+    wrap, recorded = recording()
+    async with serve(wrap_store=wrap) as srv:
         runtime = srv.runtime
         [hello] = await runtime.ingest.submit([InboundEvent.from_text("webhook", "c1", "u1", "hello")])
         answered = await runtime.waiters.wait_for_replies(hello.event_id, 10)
         [command] = await runtime.ingest.submit([InboundEvent.from_text("webhook", "c1", "u1", "/new")])
-        with _WaiterReads(srv.runtime.engine) as reads:
+        with _WaiterReads(recorded()) as reads:
             new = await runtime.waiters.wait_for_replies(command.event_id, 10)
             again = await runtime.waiters.wait_for_replies(hello.event_id, 10)  # long handled
         assert reads.count >= 2

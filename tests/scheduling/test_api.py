@@ -120,3 +120,16 @@ async def test_routes_are_documented_in_openapi(serve: ServeApp) -> None:
     assert set(ops) == {"get", "post"}
     assert ops["post"]["description"].startswith("Create a job")
     assert set(schema["paths"]["/admin/api/cron-jobs/{job_id}"]) == {"get", "patch", "delete"}
+
+
+async def test_a_job_is_refused_while_the_cron_channel_is_not_served(serve: ServeApp) -> None:
+    """Stored with a 201, such a job would never run: refused with the reason instead."""
+    async with (
+        serve(channel_settings={"webhook": webhook_settings()}) as srv,
+        httpx.AsyncClient(base_url=srv.url, headers=ADMIN) as c,
+    ):
+        job = {"prompt": "hi", "schedule": "0 9 * * *", "target": {"channel": "webhook", "chat_id": "team"}}
+        refused = await c.post("/admin/api/cron-jobs", json=job)
+        assert refused.status_code == 409, refused.text
+        assert "add `cron` to CHANNELS" in refused.json()["detail"]
+        assert (await c.get("/admin/api/cron-jobs")).json()["jobs"] == []

@@ -41,3 +41,17 @@ def test_entries_are_only_valid_under_the_fence_they_were_read_with() -> None:
     assert cache.get("k", fence=6) is None  # the lease was released in between
     cache.invalidate("k")
     assert cache.get("k", fence=5) is None
+
+
+def test_eviction_passes_pinned_entries_at_the_old_end() -> None:
+    """Pinned entries in front of the unpinned ones do not stop the eviction."""
+    cache: SessionCache[int] = SessionCache(capacity=2)
+    for key in ("p1", "p2"):
+        cache.pin(key)
+        cache.put(key, 0, fence=1)
+    for i in range(5):
+        cache.put(f"u{i}", i, fence=1)
+    assert {k for k in ("p1", "p2", "u0", "u1", "u2", "u3", "u4") if k in cache} == {"p1", "p2", "u4"}
+    cache.unpin("p1")
+    cache.unpin("p2")
+    assert len(cache) == 2 and "u4" in cache

@@ -2,23 +2,29 @@
 
 Counted with `pg_stat_wal.wal_sync` (the WAL flushes of the whole cluster): a durable
 fenced write flushes once per commit, a lax one leaves the flushing to the WAL writer.
+Measured on a cluster of the test's own, so no other work on the shared server is counted.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.config import Settings
+from app.db.engine import create_engine
+from app.migrate import upgrade
 from app.sessions import lease as leases
 from app.sessions.messages import ChatMessage, tool_call
 from app.sessions.store import Lifecycle, SessionStore
+from tests.support.own_cluster import own_cluster
 from tests.support.pipeline import store_for
 
-# serial: pg_stat_wal counts the WAL flushes of the whole cluster, so commits of tests on
-# other workers would be counted as this test's.
+# serial: a cluster of its own (initdb, start) is heavy on a loaded machine, and the flush
+# counts are a timing measurement.
 pytestmark = pytest.mark.serial
 
 COMMITS = 100
@@ -49,6 +55,18 @@ async def _fenced_writes(
         else:
             message = ChatMessage(role="tool", content="done", tool_call_id=f"c{i}", name="echo")
         await store.append(lease, session_id, [message], run_id=None)
+
+
+@pytest.fixture
+async def pg_engine() -> AsyncIterator[AsyncEngine]:
+    """A migrated engine on a cluster no other program uses (pg_stat_wal is cluster-wide)."""
+    with own_cluster() as url:
+        await upgrade(url)
+        eng = create_engine(Settings(_env_file=None, database_url=url))  # type: ignore[call-arg]
+        try:
+            yield eng
+        finally:
+            await eng.dispose()
 
 
 async def test_lax_writes_leave_flushing_to_the_wal_writer_and_durable_ones_flush(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from app.streaming import StreamingMode
+from app.streaming.protocol import StreamingMode
 from channels.discord import DiscordSettings
 from channels.feishu import FeishuSettings
 from channels.slack import SlackSettings

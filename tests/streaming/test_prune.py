@@ -8,7 +8,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db.models import stream_previews, utcnow
-from app.streaming import PreviewHub
+from app.streaming.hub import PreviewHub
 
 
 async def test_old_previews_are_pruned_and_zero_days_keeps_them(engine: AsyncEngine) -> None:

@@ -19,6 +19,8 @@ import httpx
 import uvicorn
 from fastapi import FastAPI
 
+from tests.support.timing import scaled
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -32,6 +34,29 @@ class RunningApp:
         return self.app.state.runtime
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server, whose main loop ends as soon as `exit()` is called rather than at
+    its next 0.1 s tick (several hundred apps are served and stopped in the suite). Each
+    tick's work (`on_tick`) is unchanged."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self._exit = asyncio.Event()
+
+    def exit(self) -> None:
+        self.should_exit = True
+        self._exit.set()
+
+    async def main_loop(self) -> None:
+        counter = 0
+        should_exit = await self.on_tick(counter)
+        while not should_exit:
+            counter = (counter + 1) % 864000
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._exit.wait(), 0.1)
+            should_exit = await self.on_tick(counter)
+
+
 @contextlib.asynccontextmanager
 async def serve_in_loop(app: FastAPI) -> AsyncIterator[RunningApp]:
     """Serve `app` with uvicorn on 127.0.0.1 and a free port, lifespan included."""
@@ -40,7 +65,7 @@ async def serve_in_loop(app: FastAPI) -> AsyncIterator[RunningApp]:
     config = uvicorn.Config(
         app, host="127.0.0.1", port=0, log_level="warning", lifespan="on", **server_options(app)
     )
-    server = uvicorn.Server(config)
+    server = _Server(config)
     task = asyncio.create_task(server.serve())
     try:
         while not server.started:
@@ -51,7 +76,7 @@ async def serve_in_loop(app: FastAPI) -> AsyncIterator[RunningApp]:
         port = server.servers[0].sockets[0].getsockname()[1]
         yield RunningApp(url=f"http://127.0.0.1:{port}", app=app)
     finally:
-        server.should_exit = True
+        server.exit()
         await task
 
 
@@ -63,6 +88,22 @@ def free_port() -> int:
 
 class _PortTaken(Exception):
     """The server process could not bind its port: someone else took it first."""
+
+
+async def start_together(envs: Mapping[str, Mapping[str, str]]) -> dict[str, ServerProcess]:
+    """One `ServerProcess` per name, started at the same time and off the event loop (each
+    `start` polls /readyz synchronously; fakes served by this loop keep answering the
+    servers' start-up calls meanwhile). If one fails to start, the others are killed."""
+    results = await asyncio.gather(
+        *(asyncio.to_thread(ServerProcess(env).start) for env in envs.values()), return_exceptions=True
+    )
+    started = [r for r in results if isinstance(r, ServerProcess)]
+    for result in results:
+        if isinstance(result, BaseException):
+            for server in started:
+                server.kill()
+            raise result
+    return dict(zip(envs, started, strict=True))
 
 
 class ServerProcess:
@@ -102,7 +143,7 @@ class ServerProcess:
             stdout=log,
             stderr=subprocess.STDOUT,
         )
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + scaled(timeout)
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 if self._pick_port and "address already in use" in self.log().lower():
@@ -126,10 +167,20 @@ class ServerProcess:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(10)
 
+    def terminate(self) -> None:
+        """SIGTERM without waiting: the replica hands its work over, then exits (`app.shutdown`)."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+
+    def wait(self, timeout: float) -> int:
+        """The exit status once the process ended (raises `subprocess.TimeoutExpired`)."""
+        assert self.proc is not None
+        return self.proc.wait(timeout)
+
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(15)
+                self.proc.wait(scaled(15))
             except subprocess.TimeoutExpired:
                 self.kill()

@@ -12,6 +12,7 @@ from sqlalchemy import select
 from app.db.models import approvals, utcnow
 from app.web.admin_cookie import sign_admin_cookie, verify_admin_cookie
 from tests.conftest import ADMIN_TOKEN, WEBHOOK_SECRET, ServeApp
+from tests.support.timing import scaled
 from tests.support.webhook import post_webhook
 
 AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -36,7 +37,7 @@ async def _ask(client: httpx.AsyncClient, url: str, chat_id: str, text: str) -> 
 
 async def _delivered(client: httpx.AsyncClient) -> None:
     """Wait until the outbox sender delivered every reply (it runs after the turn commits)."""
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + scaled(10)
     while True:
         rows = (await client.get("/admin/api/outbox", headers=AUTH)).json()["messages"]
         if rows and all(r["status"] == "sent" for r in rows):
@@ -165,7 +166,7 @@ async def test_generations_after_reset_and_reopen(serve: ServeApp) -> None:
         await _ask(client, srv.url, "c1", "first")
         reset = await client.post("/admin/api/sessions/webhook%3Ac1/reset", headers=AUTH)
         assert reset.status_code == 202
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + scaled(10)
         while (await client.get("/admin/api/sessions/webhook%3Ac1", headers=AUTH)).json()[
             "status"
         ] == "active":

@@ -346,3 +346,28 @@ async def test_chat_says_when_the_gateway_is_not_enabled(serve: ServeApp, page: 
         await expect(page.locator(".notice.error-text")).to_contain_text("not enabled")
         await expect(page.locator("#conn")).to_have_attribute("data-state", "reconnecting")
         await expect(page.locator("#token-panel")).to_be_hidden()  # the token is not blamed
+
+
+async def test_the_chat_page_speaks_chinese_to_a_chinese_browser(serve: ServeApp, browser: Any) -> None:
+    """The browser's language decides (navigator.languages, like the dashboard): the page,
+    the streamed answer's frame and the tool call's labels are in Chinese."""
+    context = await browser.new_context(locale="zh-CN")
+    page = await context.new_page()
+    try:
+        async with _serve(serve) as srv:
+            await page.goto(f"{srv.url}/")
+            await expect(page.locator("#token-form button")).to_have_text("连接")
+            await expect(page.locator("#token-input")).to_have_attribute("placeholder", "网关令牌")
+            await page.goto(f"{srv.url}/#token={TOKEN}")
+            await expect(page.locator("#conn")).to_have_text("已连接")
+            await expect(page.locator("#send")).to_have_text("发送")
+            await expect(page.locator("#stop")).to_have_attribute("title", "取消正在生成的回答（/stop）")
+            await page.fill("#text", "what time is it?")
+            await page.press("#text", "Enter")
+            await expect(page.locator(".tool summary").first).to_contain_text("工具调用")
+            await expect(page.locator(".tool .tool-status").first).to_have_text("完成")
+            icon = await page.request.get(f"{srv.url}/favicon.ico")
+            assert icon.status == 200 and icon.headers["content-type"].startswith("image/svg+xml")
+            await shot(page, "chat-zh")
+    finally:
+        await context.close()

@@ -6,7 +6,8 @@ import httpx
 import pytest
 from playwright.async_api import Page, expect
 
-from tests.conftest import ADMIN_TOKEN, WEBHOOK_SECRET, ServeApp
+from channels.cron import CronSettings
+from tests.conftest import ADMIN_TOKEN, WEBHOOK_SECRET, ServeApp, webhook_settings
 from tests.support.webhook import post_webhook
 from tests.web.conftest import ignore_expected, shot
 
@@ -22,7 +23,8 @@ async def _ask(url: str, chat_id: str, text: str) -> None:
 
 
 async def test_dashboard_login_history_tool_group_and_reset(serve: ServeApp, page: Page) -> None:
-    async with serve() as srv:
+    cron = CronSettings(_env_file=None, tick_seconds=3600)  # type: ignore[call-arg]
+    async with serve(channel_settings={"webhook": webhook_settings(), "cron": cron}) as srv:
         await _ask(srv.url, "c1", "what time is it?")
         await _ask(srv.url, "c2", "hello <b>not bold</b>")
 
@@ -136,3 +138,28 @@ async def test_dashboard_login_history_tool_group_and_reset(serve: ServeApp, pag
 
         errors = ignore_expected(page.errors, r"401", r"Failed to load resource")  # type: ignore[attr-defined]
         assert errors == []
+
+
+async def test_the_session_page_is_in_chinese(serve: ServeApp, page: Page) -> None:
+    """Every text of the session page (facts, history, tool groups, status) in Chinese."""
+    async with serve() as srv:
+        await _ask(srv.url, "zh1", "what time is it?")
+        await page.goto(f"{srv.url}/admin")
+        await page.evaluate("localStorage.setItem('chatgate.lang', 'zh')")
+        await page.reload()
+        await page.fill("#login-token", ADMIN_TOKEN)
+        await page.click("#login-form button[type=submit]")
+        await expect(page.locator("#nav")).to_be_visible()
+        await page.goto(f"{srv.url}/admin#/session/webhook%3Azh1")
+        await expect(page.locator("#session-status")).to_have_text("活跃")
+        facts = page.locator(".facts")
+        await expect(facts).to_contain_text("渠道 webhook")
+        await expect(facts).to_contain_text("第 1 代，共 1 代")
+        await expect(facts).to_contain_text("条消息")
+        await expect(page.locator("#page h2").first).to_contain_text("历史（")
+        await expect(page.locator("#history .toolgroup .who strong")).to_have_text("工具调用（1）")
+        await expect(page.locator("#history .hmsg.user strong").first).to_have_text("用户")
+        text = await page.locator("#page").inner_text()
+        for english in ("generation", "messages", "History", "last active", "tool calls", "arguments"):
+            assert english not in text, (english, text)
+        await shot(page, "dashboard-session-zh")

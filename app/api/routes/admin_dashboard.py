@@ -258,6 +258,11 @@ async def channels(
         adapter = runtime.adapters.get(name)
         cs = runtime.channel_settings.get(name)
         enabled = adapter is not None
+        # A channel that can say what stops it (e.g. a login that expired) shows that first.
+        problem = getattr(adapter, "problem", None)
+        said = await problem() if problem is not None else None
+        if said is not None:
+            act = {**act, "last_error": said, "last_error_at": now}
         out.append(
             ChannelHealth(
                 name=name,
@@ -265,7 +270,7 @@ async def channels(
                 adapter=type(adapter).__name__ if adapter is not None else None,
                 session_scope=cs.session_scope.value if cs is not None else None,
                 busy_policy=cs.busy_policy.value if cs is not None else None,
-                health=_health(name, enabled, act),
+                health="degraded" if said is not None else _health(name, enabled, act),
                 connections=[h for h in holds if h.name.startswith(f"{name}:")],
                 **act,
             )

@@ -11,8 +11,9 @@ from datetime import datetime
 from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field, StrictBool
 
+from app.api.bodies import RequestBody
 from app.api.deps import get_runtime, require_admin
 from app.dead_letters import BadDeadLetterId, DeadLetterFilter, Resolved, parse_id
 from app.dead_letters.store import Kind
@@ -21,7 +22,7 @@ from app.runtime import Runtime
 router = APIRouter(prefix="/admin/api", tags=["dead letters"], dependencies=[Depends(require_admin)])
 
 
-class Selection(BaseModel):
+class Selection(RequestBody):
     """Which dead letters to act on: ids, or a filter, or all of them."""
 
     model_config = ConfigDict(extra="forbid")
@@ -33,7 +34,8 @@ class Selection(BaseModel):
     error_contains: str | None = None
     failed_before: datetime | None = None
     failed_after: datetime | None = None
-    all: bool = Field(False, description="Needed to act on every dead letter without a condition.")
+    # Strict: `"all": 1` or `"all": "yes"` is a 422, never a yes to resolving everything.
+    all: StrictBool = Field(False, description="Needed to act on every dead letter without a condition.")
 
     def to_filter(self) -> DeadLetterFilter:
         f = DeadLetterFilter(

@@ -1,33 +1,37 @@
-"""`/channels/{name}/…`: hands platform requests to their adapter."""
+"""`/channels/{name}/…`: hands platform requests to their adapter.
+
+`ChannelsApp` is mounted at `/channels` as the first route of the app, inside its one
+middleware stack; HTTP and WebSocket requests alike reach it there."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, cast
+import re
+import weakref
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import parse_qsl
 
 import structlog
-from fastapi import APIRouter, Request, Response, WebSocket, WebSocketDisconnect
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi import Response, WebSocket, WebSocketDisconnect
+from fastapi.responses import JSONResponse
 from pydantic import ValidationError
+from starlette.routing import Mount
 from starlette.types import Receive, Scope, Send
+from starlette.websockets import WebSocketClose
 
-from app.api.deps import get_runtime
+from app.api.limits import BodyTooLarge
 from app.channel import ChannelAdapter, ChannelRequest, ChannelResponse, HttpChannel, WebSocketChannel
-from app.errors import ChannelRequestError, InvalidPayload, PayloadTooLarge, UnknownChannel
+from app.errors import ChannelAuthError, ChannelRequestError, InvalidPayload, PayloadTooLarge, UnknownChannel
+from app.log_throttle import LogThrottle
 
 if TYPE_CHECKING:
     from app.runtime import Runtime
 
 log = structlog.get_logger(__name__)
-router = APIRouter(tags=["channels"])
 
-# The methods platforms use on `/channels/...`; the app serves these without FastAPI's
-# routing (see `serve_http`).
+# The methods platforms use on `/channels/...` (the OpenAPI document lists these).
 HTTP_METHODS = ("GET", "POST", "PUT")
-PREFIX = "/channels/"
-
-BodyReader = Callable[[int], Awaitable[bytes]]
+PREFIX = "/channels"
 
 
 class _Disconnected(Exception):
@@ -43,19 +47,60 @@ def _http_channel(runtime: Runtime, name: str) -> tuple[ChannelAdapter, HttpChan
     return adapter, cast(HttpChannel, adapter)
 
 
-async def _handle(
-    runtime: Runtime,
-    name: str,
-    subpath: str,
-    read_body: BodyReader,
-    make_request: Callable[[bytes], ChannelRequest],
-) -> Response:
+class _Incoming:
+    """One webhook request as its adapter gets it: the body read (under a limit) and the
+    `ChannelRequest` built from the ASGI scope. One object, not two closures: a request
+    holds it for as long as its adapter runs."""
+
+    __slots__ = ("headers", "receive", "scope", "subpath")
+
+    def __init__(self, scope: Scope, receive: Receive, subpath: str) -> None:
+        self.scope = scope
+        self.receive = receive
+        self.subpath = subpath
+        raw_headers: list[tuple[bytes, bytes]] = scope["headers"]
+        self.headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in raw_headers}
+
+    async def read_body(self, limit: int) -> bytes:
+        _check_declared(self.headers.get("content-length"), limit)
+        chunks, size = [], 0
+        while True:
+            try:
+                message = await self.receive()
+            except BodyTooLarge as exc:  # the app's limit (`app.api.door.Door`), met while reading
+                raise _too_large(limit) from exc
+            if message["type"] == "http.disconnect":
+                raise _Disconnected
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(limit)
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+    def request(self, body: bytes) -> ChannelRequest:
+        scope = self.scope
+        client = scope.get("client")
+        return ChannelRequest(
+            method=scope["method"],
+            path=self.subpath,
+            headers=self.headers,
+            query=dict(parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True)),
+            body=body,
+            client=client[0] if client else None,
+        )
+
+
+async def _handle(runtime: Runtime, name: str, incoming: _Incoming) -> Response:
     """The adapter's answer, or the error response for a request it cannot take."""
+    if runtime.handover.stopping:  # SIGTERM: nothing new is taken here (`app.shutdown`)
+        return stopping_response(runtime.handover.retry_after)
     try:
         adapter, http = _http_channel(runtime, name)
-        body = await read_body(min(adapter.settings.max_body_bytes, runtime.settings.max_body_bytes))
+        body = await incoming.read_body(min(adapter.settings.max_body_bytes, runtime.settings.max_body_bytes))
         try:
-            return _to_response(await http.handle_request(make_request(body)))
+            return _to_response(await http.handle_request(incoming.request(body)))
         except ValidationError as exc:
             # An adapter built an event the event model refuses (`InboundEvent._storable`):
             # nothing was stored, the sender gets the reason.
@@ -71,7 +116,22 @@ async def _handle(
     except ChannelRequestError as exc:
         if not isinstance(exc, UnknownChannel):
             runtime.metrics.events_rejected.labels(name, exc.code).inc()
+        if isinstance(exc, ChannelAuthError):
+            _log_refusal(runtime, name, exc)
         return error_response(exc)
+
+
+# Per runtime and channel, one line a minute: a platform configured with a wrong secret
+# retries for ever.
+_AUTH_REFUSALS: weakref.WeakKeyDictionary[Runtime, LogThrottle] = weakref.WeakKeyDictionary()
+
+
+def _log_refusal(runtime: Runtime, channel: str, exc: ChannelAuthError) -> None:
+    throttle = _AUTH_REFUSALS.setdefault(runtime, LogThrottle(60.0))
+    held = throttle.due(channel)
+    if held is not None:
+        # `detail` names what did not match, never the secret or what was sent instead.
+        log.warning("channel_request_unauthorized", channel=channel, reason=exc.detail, since_last_line=held)
 
 
 _SHAPE_ERRORS = (TypeError, KeyError, AttributeError, IndexError, ValueError)
@@ -79,6 +139,15 @@ _SHAPE_ERRORS = (TypeError, KeyError, AttributeError, IndexError, ValueError)
 
 def _validation_detail(exc: ValidationError) -> str:
     return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'event'}: {e['msg']}" for e in exc.errors()[:5])
+
+
+def stopping_response(retry_after: int) -> JSONResponse:
+    """503 of a replica that is handing its work over: nothing was stored, retry (elsewhere)."""
+    return JSONResponse(
+        {"error": "stopping", "detail": "this replica is stopping; retry the same request"},
+        status_code=503,
+        headers={"Retry-After": str(retry_after)},
+    )
 
 
 def error_response(exc: ChannelRequestError) -> JSONResponse:
@@ -94,17 +163,6 @@ def _too_large(limit: int) -> PayloadTooLarge:
     return PayloadTooLarge(f"body is over the limit of {limit} bytes")
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    _check_declared(request.headers.get("content-length"), limit)
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(limit)
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
 def _to_response(resp: ChannelResponse) -> Response:
     if isinstance(resp.body, (dict, list)):
         return JSONResponse(resp.body, status_code=resp.status, headers=resp.headers)
@@ -112,96 +170,106 @@ def _to_response(resp: ChannelResponse) -> Response:
     return Response(body, status_code=resp.status, media_type=resp.content_type, headers=resp.headers)
 
 
-async def serve_http(runtime: Runtime, scope: Scope, receive: Receive, send: Send) -> None:
-    """Serve an HTTP request to `/channels/{name}[/{subpath}]` as a plain ASGI app.
+class ChannelsApp:
+    """`/channels/{name}[/{subpath}]` as a plain ASGI app, mounted inside the app's one
+    middleware stack (`app.api.app`): the URL guard, tracing, the database outage 503,
+    the body limit, the exception handlers and Starlette's 500 apply here as on every route.
 
-    This is the hot path of every platform webhook. FastAPI's routing, dependency solving
-    and middleware stack around it cost about a sixth of a loaded server's CPU, and the
+    This is the hot path of every platform webhook. FastAPI's dependency solving and
+    request models around it cost a noticeable share of a loaded server's CPU, and the
     adapter needs none of them: it gets the method, path, headers, query and body, and
-    answers with a `ChannelResponse`. Errors are answered as the FastAPI routes below
-    answer them (`{"error", "detail"}` with the error's status). The routes stay for the
-    OpenAPI document and for anything that calls the FastAPI app's router directly.
+    answers with a `ChannelResponse`. The mount is the first route, so matching it is one
+    regular expression. The OpenAPI operations come from `HTTP_METHODS` (`openapi_paths`).
     """
-    path = scope["path"]
-    root = scope.get("root_path", "")
-    if root and path.startswith(root):
-        path = path[len(root) :]
-    name, _, subpath = path[len(PREFIX) :].partition("/")
-    raw_headers: list[tuple[bytes, bytes]] = scope["headers"]
-    headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in raw_headers}
 
-    async def read_body(limit: int) -> bytes:
-        _check_declared(headers.get("content-length"), limit)
-        chunks, size = [], 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise _Disconnected
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                raise _too_large(limit)
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                return b"".join(chunks)
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
 
-    def make_request(body: bytes) -> ChannelRequest:
-        client = scope.get("client")
-        return ChannelRequest(
-            method=scope["method"],
-            path=subpath,
-            headers=headers,
-            query=dict(parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True)),
-            body=body,
-            client=client[0] if client else None,
-        )
-
-    try:
-        response = await _handle(runtime, name, subpath, read_body, make_request)
-    except _Disconnected:
-        return
-    except Exception:
-        # As Starlette's ServerErrorMiddleware: a plain 500, and the exception goes on to
-        # the server, which logs it.
-        await PlainTextResponse("Internal Server Error", status_code=500)(scope, receive, send)
-        raise
-    await response(scope, receive, send)
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # `path` is still the whole path; the mount keeps the app's own root path (a proxy's
+        # prefix, if the server left it in the path) as `app_root_path`.
+        path: str = scope["path"]
+        root: str = scope.get("app_root_path", "")
+        if root and path.startswith(root + "/"):
+            path = path[len(root) :]
+        name, slash, subpath = path[len(PREFIX) + 1 :].partition("/")
+        if scope["type"] == "websocket":
+            if not slash:  # as before the mount: a WebSocket needs `/channels/{name}/{subpath}`
+                await WebSocketClose()(scope, receive, send)
+                return
+            await _serve_websocket(self.runtime, name, subpath, WebSocket(scope, receive, send))
+            return
+        if scope["method"] not in _SERVED_METHODS:
+            await _NOT_ALLOWED(scope, receive, send)
+            return
+        try:
+            response = await _handle(self.runtime, name, _Incoming(scope, receive, subpath))
+        except _Disconnected:
+            return
+        await response(scope, receive, send)
 
 
-async def channel_root(name: str, request: Request) -> Response:
-    """A platform webhook: verified and parsed by the channel's adapter."""
-    return await channel_request(name, request)
+class _ChannelsMount(Mount):
+    """Starlette's `Mount`, handing a request to its app without a coroutine of its own
+    (`Mount.handle` only awaits the app): one frame less held by every webhook."""
+
+    def handle(self, scope: Scope, receive: Receive, send: Send) -> Coroutine[Any, Any, None]:  # type: ignore[override]
+        return cast(Coroutine[Any, Any, None], self.app(scope, receive, send))
 
 
-async def channel_request(name: str, request: Request, subpath: str = "") -> Response:
-    """A platform webhook on a sub-path (e.g. `/channels/slack/events`)."""
-
-    def make_request(body: bytes) -> ChannelRequest:
-        return ChannelRequest(
-            method=request.method,
-            path=subpath,
-            headers={k.lower(): v for k, v in request.headers.items()},
-            query=dict(request.query_params),
-            body=body,
-            client=request.client.host if request.client else None,
-        )
-
-    return await _handle(
-        get_runtime(request), name, subpath, lambda limit: _read_body(request, limit), make_request
-    )
+def mount(runtime: Runtime) -> Mount:
+    """`/channels` as the app's first route: matching it is one regular expression."""
+    return _ChannelsMount(PREFIX, app=ChannelsApp(runtime), name="channels")
 
 
-# One route per method, so each gets its own OpenAPI operation id.
-for _method in HTTP_METHODS:
-    router.add_api_route(
-        "/channels/{name}", channel_root, methods=[_method], name=f"channel_{_method.lower()}"
-    )
-    router.add_api_route(
-        "/channels/{name}/{subpath:path}",
-        channel_request,
-        methods=[_method],
-        name=f"channel_path_{_method.lower()}",
-    )
+# HEAD reaches the adapter as FastAPI's GET routes let it (the server drops the body).
+_SERVED_METHODS = frozenset((*HTTP_METHODS, "HEAD"))
+_NOT_ALLOWED = JSONResponse(
+    {"detail": "Method Not Allowed"}, status_code=405, headers={"Allow": ", ".join(sorted(_SERVED_METHODS))}
+)
+
+# The operations the OpenAPI document lists: path, summary prefix, description.
+_DOCUMENTED = (
+    ("/channels/{name}", "channel", "A platform webhook: verified and parsed by the channel's adapter."),
+    (
+        "/channels/{name}/{subpath}",
+        "channel_path",
+        "A platform webhook on a sub-path (e.g. `/channels/slack/events`).",
+    ),
+)
+
+
+def openapi_paths() -> dict[str, dict[str, Any]]:
+    """The OpenAPI path items of the mount, one operation per method of `HTTP_METHODS`."""
+    paths: dict[str, dict[str, Any]] = {}
+    for path, prefix, description in _DOCUMENTED:
+        names = re.findall(r"{(\w+)}", path)
+        parameters = [
+            {"name": n, "in": "path", "required": True, "schema": {"type": "string", "title": n.title()}}
+            for n in names
+        ]
+        slug = re.sub(r"\W", "_", path)
+        paths[path] = {
+            method.lower(): {
+                "tags": ["channels"],
+                "summary": f"{prefix.replace('_', ' ').title()} {method.title()}",
+                "description": description,
+                "operationId": f"{prefix}_{method.lower()}{slug}_{method.lower()}",
+                "parameters": parameters,
+                "responses": {
+                    "200": {
+                        "description": "The adapter's answer",
+                        "content": {"application/json": {"schema": {}}},
+                    },
+                    "default": {
+                        "description": "A refused request: `{error, detail}`",
+                        "content": {"application/json": {"schema": {"type": "object"}}},
+                    },
+                },
+            }
+            for method in HTTP_METHODS
+        }
+    return paths
 
 
 class _StarletteChannelSocket:
@@ -229,9 +297,7 @@ class _StarletteChannelSocket:
         await self._ws.close(code, reason)
 
 
-@router.websocket("/channels/{name}/{subpath:path}")
-async def channel_websocket(websocket: WebSocket, name: str, subpath: str) -> None:
-    runtime = websocket.app.state.runtime
+async def _serve_websocket(runtime: Runtime, name: str, subpath: str, websocket: WebSocket) -> None:
     adapter = runtime.adapters.get(name)
     if adapter is None or not isinstance(adapter, WebSocketChannel):
         # Accept first so the client sees our close code, not a bare handshake refusal.

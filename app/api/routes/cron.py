@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Response
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, StrictBool, field_validator, model_validator
 
 from app.api.bodies import RequestBody
 from app.api.deps import INT32_MAX, INT64_MAX, RowId, get_runtime, require_admin
@@ -61,7 +61,7 @@ class JobCreate(RequestBody):
     max_runs: int | None = Field(
         None, ge=1, le=INT32_MAX, description="Disable the job after this many fires."
     )
-    enabled: bool = True
+    enabled: StrictBool = True  # `1` or `"yes"` is refused, not read as true
 
     _schedule = field_validator("schedule")(_valid_schedule)
     _timezone = field_validator("timezone")(_valid_zone)
@@ -86,10 +86,18 @@ class JobUpdate(RequestBody):
     source_session_key: str | None = Field(None, min_length=1, max_length=512)
     name: str | None = Field(None, max_length=200)
     max_runs: int | None = Field(None, ge=1, le=INT32_MAX)
-    enabled: bool | None = None
+    enabled: StrictBool | None = None
 
     _schedule = field_validator("schedule")(_valid_schedule)
     _timezone = field_validator("timezone")(_valid_zone)
+
+
+def _check_cron_served(runtime: Runtime) -> None:
+    """A job that nothing here would ever run is refused, not stored with a 201."""
+    if "cron" not in runtime.channel_settings:
+        raise HTTPException(
+            409, "the cron channel is not served here (add `cron` to CHANNELS): the job would never run"
+        )
 
 
 def _check_target(runtime: Runtime, target: TargetBody) -> None:
@@ -132,6 +140,7 @@ async def list_cron_jobs(
 @router.post("", status_code=201)
 async def create_cron_job(body: JobCreate, runtime: Runtime = Depends(get_runtime)) -> dict[str, Any]:
     """Create a job; its first fire time is computed from now in its time zone."""
+    _check_cron_served(runtime)
     _check_target(runtime, body.target)
     try:
         job = await runtime.jobs.create(
@@ -178,6 +187,8 @@ async def update_cron_job(
 
 async def _set_enabled(runtime: Runtime, job_id: int, enabled: bool) -> dict[str, Any]:
     await _found(runtime, job_id)
+    if enabled:
+        _check_cron_served(runtime)
     try:
         job = await runtime.jobs.set_enabled(job_id, enabled)
     except InvalidSchedule as exc:

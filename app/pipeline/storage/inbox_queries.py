@@ -8,6 +8,7 @@ from sqlalchemy import bindparam, func, literal, or_, select, union_all, update
 
 from app.channel import Reply
 from app.db.models import CANCELED, INBOX_UNFINISHED, inbox, one_of, outbox, session_keys
+from app.events import PRIVATE_NOTICE_KEY
 
 # What an `InboxRow` is made of.
 ROW_COLUMNS = ("id", "event_id", "channel", "session_key", "attempts", "payload", "trace_context")
@@ -117,4 +118,5 @@ def reply_of(message_id: str, payload: dict[str, Any], status: str) -> Reply:
     """A reply as a waiter returns it, from its outbox row's message id, payload and status."""
     parts = payload.get("parts", [])
     text = "\n".join(p.get("text", "") for p in parts if p.get("type") == "text")
-    return Reply(message_id=message_id, text=text, parts=parts, status=status)
+    private = bool((payload.get("metadata") or {}).get(PRIVATE_NOTICE_KEY))
+    return Reply(message_id=message_id, text=text, parts=parts, status=status, private=private)

@@ -9,18 +9,37 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Integer, and_, bindparam, func, insert, literal, or_, select, true, union_all, update
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Integer,
+    and_,
+    bindparam,
+    func,
+    insert,
+    literal,
+    or_,
+    select,
+    true,
+    union_all,
+    update,
+)
 from sqlalchemy.sql.elements import ColumnElement
 
 from app.db.direct import Direct, rows_as_json
 from app.db.engine import lax_commit
-from app.db.models import messages, runs, session_keys, sessions
+from app.db.models import inbox, messages, runs, session_keys, sessions
 from app.memory.recall import recall_query
+from app.pipeline.storage.inbox_queries import NOT_CANCELED
 from app.pipeline.storage.pg_inbox import WATCHED
 from app.pipeline.storage.pg_turn import RUN_FIELDS, count, insert_message, typed_params, watched
 from app.sessions.store import TAIL_OPEN
 
 _K = session_keys.c
+# The turn's one row, by a scalar id: for `id = ANY($ids)` a prepared statement's generic
+# plan (PostgreSQL's after five runs, kept for the connection's life) expects ten rows and
+# scanned the whole inbox when it was planned while the table was small.
+_INBOX_ID = bindparam("inbox_id", type_=BigInteger)
 
 
 # An open session: one a turn may continue (`_start_statement`).
@@ -99,8 +118,19 @@ def _start_statement(recall: bool | None) -> Any:
         .cte("fence")
         .prefix_with("MATERIALIZED")
     )
-    held = select(fence.c.key).exists()
     now: Any = bindparam("now", type_=sessions.c.created_at.type)
+    # With `tally` (`TurnPlan.count_attempt`) the attempt is counted in this commit. The
+    # row is locked first: a cancel (of a pending row) then waits for this commit, or came
+    # first and the row is left out; a canceled row writes nothing.
+    tally = bindparam("tally", type_=Boolean)
+    countable = (
+        select(inbox.c.id)
+        .where(inbox.c.id == _INBOX_ID, NOT_CANCELED, tally)
+        .with_for_update()
+        .cte("countable")
+        .prefix_with("MATERIALIZED")
+    )
+    held = and_(select(fence.c.key).exists(), or_(~tally, select(countable.c.id).exists()))
     current = select(_K.current_session_id).where(_K.key == bindparam("k")).scalar_subquery()
     bump = continue_session(current, held)
     # An open current session counts as live unless it is of this channel and idle since
@@ -150,6 +180,19 @@ def _start_statement(recall: bool | None) -> Any:
         .cte("point")
     )
     opened = union_all(select(bump), select(created)).cte("opened")
+    # Only with the start: where neither common case applies, the general path counts it.
+    counted = (
+        update(inbox)
+        .where(
+            inbox.c.id == _INBOX_ID,
+            NOT_CANCELED,
+            select(countable.c.id).exists(),
+            select(opened.c.id).exists(),
+        )
+        .values(status="processing", attempts=inbox.c.attempts + 1, updated_at=now)
+        .returning(inbox.c.id)
+        .cte("counted")
+    )
     message = insert_message(opened)
     run = (
         insert(runs)
@@ -160,6 +203,8 @@ def _start_statement(recall: bool | None) -> Any:
     one = select(literal(1).label("one")).subquery("one")  # a row even when nothing opened
     return select(
         count(fence, "held"),
+        count(countable, "countable"),
+        count(counted, "counted"),
         watched(fence),
         *[opened.c[c.name] for c in sessions.c],
         select(message.c.seq).scalar_subquery().label("seq"),

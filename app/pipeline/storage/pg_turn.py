@@ -40,7 +40,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from app.db.direct import Direct
 from app.db.engine import lax_commit
-from app.db.models import inbox, messages, outbox, runs, session_keys, sessions
+from app.db.models import INBOX_UNFINISHED, inbox, messages, one_of, outbox, runs, session_keys, sessions
 from app.pipeline.storage.inbox_queries import NOT_CANCELED, unfinished_rows
 from app.pipeline.storage.pg_inbox import (
     LIMIT,
@@ -179,7 +179,7 @@ def _fenced_message(*, release: bool = False) -> tuple[Any, Any, Any]:
     return fence, bump, insert_message(bump)
 
 
-def _finish_statement(*, hand_on: bool = False) -> Any:
+def finish_statement(*, hand_on: bool = False) -> Any:
     """The end of a turn: answer, outbox row, inbox rows done, run trace; one statement.
 
     With the `release` parameter it also releases the lease if nothing is left to do for
@@ -200,7 +200,15 @@ def _finish_statement(*, hand_on: bool = False) -> Any:
     )
     done = (
         update(inbox)
-        .where(inbox.c.id == func.any(_INBOX_IDS), landed)
+        # The key and `unfinished` (which the turn's rows are) as well as the ids: the rows
+        # then come from the partial index of unfinished rows in any plan. By the ids alone,
+        # a prepared statement's generic plan made while the table was small scanned it all.
+        .where(
+            inbox.c.id == func.any(_INBOX_IDS),
+            inbox.c.session_key == bindparam("k"),
+            one_of(inbox.c.status, INBOX_UNFINISHED),
+            landed,
+        )
         .values(
             status="done",
             updated_at=bindparam("now"),
@@ -238,7 +246,7 @@ def _finish_statement(*, hand_on: bool = False) -> Any:
 
 
 # By whether it hands the run slot on (`hand_on`).
-FINISH = {hand_on: Direct(_finish_statement(hand_on=hand_on)) for hand_on in (False, True)}
+FINISH = {hand_on: Direct(finish_statement(hand_on=hand_on)) for hand_on in (False, True)}
 
 
 # How many of the key's rows the boundary after a group's tool results looks at.

@@ -20,17 +20,27 @@ having written nothing, when the lease is no longer the key's current one.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
-from sqlalchemy.ext.asyncio import AsyncConnection
-
 from app.channel import AcceptResult, WaitResult
-from app.events import InboundEvent
+from app.events import InboundEvent, OutboundMessage
 from app.memory.store import Memory
+from app.pipeline.approvals import ApprovalRules, Decided, NoDecision
+from app.pipeline.storage.native_reads import RefEvent, SentReply
+from app.pipeline.storage.records import (
+    Answer,
+    ApprovalRequest,
+    Injected,
+    MetadataChange,
+    OpenSession,
+    OutboxClaim,
+    PaceGrant,
+    PaceTake,
+    PausedRun,
+)
 from app.sessions.lease import SessionLease
 from app.sessions.messages import ChatMessage
 from app.sessions.store import SessionState, SessionStore
@@ -127,6 +137,11 @@ class TurnPlan:
     now: datetime
     window_limit: int | None  # the history window the run will read first
     recall: Recall | None = None  # read with the start where the store can; None: not asked
+    # Count the rows' attempt in the start's own commit (the handler has not called
+    # `count_attempt`): one commit less per turn. A row canceled meanwhile makes the start
+    # raise `RowsCanceled` having written nothing; a start that fails writes no count either
+    # (the caller then counts it with `count_attempt`).
+    count_attempt: bool = False
 
 
 @dataclass(frozen=True)
@@ -205,6 +220,11 @@ class PipelineStore(Protocol):
         """Keys with unfinished rows whose lease is free or expired, longest waiting first."""
         ...
 
+    async def reclaim_expired(self, limit: int) -> list[str]:
+        """Free every expired lease of a key with unfinished rows (a dead replica's), at most
+        `limit`, in one statement; returns those keys (`app.pipeline.storage.reclaim`)."""
+        ...
+
     # --- leases -------------------------------------------------------------------
 
     async def take(self, key: str, owner: str) -> Claim | None:
@@ -222,10 +242,6 @@ class PipelineStore(Protocol):
         ...
 
     # --- a turn, under the key's lease --------------------------------------------
-
-    def fenced(self, lease: SessionLease) -> AbstractAsyncContextManager[AsyncConnection]:
-        """A transaction whose first statement checked the lease: for rare writes (commands)."""
-        ...
 
     async def count_attempt(self, lease: SessionLease, row_ids: Sequence[int]) -> list[int]:
         """Mark the rows `processing` and count an attempt, committed before the attempt runs.
@@ -264,4 +280,145 @@ class PipelineStore(Protocol):
 
     async def run_row(self, run_id: int) -> tuple[list[str], dict[str, Any], datetime]:
         """A run's event ids, details and start, as stored (a resumed run's trace builds on them)."""
+        ...
+
+    async def inject(
+        self,
+        lease: SessionLease,
+        session_id: int,
+        rows: Sequence[InboxRow],
+        messages: Sequence[ChatMessage],
+        *,
+        run_id: int | None,
+    ) -> Injected:
+        """Steered rows join the running turn `run_id`: an attempt counted (not for a row
+        canceled meanwhile) and their user messages (one per row) appended, in one commit."""
+        ...
+
+    async def pause_for_approval(
+        self,
+        lease: SessionLease,
+        request: ApprovalRequest,
+        answer: Callable[[int], Answer],
+        trace: Mapping[str, Any],
+    ) -> int:
+        """Store a pending approval, the turn's answer (`answer(approval id)`: the question)
+        and the run's trace in one commit; returns the approval's id."""
+        ...
+
+    async def next_generation(
+        self,
+        lease: SessionLease,
+        old: SessionState,
+        channel: str,
+        *,
+        reason: str,
+        run_id: int | None = None,
+        carry: Sequence[ChatMessage] = (),
+        answer: Callable[[SessionState, int], Answer] | None = None,
+    ) -> tuple[SessionState, int, list[int]]:
+        """Continue the key in a new generation linked to `old` (`app.memory.generations`),
+        starting with `carry`; returns it, how many summaries it carries, `carry`'s seqs."""
+        ...
+
+    # --- commands, under the key's lease -------------------------------------------
+
+    async def answer(self, lease: SessionLease, answer: Answer) -> None:
+        """Answer a command: its rows done and its replies, in one fenced commit."""
+        ...
+
+    async def open_session(self, lease: SessionLease, channel: str) -> OpenSession:
+        """The key's open session (a new generation if none), its title and pending approvals."""
+        ...
+
+    async def close_session(self, lease: SessionLease, *, by: str, answer: Answer) -> SessionState | None:
+        """Expire the key's open session (/new /reset /end; history stays) and cancel its
+        pending approvals; returns the session closed (None: none was open)."""
+        ...
+
+    async def set_session_metadata(
+        self,
+        lease: SessionLease,
+        channel: str,
+        change: MetadataChange | None = None,
+        *,
+        title: str | None = None,
+        answer: Answer | None = None,
+    ) -> SessionState:
+        """Change the open session's metadata (read fresh: a tool may have written it) and/or
+        title; returns the session as it is now."""
+        ...
+
+    async def generations(self, key: str, limit: int) -> list[dict[str, Any]]:
+        """The key's newest generations: id, generation, title, status, next_seq, metadata."""
+        ...
+
+    async def paused_run(self, lease: SessionLease, channel: str) -> tuple[SessionState, PausedRun | None]:
+        """The key's open session (a new generation if none) and its run that waits for an
+        approval, if any."""
+        ...
+
+    async def stop_paused_run(
+        self, lease: SessionLease, paused: PausedRun, *, by: str, final: ChatMessage, answer: Answer
+    ) -> None:
+        """End a paused run (/stop): its open calls closed, `final` appended, answered."""
+        ...
+
+    async def decide_approval(
+        self,
+        lease: SessionLease,
+        event: InboundEvent,
+        command: str,
+        channel: str,
+        rules: ApprovalRules,
+        answer: Callable[[NoDecision], Answer],
+    ) -> Decided | NoDecision:
+        """Check and store an `/approve` or `/deny` (`app.pipeline.approvals.decide`); when
+        nothing continues, `answer(outcome)` answers the command in the same commit."""
+        ...
+
+    # --- platform-native events (`native_reads.py`) ----------------------------------
+
+    async def inbox_by_ref(self, key: str, refs: Sequence[str]) -> dict[str, RefEvent]:
+        """The key's newest events carrying these platform message ids (`MESSAGE_REF_KEY`)."""
+        ...
+
+    async def sent_replies(self, event_id: str) -> list[SentReply]:
+        """The replies to `event_id` that reached the platform, oldest first."""
+        ...
+
+    async def reply_by_platform_id(self, key: str, platform_message_id: str) -> OutboundMessage | None:
+        """The reply of ours in session `key` the platform knows as `platform_message_id`."""
+        ...
+
+    # --- the outbox -------------------------------------------------------------------
+
+    async def claim_outbox(self, claim: OutboxClaim) -> list[Any]:
+        """Claim due outbox rows (`OutboxClaim`), oldest first, as rows of the outbox
+        (indexable by column name); replicas claiming at once pass over each other's rows.
+        Rows still claimed by `claim.owner` are due to it at once (its earlier claim
+        committed but the answer never reached it); other owners wait for the deadline."""
+        ...
+
+    # --- outbound pacing (`app.pipeline.pacing`) ---------------------------------------
+
+    async def take_pace(self, take: PaceTake) -> PaceGrant:
+        """A slot for one send from its token buckets, shared by every replica (`PaceTake`)."""
+        ...
+
+    async def pause_pace(self, names: Sequence[str], until: float) -> None:
+        """No send from these buckets before `until` (unix seconds): a platform's `retry_after`."""
+        ...
+
+    async def release_pace(self, names: Sequence[str], held_until: float) -> None:
+        """A granted send was answered: free its exclusive buckets (`PaceGrant.held_until`)."""
+        ...
+
+    async def pace_paused(self, names: Sequence[str]) -> float:
+        """The latest pause of these buckets (unix seconds; 0 when none)."""
+        ...
+
+    async def prune_pace(self, idle_before: float) -> int:
+        """Delete buckets with nothing after `idle_before` (such a bucket is as good as
+        none); how many went."""
         ...

@@ -22,11 +22,13 @@ from app.channel import AcceptResult, WaitResult
 from app.db.engine import autocommit
 from app.db.models import INBOX_UNFINISHED, inbox, one_of, outbox, runs, session_keys, utcnow
 from app.db.upsert import insert_ignore
+from app.errors import LeaseLost, RowsCanceled
 from app.events import InboundEvent
 from app.pipeline.run_trace import UPDATE_RUN
 from app.pipeline.storage import inbox_queries as q
 from app.pipeline.storage.history import close_open_group
 from app.pipeline.storage.inbox_queries import reply_of
+from app.pipeline.storage.operations import Operations
 from app.pipeline.storage.port import (
     Accepted,
     Appended,
@@ -37,6 +39,7 @@ from app.pipeline.storage.port import (
     TurnEnd,
     TurnPlan,
 )
+from app.pipeline.storage.reclaim import free_expired_leases
 from app.sessions import lease as leases
 from app.sessions.lease import SessionLease, check_fence
 from app.sessions.messages import ChatMessage
@@ -84,14 +87,17 @@ def storable_error(error: str, limit: int = 2000) -> str:
     return clean[:limit]
 
 
-class PortableStore:
-    """`PipelineStore` in SQLAlchemy transactions (see the module)."""
+class PortableStore(Operations):
+    """`PipelineStore` in SQLAlchemy transactions (see the module); the operations of
+    commands, steering and the outbox are `Operations`'."""
 
     def __init__(self, engine: AsyncEngine, sessions: SessionStore, *, lease_ttl: float) -> None:
         self.engine = engine
         self.reader = autocommit(engine)  # one statement, no BEGIN/COMMIT
         self._sessions = sessions
         self.lease_ttl = lease_ttl
+        # Chosen once: replicas claiming outbox rows at once pass over each other's.
+        self.skip_locked = engine.dialect.name == "postgresql"
 
     @property
     def sessions(self) -> SessionStore:
@@ -138,6 +144,9 @@ class PortableStore:
             rows = await conn.execute(q.CLAIMABLE, {"now": utcnow(), "limit": limit})
             return [r[0] for r in rows]
 
+    async def reclaim_expired(self, limit: int) -> list[str]:
+        return await free_expired_leases(self.engine, utcnow(), limit)
+
     # --- leases -------------------------------------------------------------------
 
     async def take(self, key: str, owner: str) -> Claim | None:
@@ -170,6 +179,16 @@ class PortableStore:
             )
             return [r[0] for r in counted]
 
+    @staticmethod
+    async def _count_all(conn: AsyncConnection, ids: list[int]) -> None:
+        """Count the attempt of all `ids` in this transaction, or `RowsCanceled` (it rolls back)."""
+        counted = await conn.execute(
+            q.COUNT_UNFINISHED, {"ids": ids, "status": "processing", "updated_at": utcnow()}
+        )
+        canceled = frozenset(ids) - {r[0] for r in counted}
+        if canceled:
+            raise RowsCanceled(canceled)
+
     async def note_error(self, row_ids: Sequence[int], error: str) -> None:
         async with self.reader.connect() as conn:
             await conn.execute(q.NOTE_ERROR, {"ids": list(row_ids), "note": storable_error(error)})
@@ -193,9 +212,24 @@ class PortableStore:
                 await conn.execute(q.FAIL, failed)
 
     async def start(self, lease: SessionLease, plan: TurnPlan) -> Started:
-        """Continue or open the key's session, append the user messages, insert the run."""
+        try:
+            return await self.begin(lease, plan)
+        except (LeaseLost, RowsCanceled):
+            raise
+        except Exception:
+            if plan.count_attempt:
+                # The start failed, its count with it: the attempt counts all the same, or a
+                # row the database refuses would be tried for ever.
+                await self.count_attempt(lease, [r.id for r in plan.rows])
+            raise
+
+    async def begin(self, lease: SessionLease, plan: TurnPlan) -> Started:
+        """`start` as one transaction: continue or open the key's session, append the user
+        messages, insert the run (and count the attempt when the plan says so)."""
         rows = plan.rows
         async with self.fenced(lease) as conn:
+            if plan.count_attempt:
+                await self._count_all(conn, [r.id for r in rows])
             if any(r.attempts for r in rows):
                 # A retry: the run an earlier attempt started died with its worker.
                 await conn.execute(

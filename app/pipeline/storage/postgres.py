@@ -9,7 +9,8 @@ most of an event's cost was those round trips (`bench/RESULTS.md`), so here:
 - taking a lease reads the key's next rows, and so does a turn's end (`pg_inbox.TAKE`,
   `pg_turn.FINISH`), so a worker rarely reads them on its own;
 - a turn's start, each message appended during its run, its end (which may also give
-  the lease up, and take the next waiting key's) are one statement each (`pg_turn`);
+  the lease up, and take the next waiting key's) are one statement each (`pg_turn`); the
+  ends of several keys' turns arriving together share one (`pg_finish_group`);
 - the hottest statements run on asyncpg directly (`app.db.direct`).
 
 Where a common case does not apply (a batch of events, a retry, a repair of the history,
@@ -27,10 +28,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.channel import AcceptResult
 from app.db import direct
 from app.db.models import utcnow
-from app.errors import LeaseLost
+from app.errors import LeaseLost, RowsCanceled
 from app.events import InboundEvent
 from app.memory.store import Memory, memory_from_row
 from app.pipeline.storage import pg_inbox, pg_start, pg_turn
+from app.pipeline.storage.pg_finish_group import FinishGroup
 from app.pipeline.storage.pg_group_insert import GroupInsert
 from app.pipeline.storage.pg_inbox import rows_from
 from app.pipeline.storage.port import (
@@ -56,6 +58,7 @@ class PostgresStore(PortableStore):
     def __init__(self, engine: AsyncEngine, sessions: SessionStore, *, lease_ttl: float) -> None:
         super().__init__(engine, sessions, lease_ttl=lease_ttl)
         self._group = GroupInsert(self.reader, insert_one=self._insert_alone)
+        self._ends = FinishGroup(self.reader)
 
     def _expires(self, now: datetime) -> datetime:
         return now + timedelta(seconds=self.lease_ttl)
@@ -138,10 +141,10 @@ class PostgresStore(PortableStore):
         row = await self._fenced_statement(pg_turn.COUNT_ATTEMPT, lease, {"inbox_ids": list(row_ids)})
         return list(row["ids"] or [])
 
-    async def start(self, lease: SessionLease, plan: TurnPlan) -> Started:
+    async def begin(self, lease: SessionLease, plan: TurnPlan) -> Started:
         """The common start in one statement: one new event that is answered (else portable)."""
         if len(plan.rows) != 1 or plan.rows[0].attempts or plan.run is None:
-            return await super().start(lease, plan)
+            return await super().begin(lease, plan)
         user = plan.user_messages[0]
         params: dict[str, Any] = {
             "chan": plan.channel,
@@ -155,10 +158,13 @@ class PostgresStore(PortableStore):
         recall = plan.recall
         if recall is not None:
             params.update(recall.params)
+        params.update(tally=plan.count_attempt, inbox_id=plan.rows[0].id)
         statement = pg_start.START[None if recall is None else recall.with_user]
         row = await self._fenced_statement(statement, lease, params)
+        if plan.count_attempt and not row["countable"]:
+            raise RowsCanceled(frozenset([plan.rows[0].id]))
         if row["id"] is None:
-            return await super().start(lease, plan)  # neither common case: the general path
+            return await super().begin(lease, plan)  # neither common case: the general path
         session = SessionState.from_row({**row, "tail_open": False})
         self.sessions.remember(lease.key, session, fence=lease.fence)
         added = message_from_row({**message_values(user, None), "seq": row["seq"]})
@@ -210,7 +216,11 @@ class PostgresStore(PortableStore):
         params.update({"r_" + name: end.trace.get(name) for name in pg_turn.RUN_TRACE})
         if end.successor is not None:
             params.update(nk=end.successor, exp=self._expires(end.now))
-        row = await self._fenced_statement(pg_turn.FINISH[end.successor is not None], lease, params)
+        # With the ends of other keys' turns that arrive meanwhile (`pg_finish_group`).
+        params.update(k=lease.key, o=lease.owner, f=lease.fence)
+        row = await self._ends.finish(params, hand_on=end.successor is not None)
+        if row["held"] != 1:
+            raise LeaseLost(lease.key, lease.fence)
         successor = None
         if end.successor is not None and row["successor_fence"] is not None:
             taken = SessionLease(end.successor, lease.owner, row["successor_fence"])

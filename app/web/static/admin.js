@@ -7,8 +7,10 @@ import { renderHistory } from "./history.js";
 import { link, ms, parseHash, sessionLink } from "./admin_links.js";
 import { approvalRow, approvalsTable, renderApprovals, renderRun, renderRuns, runRow, runsTable } from "./admin_runs.js";
 import { emptyGuide, renderConfig } from "./admin_extra.js";
+import { renderUsage } from "./admin_usage.js";
+import { weixinLoginPanel } from "./admin_weixin.js";
 import { currentLang, setLang, t, translateStatic } from "./i18n.js";
-import { startLive } from "./live.js";
+import { pageHasEdits, startLive } from "./live.js";
 import { themeButton } from "./theme.js";
 
 const page = $("#page");
@@ -24,13 +26,16 @@ const views = {
   runs: renderRuns,
   run: renderRun,
   approvals: renderApprovals,
+  usage: renderUsage,
   "dead-letters": renderDeadLetters,
   cron: renderCron,
   channels: renderChannels,
   config: renderConfig,
 };
 
-async function route() {
+// `refresh`: a live update redrawing the page the user is on; it gives way to their edits.
+async function route(refresh = false) {
+  if (refresh && pageHasEdits()) return;
   clearInterval(refreshTimer);
   refreshTimer = null;
   const { route: name, arg, params } = parseHash();
@@ -43,6 +48,7 @@ async function route() {
   try {
     const content = await view(arg, params);
     if (mine !== renderToken) return; // a newer navigation won
+    if (refresh && pageHasEdits()) return; // the user changed a form while this was loading
     showApp();
     clear(page).append(...[content].flat(Infinity).filter((x) => x !== null && x !== undefined && x !== false));
   } catch (err) {
@@ -101,7 +107,7 @@ function showApp() {
 // --- live updates, language, theme -------------------------------------------------------
 
 const live = startLive({
-  onChange: () => route(),
+  onChange: () => route(true),
   onState: (on) => {
     const el = $("#live");
     el.classList.toggle("hidden", false);
@@ -341,10 +347,10 @@ async function renderSession(key, params) {
             } },
             gens.generations.map((g) =>
               h("option", { value: g.generation, selected: g.generation === generation },
-                `generation ${g.generation} · ${g.status}${g.current ? " (current)" : ""} · ${g.message_count} msgs`),
+                t(g.current ? "generation {g} · {status} (current) · {n} msgs" : "generation {g} · {status} · {n} msgs", { g: g.generation, status: t(g.status), n: g.message_count })),
             ),
           ),
-          isCurrent ? null : h("button", { type: "button", id: "action-reopen", onClick: () => doReopen(key, generation) }, `Reopen generation ${generation}`),
+          isCurrent ? null : h("button", { type: "button", id: "action-reopen", onClick: () => doReopen(key, generation) }, t("Reopen generation {g}", { g: generation })),
         )
       : null,
   );
@@ -352,14 +358,14 @@ async function renderSession(key, params) {
   const facts = h(
     "div",
     { class: "facts" },
-    h("span", null, `channel ${current.channel}`),
-    h("span", null, `generation ${current.generation} of ${current.generations}`),
-    h("span", null, `${current.message_count} messages`),
-    h("span", null, `${current.runs} runs`),
-    h("span", null, `inbox pending ${current.inbox_pending}`),
-    h("span", null, `outbox pending ${current.outbox_pending}`),
-    h("span", null, "last active ", ago(current.last_active_at)),
-    current.lease && current.lease.owner ? h("span", null, `lease ${current.lease.owner} (fence ${current.lease.fence})`) : null,
+    h("span", null, t("channel {name}", { name: current.channel })),
+    h("span", null, t("generation {a} of {b}", { a: current.generation, b: current.generations })),
+    h("span", null, t("{n} messages", { n: current.message_count })),
+    h("span", null, t("{n} runs", { n: current.runs })),
+    h("span", null, t("inbox pending {n}", { n: current.inbox_pending })),
+    h("span", null, t("outbox pending {n}", { n: current.outbox_pending })),
+    h("span", null, t("last active") + " ", ago(current.last_active_at)),
+    current.lease && current.lease.owner ? h("span", null, t("lease {owner} (fence {fence})", { owner: current.lease.owner, fence: current.lease.fence })) : null,
   );
 
   const runRows = runs.runs.map(runRow);
@@ -369,12 +375,12 @@ async function renderSession(key, params) {
       "div",
       { class: "session-head" },
       h("h1", null, key),
-      h("span", { class: `badge ${current.status}`, id: "session-status" }, current.status),
+      h("span", { class: `badge ${current.status}`, id: "session-status", dataset: { status: current.status } }, t(current.status)),
     ),
     facts,
     actions,
-    isCurrent ? null : h("p", { class: "muted" }, `Showing generation ${generation} (${shown.status}); the current one is ${current.generation}.`),
-    h("h2", null, `History (${history.messages.length} messages)`),
+    isCurrent ? null : h("p", { class: "muted" }, t("Showing generation {g} ({status}); the current one is {c}.", { g: generation, status: t(shown.status), c: current.generation })),
+    h("h2", null, t("History ({n} messages)", { n: history.messages.length })),
     renderHistory(history.messages),
     h("h2", null, t("Runs")),
     runRows.length ? runsTable(runRows) : h("div", { class: "empty" }, t("No runs yet.")),
@@ -396,12 +402,12 @@ async function doReset(key, before) {
   $("#action-reset").disabled = true;
   try {
     await api.reset(key);
-    toast("Reset queued behind the session's events…");
+    toast(t("Reset queued behind the session's events…"));
     const after = await waitForChange(key, before);
     toast(after ? t("Session is now {status}.", { status: after.status }) : t("Reset is still queued."));
   } catch (err) {
     if (err instanceof Unauthorized) return showLogin();
-    toast(`Reset failed: ${err.message}`);
+    toast(t("Reset failed: {error}", { error: err.message }));
   }
   await route();
 }
@@ -409,10 +415,10 @@ async function doReset(key, before) {
 async function doArchive(key) {
   try {
     await api.archive(key);
-    toast("Archived.");
+    toast(t("Archived."));
   } catch (err) {
     if (err instanceof Unauthorized) return showLogin();
-    toast(`Archive failed: ${err.message}`);
+    toast(t("Archive failed: {error}", { error: err.message }));
   }
   await route();
 }
@@ -420,11 +426,11 @@ async function doArchive(key) {
 async function doReopen(key, generation) {
   try {
     await api.reopen(key, generation);
-    toast(`Generation ${generation} is current again.`);
+    toast(t("Generation {g} is current again.", { g: generation }));
     window.location.hash = link("session", key);
   } catch (err) {
     if (err instanceof Unauthorized) return showLogin();
-    toast(`Reopen failed: ${err.message}`);
+    toast(t("Reopen failed: {error}", { error: err.message }));
   }
 }
 
@@ -564,6 +570,7 @@ function connectionCell(k) {
 
 async function renderChannels() {
   const data = await api.channels();
+  const weixin = data.channels.find((c) => c.name === "weixin");
   const rows = data.channels.map((c) =>
     h(
       "tr",
@@ -592,9 +599,10 @@ async function renderChannels() {
           h("tbody", null, rows),
         )
       : emptyGuide("channels"),
+    weixin && weixin.enabled ? weixinLoginPanel(weixin.health === "degraded" ? weixin.last_error : "") : null,
   ];
 }
 
-window.addEventListener("hashchange", route);
+window.addEventListener("hashchange", () => route());
 showLanguage();
 route();

@@ -26,6 +26,10 @@ const GUIDES = {
     "No cron jobs",
     "Ask the assistant to remind you of something (\"remind me in 10 minutes\"), or add CRON to CHANNELS; scheduled jobs are listed here.",
   ],
+  usage: [
+    "No model calls in this period",
+    "Every model call is counted with its tokens and cost as it happens (and each voice note transcribed, with its seconds). Send a message on any channel, or pick a longer period.",
+  ],
   channels: ["No channels", "Enable channels with CHANNELS=webhook,browser,… and restart."],
 };
 

@@ -1,6 +1,7 @@
 // Small inline-SVG charts for the dashboard (no chart library): a y axis with three
 // ticks and grid lines, time labels under the x axis, and a tooltip that follows the
-// pointer (one column per minute; also reachable by keyboard focus on the chart).
+// pointer (one column per minute, or per day with `dayLabels`; also reachable by
+// keyboard focus on the chart).
 
 import { h, s } from "./dom.js";
 
@@ -8,7 +9,8 @@ const W = 300;
 const H = 80;
 
 function niceMax(values) {
-  const max = Math.max(1, ...values.filter((v) => v !== null && v !== undefined));
+  // Counts start at 1; a series of small amounts (a cost of 0.002) gets its own scale.
+  const max = Math.max(...values.filter((v) => v !== null && v !== undefined), 0) || 1;
   const mag = 10 ** Math.floor(Math.log10(max));
   for (const f of [1, 2, 2.5, 5, 10]) if (max <= f * mag) return f * mag;
   return max;
@@ -23,9 +25,14 @@ function timeLabel(iso) {
   return new Date(iso).toISOString().slice(11, 16);
 }
 
+const MINUTES = { label: timeLabel, zone: " UTC" };
+/** For points whose `t` is a UTC day (YYYY-MM-DD): month-day under the axis, the date in the tip. */
+export const dayLabels = { label: (day) => day.slice(5), tip: (day) => day, zone: " UTC" };
+
 function fmt(v) {
   if (v === null || v === undefined) return "—";
-  return Number.isInteger(v) ? String(v) : v.toFixed(1);
+  if (Number.isInteger(v)) return String(v);
+  return Math.abs(v) < 1 ? String(Number(v.toPrecision(2))) : v.toFixed(1);
 }
 
 function gridLines(y, max) {
@@ -35,7 +42,7 @@ function gridLines(y, max) {
 }
 
 /** Bars, one per point. `points`: [{t, value}] */
-export function barChart(title, points, { unit = "", bad = false } = {}) {
+export function barChart(title, points, { unit = "", bad = false, labels = MINUTES, id } = {}) {
   const values = points.map((p) => p.value ?? 0);
   const { max, y } = scale(values);
   const step = W / Math.max(1, points.length);
@@ -49,11 +56,11 @@ export function barChart(title, points, { unit = "", bad = false } = {}) {
     }),
   );
   const shapes = [...gridLines(y, max), s("line", { class: "axis", x1: 0, x2: W, y1: H - 1, y2: H - 1 }), ...bars];
-  return frame(title, max, unit, points, shapes, (i) => i * step + step / 2);
+  return frame(title, max, unit, points, shapes, (i) => i * step + step / 2, labels, id);
 }
 
 /** A line with a light area under it; gaps (null values) break the line. */
-export function lineChart(title, points, { unit = "" } = {}) {
+export function lineChart(title, points, { unit = "", labels = MINUTES, id } = {}) {
   const values = points.map((p) => p.value);
   const { max, y } = scale(values);
   const step = points.length > 1 ? W / (points.length - 1) : W;
@@ -78,10 +85,12 @@ export function lineChart(title, points, { unit = "" } = {}) {
     const area = `${d}L${seg[seg.length - 1][0].toFixed(1)},${H - 1}L${seg[0][0].toFixed(1)},${H - 1}Z`;
     shapes.push(s("path", { class: "area", d: area }), s("path", { class: "line", d }));
   }
-  return frame(title, max, unit, points, shapes, (i) => i * step);
+  return frame(title, max, unit, points, shapes, (i) => i * step, labels, id);
 }
 
-function frame(title, max, unit, points, shapes, xOf) {
+function frame(title, max, unit, points, shapes, xOf, labels, id) {
+  const timeLabel = labels.label;
+  const tipLabel = labels.tip || labels.label;
   const first = points[0];
   const last = points[points.length - 1];
   const middle = points[Math.floor(points.length / 2)];
@@ -101,7 +110,7 @@ function frame(title, max, unit, points, shapes, xOf) {
     hot.setAttribute("x", (xOf(i) - colW / 2).toFixed(1));
     hot.setAttribute("width", colW.toFixed(1));
     hot.setAttribute("visibility", "visible");
-    tip.textContent = `${timeLabel(p.t)} UTC · ${fmt(p.value ?? (unit ? null : 0))}${p.value === null || p.value === undefined ? "" : unit}`;
+    tip.textContent = `${tipLabel(p.t)}${labels.zone} · ${fmt(p.value ?? (unit ? null : 0))}${p.value === null || p.value === undefined ? "" : unit}`;
     tip.style.left = `${(xOf(i) / W) * 100}%`;
     tip.style.top = "0";
     tip.classList.remove("hidden");
@@ -134,7 +143,7 @@ function frame(title, max, unit, points, shapes, xOf) {
   );
   return h(
     "div",
-    { class: "card chart" },
+    { class: "card chart", id },
     h("div", { class: "row" }, h("span", { class: "k" }, title)),
     h("div", { class: "plot" }, yaxis, plotArea),
     first
@@ -143,7 +152,7 @@ function frame(title, max, unit, points, shapes, xOf) {
           { class: "xaxis small muted" },
           h("span", null, timeLabel(first.t)),
           h("span", null, timeLabel(middle.t)),
-          h("span", null, `${timeLabel(last.t)} UTC`),
+          h("span", null, `${timeLabel(last.t)}${labels.zone}`),
         )
       : null,
   );

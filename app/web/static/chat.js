@@ -2,6 +2,7 @@
 
 import { $, clear, h, prettyJson } from "./dom.js";
 import { GatewayClient } from "./gateway.js";
+import { t, translateStatic } from "./i18n.js";
 import { renderMarkdown } from "./markdown.js";
 
 const TOKEN_KEY = "chatgate.gatewayToken";
@@ -108,15 +109,15 @@ function resetView() {
 
 function toolCallElement(call) {
   const fn = call.function || {};
-  const status = h("span", { class: "small muted tool-status" }, "running…");
-  const result = h("pre", { class: "tool-result" }, "waiting for the result…");
+  const status = h("span", { class: "small muted tool-status" }, t("running…"));
+  const result = h("pre", { class: "tool-result" }, t("waiting for the result…"));
   const root = h(
     "details",
     { class: "tool", dataset: { callId: call.id } },
-    h("summary", null, "Tool call ", h("strong", null, fn.name || "?"), " · ", status),
-    h("div", { class: "label" }, "arguments"),
+    h("summary", null, t("Tool call") + " ", h("strong", null, fn.name || "?"), " · ", status),
+    h("div", { class: "label" }, t("arguments")),
     h("pre", null, prettyJson(fn.arguments ?? "{}")),
-    h("div", { class: "label" }, "result"),
+    h("div", { class: "label" }, t("result")),
     result,
   );
   toolCalls.set(call.id, { root, status, result });
@@ -165,7 +166,7 @@ function renderMessage(m) {
       target = toolCalls.get(m.tool_call_id);
     }
     target.result.textContent = prettyJson(m.content ?? "");
-    target.status.textContent = toolFailed(m.content) ? "error" : "done";
+    target.status.textContent = toolFailed(m.content) ? t("error") : t("done");
     target.root.classList.add("done");
     for (const [approvalId, card] of approvalCards) {
       if (card.dataset.toolCallId === m.tool_call_id) {
@@ -201,31 +202,31 @@ function renderDelta(frame) {
 function renderApproval(a) {
   const id = a.approval_id ?? a.id;
   if (id === undefined || approvalCards.has(id)) return;
-  const tool = a.tool_name || a.tool || "a tool";
+  const tool = a.tool_name || a.tool || t("a tool");
   const state = h("span", { class: "small muted" });
   const decide = (approve) => {
     if (!client) return;
     client.decide(id, approve);
     for (const b of card.querySelectorAll("button")) b.disabled = true;
-    state.textContent = approve ? "approval sent…" : "denial sent…";
+    state.textContent = approve ? t("approval sent…") : t("denial sent…");
   };
   const card = h(
     "div",
     { class: "approval", dataset: { approvalId: id, toolCallId: a.tool_call_id || "" } },
-    h("strong", null, `Approval needed: ${tool}`),
+    h("strong", null, t("Approval needed: {tool}", { tool })),
     h("pre", null, prettyJson(a.arguments ?? {})),
-    a.expires_at ? h("div", { class: "small muted" }, `Denied automatically at ${new Date(a.expires_at).toLocaleTimeString()}.`) : null,
+    a.expires_at ? h("div", { class: "small muted" }, t("Denied automatically at {time}.", { time: new Date(a.expires_at).toLocaleTimeString() })) : null,
     h(
       "div",
       { class: "row" },
-      h("button", { class: "primary", type: "button", onClick: () => decide(true) }, "Approve"),
-      h("button", { class: "danger", type: "button", onClick: () => decide(false) }, "Deny"),
+      h("button", { class: "primary", type: "button", onClick: () => decide(true) }, t("Approve")),
+      h("button", { class: "danger", type: "button", onClick: () => decide(false) }, t("Deny")),
       state,
     ),
   );
   approvalCards.set(id, card);
   const call = toolCalls.get(a.tool_call_id);
-  if (call) call.status.textContent = "waiting for approval";
+  if (call) call.status.textContent = t("waiting for approval");
   add(card);
 }
 
@@ -241,7 +242,7 @@ function fillSessions(extra = []) {
   clear(select);
   for (const [k, label] of known) select.append(h("option", { value: k, selected: k === current }, label));
   if (allowed.prefix !== null && allowed.prefix !== undefined) {
-    select.append(h("option", { value: NEW_KEY }, `+ new conversation${allowed.prefix ? ` under ${allowed.prefix}` : ""}`));
+    select.append(h("option", { value: NEW_KEY }, allowed.prefix ? t("+ new conversation under {prefix}", { prefix: allowed.prefix }) : t("+ new conversation")));
   }
 }
 
@@ -253,7 +254,7 @@ select.addEventListener("change", () => {
   }
   if (!client || key === client.sessionKey) return;
   resetView();
-  notice(`Opening ${key}…`);
+  notice(t("Opening {key}…", { key }));
   client.attach(key);
   fillSessions(); // shows the key just chosen (a new one included) as selected
 });
@@ -264,19 +265,19 @@ function setStatus({ state, code, inMs }) {
   conn.className = "pill";
   if (state === "connected") {
     conn.classList.add("ok");
-    conn.textContent = "connected";
+    conn.textContent = t("connected");
   } else if (state === "reconnecting") {
     conn.classList.add("warn");
-    conn.textContent = inMs ? `reconnecting in ${Math.max(1, Math.round(inMs / 1000))} s…` : "reconnecting…";
+    conn.textContent = inMs ? t("reconnecting in {n} s…", { n: Math.max(1, Math.round(inMs / 1000)) }) : t("reconnecting…");
     if (code === 4503 && !conn.dataset.disabledNoticeShown) {
       conn.dataset.disabledNoticeShown = "1";
-      notice("The browser gateway is not enabled on this server (CHANNELS must include browser).", "notice error-text");
+      notice(t("The browser gateway is not enabled on this server (CHANNELS must include browser)."), "notice error-text");
     }
   } else if (state === "offline") {
     conn.classList.add("bad");
-    conn.textContent = "offline";
+    conn.textContent = t("offline");
   } else {
-    conn.textContent = "connecting…";
+    conn.textContent = t("connecting…");
   }
   conn.dataset.state = state;
 }
@@ -304,13 +305,17 @@ function onFrame(frame) {
       if (!frame.resumed && (ended || !frame.messages.length)) {
         // After /new (or an expiry) the key's newest generation is closed: its messages are
         // history, not this conversation. The next message opens a new one.
-        notice(ended ? `The last conversation in ${frame.session_key} has ended. Say hello to start a new one.` : `This is ${frame.session_key}. Say hello.`);
+        notice(
+          ended
+            ? t("The last conversation in {key} has ended. Say hello to start a new one.", { key: frame.session_key })
+            : t("This is {key}. Say hello.", { key: frame.session_key }),
+        );
         if (ended) {
           for (const a of frame.pending_approvals || []) renderApproval(a);
           break;
         }
       }
-      if (frame.truncated) notice("Some older messages are not shown.");
+      if (frame.truncated) notice(t("Some older messages are not shown."));
       for (const m of frame.messages || []) renderMessage({ session_id: frame.session_id, ...m });
       for (const a of frame.pending_approvals || []) renderApproval(a);
       break;
@@ -349,7 +354,7 @@ function onFrame(frame) {
       // The first message of a key opens its first generation: nothing to mark then.
       if (frame.previous_session_id === null || frame.previous_session_id === undefined) break;
       if (!thread.querySelector(".msg:not(.pending), .tool, .approval")) break; // already cleared
-      const divider = h("div", { class: "divider" }, "— new conversation —");
+      const divider = h("div", { class: "divider" }, t("— new conversation —"));
       const firstPending = [...pendingByClientId.values(), ...pendingByEvent.values()].find((el) => el.isConnected);
       if (firstPending) thread.insertBefore(divider, firstPending);
       else add(divider);
@@ -380,7 +385,7 @@ function start(token, sessionKey) {
   client.addEventListener("frame", (ev) => onFrame(ev.detail));
   client.addEventListener("status", (ev) => setStatus(ev.detail));
   client.addEventListener("unauthorized", (ev) => {
-    const why = ev.detail.code === 4002 ? "The token has expired." : "The gateway refused this token.";
+    const why = ev.detail.code === 4002 ? t("The token has expired.") : t("The gateway refused this token.");
     sessionStorage.removeItem(TOKEN_KEY);
     showTokenPanel(why);
   });
@@ -436,6 +441,7 @@ window.addEventListener("hashchange", () => {
   }
 });
 
+translateStatic();
 const initial = readFragment();
 if (initial.token) start(initial.token, initial.session);
 else showTokenPanel();

@@ -2,14 +2,15 @@
 // tool results shown together as one group (the unit trimming never splits).
 
 import { ago, h, prettyJson } from "./dom.js";
+import { t } from "./i18n.js";
 
 function who(m, extra) {
   return h(
     "div",
     { class: "who" },
-    h("strong", null, m.role),
+    h("strong", null, t(m.role)),
     h("span", null, `#${m.seq}`),
-    m.run_id ? h("span", null, `run #${m.run_id}`) : null,
+    m.run_id ? h("span", null, t("run #{id}", { id: m.run_id })) : null,
     extra,
     h("span", { class: "spacer" }),
     ago(m.created_at),
@@ -20,9 +21,9 @@ function plain(m, orphan = false) {
   return h(
     "div",
     { class: `hmsg ${m.role}`, dataset: { seq: m.seq } },
-    who(m, orphan ? h("span", { class: "orphan" }, `result of ${m.tool_call_id} (call not in view)`) : m.name),
+    who(m, orphan ? h("span", { class: "orphan" }, t("result of {id} (call not in view)", { id: m.tool_call_id })) : m.name),
     m.role === "tool" ? h("pre", null, prettyJson(m.content ?? "")) : h("div", { class: "text" }, m.content ?? ""),
-    m.parts && m.parts.length ? h("div", { class: "small muted" }, `+ ${m.parts.length} attachment(s): ${m.parts.map((p) => p.type).join(", ")}`) : null,
+    m.parts && m.parts.length ? h("div", { class: "small muted" }, t("+ {n} attachment(s): {types}", { n: m.parts.length, types: m.parts.map((p) => p.type).join(", ") })) : null,
   );
 }
 
@@ -34,9 +35,9 @@ function group(assistant, results) {
     h(
       "div",
       { class: "who" },
-      h("strong", null, `tool calls (${assistant.tool_calls.length})`),
+      h("strong", null, t("tool calls ({n})", { n: assistant.tool_calls.length })),
       h("span", null, `#${Math.min(...bySeq)}–${Math.max(...bySeq)}`),
-      assistant.run_id ? h("span", null, `run #${assistant.run_id}`) : null,
+      assistant.run_id ? h("span", null, t("run #{id}", { id: assistant.run_id })) : null,
       h("span", { class: "spacer" }),
       ago(assistant.created_at),
     ),
@@ -48,10 +49,10 @@ function group(assistant, results) {
         "div",
         { class: "toolcall", dataset: { callId: call.id } },
         h("div", { class: "row" }, h("span", { class: "name" }, fn.name || "?"), h("span", { class: "small muted mono" }, call.id)),
-        h("details", null, h("summary", { class: "small muted" }, "arguments"), h("pre", null, prettyJson(fn.arguments ?? "{}"))),
+        h("details", null, h("summary", { class: "small muted" }, t("arguments")), h("pre", null, prettyJson(fn.arguments ?? "{}"))),
         result
-          ? [h("div", { class: "small muted" }, `result #${result.seq}`), h("pre", { class: "result" }, prettyJson(result.content ?? ""))]
-          : h("div", { class: "orphan" }, "no result recorded (interrupted run?)"),
+          ? [h("div", { class: "small muted" }, t("result #{seq}", { seq: result.seq })), h("pre", { class: "result" }, prettyJson(result.content ?? ""))]
+          : h("div", { class: "orphan" }, t("no result recorded (interrupted run?)")),
       );
     }),
   );
@@ -72,5 +73,5 @@ export function renderHistory(messages) {
       out.push(plain(m, m.role === "tool"));
     }
   }
-  return out.length ? h("div", { class: "history", id: "history" }, out) : h("div", { class: "empty" }, "No messages in this generation.");
+  return out.length ? h("div", { class: "history", id: "history" }, out) : h("div", { class: "empty" }, t("No messages in this generation."));
 }

@@ -1,7 +1,21 @@
 // Live updates for every dashboard page: one WebSocket on /admin/api/live; a `change`
 // frame (something in inbox, outbox, runs, approvals or sessions changed) calls
-// `onChange`, at most about once a second, never while the user is typing in the page.
+// `onChange`, at most about once a second, never while the user is typing in the page or
+// has changed a form there without submitting it (a refresh would put the form back).
 // Reconnects with backoff; `onState(true|false)` drives the "live" pill.
+
+// A form in the page the user changed and has not submitted: a refresh must not redraw it.
+export function pageHasEdits() {
+  return document.querySelector("#page form[data-edited]") !== null;
+}
+
+document.addEventListener("input", markEdited, true);
+document.addEventListener("change", markEdited, true);
+
+function markEdited(ev) {
+  const form = ev.target instanceof Element ? ev.target.closest("#page form") : null;
+  if (form) form.dataset.edited = "1";
+}
 
 export function startLive({ onChange, onState }) {
   let ws = null;
@@ -18,7 +32,7 @@ export function startLive({ onChange, onState }) {
   const fire = () => {
     timer = null;
     if (!due) return;
-    if (typing() || document.visibilityState !== "visible") {
+    if (typing() || pageHasEdits() || document.visibilityState !== "visible") {
       timer = setTimeout(fire, 1000);
       return;
     }

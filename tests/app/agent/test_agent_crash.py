@@ -23,6 +23,7 @@ from app.sessions.window import is_legal_provider_input
 from tests.conftest import WEBHOOK_SECRET
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall, calls, text
 from tests.support.servers import ServerProcess
+from tests.support.timing import scaled
 from tests.support.webhook import post_webhook
 
 pytestmark = pytest.mark.slow
@@ -67,7 +68,7 @@ async def test_sigkill_mid_run_then_resume_keeps_history_legal(pg_url: str) -> N
         try:
             await fake.wait_requests(3, timeout=30)
             engine = create_async_engine(pg_url)
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + scaled(30)
             replies = 0
             while time.monotonic() < deadline:
                 async with engine.connect() as conn:

@@ -64,12 +64,14 @@ def cutting_handler(runtime: Runtime, bus: Any, *, max_messages: int) -> Handler
         runtime.runner,
         runtime.replies,
         runtime.midrun,
+        profiles=runtime.agents,
+        models=runtime.models,
         limits=WindowLimits(max_messages=max_messages, max_tokens=None),
         feed=SessionFeed(bus),
         channel_settings=runtime.channel_settings,
     )
     commands = CommandRegistry()
-    for command in BuiltinCommands(runtime.store, runtime.replies, turns).commands(commands):
+    for command in BuiltinCommands(runtime.store, runtime.replies, turns, commands).commands():
         commands.add(command)
     return Handler(
         runtime.store,

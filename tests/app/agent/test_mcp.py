@@ -12,7 +12,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -29,20 +29,21 @@ from app.sessions.messages import ChatMessage, tool_call
 from tests.conftest import ADMIN_TOKEN, ServeApp
 from tests.memory.support import say
 from tests.support.servers import ROOT, free_port
+from tests.support.timing import eventually, scaled
 
 STDIO = {"name": "fx", "command": [sys.executable, "-m", "tests.fakes.mcp_server", "stdio"], "cwd": str(ROOT)}
 
 
 @contextmanager
-def http_server(port: int) -> Iterator[subprocess.Popen[bytes]]:
+def http_server(port: int, *extra: str) -> Iterator[subprocess.Popen[bytes]]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.fakes.mcp_server", "http", str(port)],
+        [sys.executable, "-m", "tests.fakes.mcp_server", "http", str(port), *extra],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + scaled(20)
         while True:
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
@@ -77,9 +78,7 @@ async def call(registry: ToolRegistry, name: str, args: dict[str, Any]) -> str:
     return await registry.execute(tool_call("call_1", name, args), ctx())
 
 
-def source(
-    registry: ToolRegistry, *configs: dict[str, Any], timeout: float = 10, **kw: float
-) -> McpToolSource:
+def source(registry: ToolRegistry, *configs: dict[str, Any], timeout: float = 10, **kw: Any) -> McpToolSource:
     return McpToolSource(
         [McpServerConfig.model_validate(c) for c in configs],
         registry,
@@ -151,7 +150,7 @@ async def test_streamable_http_server_and_reconnect_after_it_died() -> None:
     down = json.loads(await call(registry, "web__add", {"a": 1, "b": 1}))
     assert "error" in down and "web" in down["error"]
     with http_server(port):
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + scaled(30)
         while True:
             result = await call(registry, "web__whoami", {})
             if result.isdigit():
@@ -291,15 +290,8 @@ def gated_stdio(name: str, flag: Path, module: str = "tests.fakes.mcp_server") -
     }
 
 
-async def eventually(check: Callable[[], bool], within: float) -> None:
-    deadline = time.monotonic() + within
-    while not check():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
-
-
 async def pid_after_reconnect(registry: ToolRegistry, name: str, within: float = 30) -> int:
-    deadline = time.monotonic() + within
+    deadline = time.monotonic() + scaled(within)
     while True:
         result = await call(registry, name, {})
         if result.isdigit():
@@ -322,7 +314,7 @@ async def test_a_killed_stdio_server_is_noticed_at_once_reported_down_and_reconn
         with capture_logs() as logs:
             os.kill(pid, signal.SIGKILL)
             # Noticed without any tool call: the watcher sees the process's stdout close.
-            await eventually(lambda: server.state is ServerState.DOWN, within=3)
+            await eventually(lambda: server.state is ServerState.DOWN, timeout=3)
         [down_log] = [e for e in logs if e["event"] == "mcp_server_down"]
         assert down_log["server"] == "gated" and "exited" in down_log["reason"]
         assert mcp.status()[0]["state"] == "down"
@@ -403,7 +395,7 @@ async def test_a_hung_server_is_found_by_the_liveness_probe_and_replaced() -> No
     try:
         server = mcp.servers[0]
         os.kill(pid, signal.SIGSTOP)  # alive, pipes open, but answering nothing
-        await eventually(lambda: server.state is ServerState.DOWN, within=5)
+        await eventually(lambda: server.state is ServerState.DOWN, timeout=5)
         assert "liveness probe" in (server.down_reason or "")
         fast = json.loads(await call(registry, "hang__add", {"a": 1, "b": 1}))
         assert "'hang' is down" in fast["error"]
@@ -427,7 +419,7 @@ async def test_a_vanished_http_server_is_reported_down_without_a_call() -> None:
             await mcp.start()
             assert await call(registry, "gone__add", {"a": 1, "b": 1}) == "2"
         server = mcp.servers[0]
-        await eventually(lambda: server.state is ServerState.DOWN, within=5)
+        await eventually(lambda: server.state is ServerState.DOWN, timeout=5)
         down = json.loads(await call(registry, "gone__add", {"a": 1, "b": 1}))
         assert "'gone' is down" in down["error"]
         with http_server(port):

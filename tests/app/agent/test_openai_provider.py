@@ -226,3 +226,37 @@ async def test_servers_without_stream_options_still_stream() -> None:
             await p.aclose()
     assert (first.content, second.content) == ("streamed anyway", "and again")
     assert ["stream_options" in r.body for r in fake.requests] == [True, False, False]
+
+
+async def test_a_400_that_is_not_about_stream_options_keeps_usage_on() -> None:
+    """A wrong key behind a proxy or a context too long answers 400 with or without the
+    field: usage stays on, and the next turn's tokens are counted."""
+    async with FakeOpenAI() as fake:
+        fake.enqueue(error(400), error(400), text("fine now", prompt_tokens=40, completion_tokens=5))
+        p = provider(fake, max_retries=0)
+        try:
+            with pytest.raises(ProviderError, match="HTTP 400"):
+                await p.complete(USER, [])
+            later = await p.complete(USER, [])
+        finally:
+            await p.aclose()
+    assert ["stream_options" in r.body for r in fake.requests] == [True, False, True]
+    assert (later.usage.prompt_tokens, later.usage.completion_tokens) == (40, 5)
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_an_answer_of_unbounded_length_is_cut(stream: bool) -> None:
+    """A model that does not stop: the answer kept is bounded, the stream closed early."""
+    endless = "word " * 400_000  # 2 MB
+    async with FakeOpenAI(chunk_size=4096) as fake:
+        fake.enqueue(calls(ToolCall("current_time", {"timezone": "UTC"}), content=endless))
+        p = provider(fake, stream=stream, answer_max_chars=10_000)
+        try:
+            reply = await p.complete(USER, [TIME_TOOL])
+        finally:
+            await p.aclose()
+    assert reply.content is not None
+    assert reply.content.startswith("word word")
+    assert 10_000 < len(reply.content) < 10_100
+    assert reply.content.endswith("[answer cut at 10000 characters]")
+    assert reply.tool_calls == ()  # a cut answer calls nothing (its arguments may be partial)

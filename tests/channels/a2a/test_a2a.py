@@ -43,6 +43,7 @@ from tests.channels.support import count
 from tests.conftest import ServeApp, webhook_settings
 from tests.fakes.openai_server import FakeOpenAI, calls, text
 from tests.pipeline.test_approvals import approval_id, write_call
+from tests.support.timing import scaled
 
 TOKEN_A = "token-of-agent-one-0123456789"
 TOKEN_B = "token-of-agent-two-0123456789"
@@ -94,7 +95,7 @@ async def only_task(client: Client, message: Message, *, immediately: bool = Fal
 
 
 async def wait_state(client: Client, task_id: str, states: set[int], timeout: float = 20) -> Task:
-    deadline = asyncio.get_running_loop().time() + timeout
+    deadline = asyncio.get_running_loop().time() + scaled(timeout)
     while True:
         task = await client.get_task(GetTaskRequest(id=task_id))
         if task.status.state in states:

@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from app.db.models import messages, outbox, sessions
 from tests.channels.a2a.test_a2a import TOKEN_A, TOKEN_B, only_task, sdk_client, user_message, wait_state
-from tests.support.servers import ServerProcess
+from tests.support.servers import ServerProcess, start_together
 
 # serial: SIGKILL and restart of server processes: start-up under load outruns the ready timeout.
 pytestmark = [pytest.mark.slow, pytest.mark.serial]
@@ -74,7 +74,7 @@ async def test_task_survives_sigkill_of_the_server(db_url: str) -> None:
 async def test_a_task_accepted_by_one_replica_is_read_and_canceled_on_another(pg_url: str) -> None:
     # CHANNELS without a2a: configured callers (A2A_TOKENS) are enough to serve it.
     env = {**_env(pg_url), "CHANNELS": "webhook", "OFFLINE_LATENCY_MS": "3000", "STOP_POLL_SECONDS": "0.1"}
-    first, second = ServerProcess(env).start(), ServerProcess(env).start()
+    first, second = (await start_together({"first": env, "second": env})).values()
     try:
         async with sdk_client(first.url, TOKEN_A) as one, sdk_client(second.url, TOKEN_A) as two:
             task = await only_task(one, user_message("slow one", "across"), immediately=True)

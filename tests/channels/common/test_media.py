@@ -12,6 +12,7 @@ import pytest
 from aiohttp import web
 
 from app.events import FilePart, ImagePart, InboundEvent, TextPart
+from app.fetch import FetchRefused, GuardedFetcher
 from channels.common.media import Media, MediaTooLarge, download_capped, inline_media
 from tests.fakes.local_server import LocalServer
 
@@ -48,12 +49,21 @@ async def server() -> AsyncIterator[ChunkedServer]:
 
 
 async def test_download_stops_at_the_limit_without_a_content_length(server: ChunkedServer) -> None:
-    async with httpx.AsyncClient() as http:
-        media = await download_capped(http, f"{server.url}/3000", 3000)
-        assert (len(media.data), media.content_type) == (3000, "image/gif")
-        with pytest.raises(MediaTooLarge):
-            await download_capped(http, f"{server.url}/50000", 3000)
-        assert (await download_capped(http, f"{server.url}/moved", 100)).data == b"x" * 10
+    fetcher = GuardedFetcher(allow_private_hosts=["127.0.0.1"])  # the local server, named by the operator
+    media = await download_capped(fetcher, f"{server.url}/3000", 3000)
+    assert (len(media.data), media.content_type) == (3000, "image/gif")
+    with pytest.raises(MediaTooLarge):
+        await download_capped(fetcher, f"{server.url}/50000", 3000)
+    assert (await download_capped(fetcher, f"{server.url}/moved", 100)).data == b"x" * 10
+
+
+async def test_a_url_on_a_private_address_is_not_downloaded_unless_under_a_trusted_base(
+    server: ChunkedServer,
+) -> None:
+    with pytest.raises(FetchRefused):
+        await download_capped(GuardedFetcher(), f"{server.url}/10", 100)
+    media = await download_capped(GuardedFetcher(), f"{server.url}/10", 100, trusted=[server.url])
+    assert media.data == b"x" * 10
 
 
 async def test_images_become_data_and_failed_fetches_keep_their_reference() -> None:
@@ -78,3 +88,27 @@ async def test_images_become_data_and_failed_fetches_keep_their_reference() -> N
     text, ok, broken, voice = result.parts
     assert ok == ImagePart(data_base64=base64.b64encode(b"PNG").decode(), mime_type="image/png")
     assert (text, broken, voice) == event.parts[:1] + event.parts[2:]
+
+
+async def test_a_refused_image_link_becomes_text_and_a_refused_file_stays_a_reference() -> None:
+    """A refused image must not stay an image part: its URL would go to the model endpoint
+    as an `image_url`, for a self-hosted model server to fetch from inside the network."""
+    event = InboundEvent(
+        channel="test",
+        chat_id="c",
+        sender_id="s",
+        parts=(
+            ImagePart(url="http://127.0.0.1:9/secret"),
+            FilePart(url="http://10.0.0.1/f.pdf", name="f.pdf"),
+        ),
+    )
+
+    async def fetch(part: Any) -> Media | None:
+        raise FetchRefused(f"{part.url} is private")
+
+    result = await inline_media(event, fetch, transcribe=None, channel="test", files=True)
+    note, file = result.parts
+    assert note == TextPart(
+        text="[an image link that was not fetched (a private address): http://127.0.0.1:9/secret]"
+    )
+    assert file == event.parts[1]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
@@ -22,6 +21,7 @@ from app.scheduling import Target
 from channels.cron import CronChannel, CronSettings
 from tests.conftest import ADMIN_TOKEN, WEBHOOK_SECRET, ServeApp, make_settings, webhook_settings
 from tests.fakes.http_receiver import HttpReceiver
+from tests.support.timing import eventually
 from tests.support.webhook import post_webhook
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -30,14 +30,6 @@ ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 def cron_settings(**overrides: Any) -> CronSettings:
     values: dict[str, Any] = {"tick_seconds": 0.05, **overrides}
     return CronSettings(_env_file=None, **values)  # type: ignore[call-arg]
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not await check():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.02)
 
 
 async def cron_inbox_rows(runtime: Runtime) -> list[Any]:
@@ -87,9 +79,18 @@ async def test_job_fires_into_its_source_session_and_the_reply_reaches_the_targe
             assert after is not None
             assert (after.enabled, after.runs, after.next_fire_at) == (False, 1, None)
             assert after.last_fired_at is not None
-            await asyncio.sleep(0.3)  # a few more ticks: nothing fires again
-            assert len(await cron_inbox_rows(srv.runtime)) == 1
-            assert len(receiver.received) == 2
+            # A second one-shot job is the barrier: once it fired, later ticks ran, and the
+            # first job fired no more.
+            barrier = await srv.runtime.jobs.create(
+                prompt="barrier",
+                source_session_key="webhook:c1",
+                target=Target("webhook", "c1"),
+                run_at=utcnow() + timedelta(seconds=0.2),
+            )
+            await receiver.wait_for(3)
+            rows = await cron_inbox_rows(srv.runtime)
+            assert [r["payload"]["metadata"]["cron_job_id"] for r in rows] == [job.id, barrier.id]
+            assert len(receiver.received) == 3
 
 
 async def test_reply_goes_to_the_target_thread_and_lands_on_an_explicit_session(serve: ServeApp) -> None:
@@ -128,9 +129,17 @@ async def test_a_fire_missed_during_downtime_runs_once_on_start(serve: ServeApp)
 
         async with serve(channel_settings={"webhook": webhook, "cron": cron_settings()}) as srv:
             await receiver.wait_for(1)
-            await asyncio.sleep(0.4)  # many ticks later: still one fire
+            # A one-shot job due a few ticks later is the barrier: still one fire of the
+            # missed job after it.
+            barrier = await srv.runtime.jobs.create(
+                prompt="barrier",
+                source_session_key="webhook:ops",
+                target=Target("webhook", "ops"),
+                run_at=utcnow() + timedelta(seconds=0.3),
+            )
+            await receiver.wait_for(2)
             rows = await cron_inbox_rows(srv.runtime)
-            assert len(rows) == 1
+            assert [r["payload"]["metadata"]["cron_job_id"] for r in rows] == [job.id, barrier.id]
             assert rows[0]["external_id"] == f"cron:{job.id}:{job.next_fire_at.isoformat()}"
             after = await srv.runtime.jobs.get(job.id)
             assert after is not None and after.next_fire_at is not None
@@ -138,7 +147,7 @@ async def test_a_fire_missed_during_downtime_runs_once_on_start(serve: ServeApp)
             assert now < after.next_fire_at <= now + timedelta(days=31)
             assert (after.next_fire_at.day, after.next_fire_at.hour) == (1, 0)
             assert after.runs == 1 and after.enabled
-        assert len(receiver.received) == 1
+        assert len(receiver.received) == 2
 
 
 async def _two_runtimes(pg_url: str, tick: float) -> tuple[Runtime, Runtime]:
@@ -173,13 +182,22 @@ async def test_two_runtimes_on_one_database_fire_each_due_job_exactly_once(pg_ur
             return len(sent) >= len(jobs) and all(s == "sent" for s in sent)
 
         await eventually(all_answered)
-        await asyncio.sleep(0.2)  # both replicas keep ticking
+        # A one-shot job due later is the barrier: by its answer both replicas ticked many
+        # more times, and no job fired twice.
+        barrier = await a.jobs.create(
+            prompt="barrier",
+            source_session_key="webhook:barrier",
+            target=Target("webhook", "barrier"),
+            run_at=utcnow() + timedelta(seconds=0.2),
+        )
+        jobs.append(barrier)
+        await eventually(all_answered)
         rows = await cron_inbox_rows(a)
         async with a.engine.connect() as conn:
             replies = (await conn.execute(select(outbox.c.chat_id))).scalars().all()
             runs = dict((await conn.execute(select(cron_jobs.c.id, cron_jobs.c.runs))).all())
     assert sorted(r["payload"]["metadata"]["cron_job_id"] for r in rows) == sorted(j.id for j in jobs)
-    assert sorted(replies) == sorted(f"c{i}" for i in range(20))
+    assert sorted(replies) == sorted([*(f"c{i}" for i in range(20)), "barrier"])
     assert runs == {j.id: 1 for j in jobs}
 
 

@@ -24,7 +24,8 @@ from app.db.models import inbox, outbox
 from tests.conftest import ADMIN_TOKEN
 from tests.fakes import dingtalk as dt
 from tests.fakes.dingtalk import FakeDingTalk
-from tests.support.servers import ServerProcess
+from tests.support.servers import start_together
+from tests.support.timing import scaled
 
 # serial: replicas take over within a lease TTL: timing that a loaded machine upsets.
 pytestmark = [pytest.mark.slow, pytest.mark.serial]
@@ -39,6 +40,8 @@ def _env(db_url: str, fake: FakeDingTalk, worker: str) -> dict[str, str]:
         "CHANNELS": "dingtalk",
         "WORKER_ID": worker,
         "CONNECTION_LEASE_TTL_SECONDS": str(TTL),
+        # The keys a killed replica leased are free after TTL too, not the default 30 s.
+        "LEASE_TTL_SECONDS": str(TTL),
         "DINGTALK_CLIENT_ID": fake.client_id,
         "DINGTALK_CLIENT_SECRET": fake.client_secret,
         "DINGTALK_API_BASE": fake.url,
@@ -55,7 +58,7 @@ async def _owner(engine: AsyncEngine) -> str | None:
 
 
 async def _wait_sent(engine: AsyncEngine, count: int, timeout: float = 15) -> None:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while time.monotonic() < deadline:
         async with engine.connect() as conn:
             sent = (
@@ -73,9 +76,9 @@ def _texts(fake: FakeDingTalk) -> list[str]:
 
 async def test_one_replica_holds_the_stream_and_the_other_takes_it_over_after_sigkill(pg_url: str) -> None:
     async with FakeDingTalk(redeliver_unacked=True) as fake:
-        servers = {
-            name: ServerProcess(_env(pg_url, fake, name)).start() for name in ("replica-a", "replica-b")
-        }
+        servers = await start_together(
+            {name: _env(pg_url, fake, name) for name in ("replica-a", "replica-b")}
+        )
         engine = create_async_engine(pg_url)
         try:
             await fake.wait_for_socket(timeout=30)

@@ -18,6 +18,7 @@ from tests.channels.support import count, wait_inbox_done, wait_outbox_final
 from tests.conftest import ServeApp
 from tests.fakes import dingtalk as dt
 from tests.fakes.dingtalk import FakeDingTalk
+from tests.support.timing import scaled
 
 
 async def test_stream_message_is_acknowledged_after_storing_answered_and_redelivery_is_once(
@@ -88,7 +89,7 @@ async def test_stream_runs_under_the_connection_holder_and_acks_only_after_accep
     """The channel opens the stream only through `hold_connection`, and holds the ACK back
     until `accept` (the inbox commit) returned; a failed accept leaves the frame unacknowledged."""
     held: list[str] = []
-    release = asyncio.Event()
+    entered, release = asyncio.Event(), asyncio.Event()
     accepted: list[InboundEvent] = []
     fail_next = [False]
 
@@ -96,6 +97,7 @@ async def test_stream_runs_under_the_connection_holder_and_acks_only_after_accep
         if fail_next[0]:
             fail_next[0] = False
             raise ConnectionError("database unreachable")
+        entered.set()
         await release.wait()
         accepted.extend(events)
         return [AcceptResult(event_id=e.event_id, session_key=e.session_key) for e in events]
@@ -115,7 +117,10 @@ async def test_stream_runs_under_the_connection_holder_and_acks_only_after_accep
         try:
             await fake.wait_for_socket()
             frame = await fake.push_callback(dt.robot_message("wait for me"))
-            await asyncio.sleep(0.3)
+            await asyncio.wait_for(entered.wait(), scaled(15))
+            # A ping answered on the same socket is the barrier: an ACK sent before (or
+            # while) accept ran would have arrived ahead of the ping's.
+            await fake.wait_for_ack(await fake.push_ping("while-accepting"))
             assert fake.ack_for(frame) is None  # accept has not returned yet
             release.set()
             await fake.wait_for_ack(frame)

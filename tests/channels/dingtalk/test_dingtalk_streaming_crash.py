@@ -28,6 +28,8 @@ async def test_sigkill_mid_stream_leaves_one_finalized_card(db_url: str) -> None
                 "DINGTALK_STREAMING": "native",
                 "DINGTALK_CARD_TEMPLATE_ID": "tpl-ai-card.schema",
                 "DINGTALK_STREAM_EDIT_SECONDS": "0.3",
+                # Pacing is on: the card's updates take the `dingtalk.card` bucket (20 a
+                # second), not the chat's 20 messages a minute (docs/operations.md).
             },
         )
         shown_at_kill: list[str] = []
@@ -39,7 +41,9 @@ async def test_sigkill_mid_stream_leaves_one_finalized_card(db_url: str) -> None
                 assert resp.status_code == 200, resp.text
 
         async def streaming() -> None:
-            await fake.wait_for(lambda: len(fake.calls_of(dt.CARD_STREAMING)) >= 2, timeout=30)
+            # Two updates within 10 s: paced as chat messages (one preview in 6 s after
+            # the card itself) the second would come after about 13 s.
+            await fake.wait_for(lambda: len(fake.calls_of(dt.CARD_STREAMING)) >= 2, timeout=10)
             shown_at_kill.extend(str(c.params.get("content")) for c in fake.cards.values())
 
         outcome = await kill_mid_stream(env, send=send, streaming=streaming)

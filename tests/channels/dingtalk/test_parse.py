@@ -88,3 +88,12 @@ def test_signature_follows_the_published_rule_and_the_one_hour_window() -> None:
     verify("s3cret", headers, now=now + 3599)
     with pytest.raises(ChannelAuthError, match="milliseconds"):
         verify("s3cret", {**headers, "timestamp": "soon"}, now=now)
+
+
+def test_an_organization_admin_in_a_group_has_the_admin_role() -> None:
+    admin = parse_message(dt.robot_message("hi", group=True, is_admin=True), _settings()).event
+    member = parse_message(dt.robot_message("hi", group=True), _settings()).event
+    direct = parse_message(dt.robot_message("hi", is_admin=True), _settings()).event
+    assert admin is not None and member is not None and direct is not None
+    assert admin.metadata["role"] == "admin"
+    assert "role" not in member.metadata and "role" not in direct.metadata

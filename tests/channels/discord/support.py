@@ -51,7 +51,13 @@ async def post_interaction(
 
 
 def command(
-    name: str, *, interaction_id: str = "5000", channel_id: str = "2000", guild_id: str | None = "9000"
+    name: str,
+    *,
+    interaction_id: str = "5000",
+    channel_id: str = "2000",
+    guild_id: str | None = "9000",
+    permissions: str | None = None,
+    user_id: str = "3000",
 ) -> dict[str, Any]:
     data: dict[str, Any] = {
         "id": interaction_id,
@@ -63,10 +69,44 @@ def command(
         "channel": {"id": channel_id, "type": 0},
         "data": {"id": "6000", "name": name, "type": 1},
     }
-    user = {"id": "3000", "username": "alice", "discriminator": "0"}
+    user = {"id": user_id, "username": "alice", "discriminator": "0"}
     if guild_id:
         data["guild_id"] = guild_id
         data["member"] = {"user": user, "roles": []}
+        if permissions is not None:  # the member's permissions in the channel (a bit set)
+            data["member"]["permissions"] = permissions
+    else:
+        data["user"] = user
+    return data
+
+
+def component_press(
+    custom_id: str,
+    *,
+    message_id: str,
+    interaction_id: str,
+    channel_id: str = "2000",
+    guild_id: str | None = None,
+    user_id: str = "3000",
+    username: str = "alice",
+) -> dict[str, Any]:
+    """A MESSAGE_COMPONENT interaction (type 3): `user_id` pressed the button `custom_id`
+    on the message `message_id` (Discord's interaction object, abridged)."""
+    data: dict[str, Any] = {
+        "id": interaction_id,
+        "application_id": dc.APP_ID,
+        "type": 3,
+        "token": f"itoken-{interaction_id}",
+        "version": 1,
+        "channel_id": channel_id,
+        "channel": {"id": channel_id, "type": 0},
+        "message": {"id": message_id, "channel_id": channel_id, "content": "", "components": []},
+        "data": {"custom_id": custom_id, "component_type": 2},
+    }
+    user = {"id": user_id, "username": username, "discriminator": "0"}
+    if guild_id:
+        data["guild_id"] = guild_id
+        data["member"] = {"user": user, "roles": [], "permissions": "0"}
     else:
         data["user"] = user
     return data

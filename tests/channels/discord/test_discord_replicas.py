@@ -13,7 +13,7 @@ from app.connection_leases import list_holds
 from tests.conftest import ADMIN_TOKEN
 from tests.fakes import discord as dc
 from tests.fakes.discord import FakeDiscord
-from tests.support.servers import ServerProcess
+from tests.support.servers import start_together
 
 # serial: replicas take over within a lease TTL: timing that a loaded machine upsets.
 pytestmark = [pytest.mark.slow, pytest.mark.serial]
@@ -28,6 +28,8 @@ def _env(db_url: str, fake: FakeDiscord, worker: str) -> dict[str, str]:
         "CHANNELS": "discord",
         "WORKER_ID": worker,
         "CONNECTION_LEASE_TTL_SECONDS": str(TTL),
+        # The keys a killed replica leased are free after TTL too, not the default 30 s.
+        "LEASE_TTL_SECONDS": str(TTL),
         "DISCORD_BOT_TOKEN": dc.TOKEN,
         "DISCORD_API_BASE": fake.url,
         "DISCORD_GATEWAY_URL": fake.gateway_url,
@@ -39,9 +41,9 @@ def _env(db_url: str, fake: FakeDiscord, worker: str) -> dict[str, str]:
 
 async def test_one_replica_holds_the_gateway_and_the_other_takes_it_over(pg_url: str) -> None:
     async with FakeDiscord() as fake:
-        servers = {
-            name: ServerProcess(_env(pg_url, fake, name)).start() for name in ("replica-a", "replica-b")
-        }
+        servers = await start_together(
+            {name: _env(pg_url, fake, name) for name in ("replica-a", "replica-b")}
+        )
         engine = create_async_engine(pg_url)
         try:
             await fake.wait_until(lambda: len(fake.identifies) == 1, timeout=30)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
@@ -23,6 +22,7 @@ from tests.fakes.onebot import (
     refused_with,
     sign_post,
 )
+from tests.support.timing import eventually
 
 TOKEN = "onebot-test-token"
 SECRET = "onebot-post-secret"
@@ -40,18 +40,11 @@ def ws_url(srv: Any) -> str:
     return srv.url.replace("http://", "ws://") + "/channels/onebot/ws"
 
 
-async def _wait_until(predicate: Any, timeout: float = 15) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not await predicate():
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.05)
-
-
 async def _outbox_done(runtime: Any, status: str, at_least: int = 1) -> None:
     async def check() -> bool:
         return await count(runtime, outbox, outbox.c.status == status) >= at_least
 
-    await _wait_until(check)
+    await eventually(check, timeout=15)
 
 
 # --- reverse WebSocket -------------------------------------------------------------------
@@ -125,12 +118,16 @@ async def test_group_messages_not_addressed_to_the_bot_are_ignored(serve: ServeA
         )
         actions = await bridge.wait_for_actions(2)
         assert actions[1].params["message"][-1] == _text("You said: thanks")
-        await asyncio.sleep(0.3)
-        assert len(bridge.actions) == 2
+        # A later addressed message in the same group is the barrier: anything the earlier
+        # ones could still cause in this conversation comes before its answer.
+        await bridge.send_event(group_message(BOT, 555, 42, f"[CQ:at,qq={BOT}] barrier"))
+        actions = await bridge.wait_for_actions(3)
+        assert [a.params["message"][-1] for a in actions][2:] == [_text("You said: barrier")]
+        assert len(bridge.actions) == 3
         history = await session_messages(client, srv.url, "onebot:group%3A555")
         users = [m["content"] for m in history if m["role"] == "user"]
-        assert users == ["now you", "thanks"]
-        assert await count(srv.runtime, inbox) == 2  # the others were not stored
+        assert users == ["now you", "thanks", "barrier"]
+        assert await count(srv.runtime, inbox) == 3  # the others were not stored
 
 
 async def test_without_mention_gating_every_group_message_is_answered(serve: ServeApp) -> None:
@@ -174,8 +171,19 @@ async def test_two_bots_connected_at_once_each_answer_their_own_users(serve: Ser
         [b] = await second.wait_for_actions(1)
         assert (a.params["user_id"], a.params["message"]) == (42, [_text("You said: to the first bot")])
         assert (b.params["user_id"], b.params["message"]) == (43, [_text("You said: to the second bot")])
-        await asyncio.sleep(0.2)
-        assert len(first.actions) == len(second.actions) == 1
+        # Barriers: a second message to each bot; neither bot got the other's answers.
+        await first.send_event(private_message(BOT, 42, "first again"))
+        await second.send_event(private_message(OTHER_BOT, 43, "second again"))
+        await first.wait_for_actions(2)
+        await second.wait_for_actions(2)
+        assert [a.params["message"] for a in first.actions] == [
+            [_text("You said: to the first bot")],
+            [_text("You said: first again")],
+        ]
+        assert [a.params["message"] for a in second.actions] == [
+            [_text("You said: to the second bot")],
+            [_text("You said: second again")],
+        ]
 
 
 async def test_separate_event_and_api_sockets_of_one_bot(serve: ServeApp) -> None:
@@ -199,9 +207,14 @@ async def test_a_redelivered_event_is_processed_once(serve: ServeApp) -> None:
         for _ in range(3):
             await bridge.send_event(event)
         await bridge.wait_for_actions(1)
-        await asyncio.sleep(0.3)
-        assert len(bridge.actions) == 1
-        assert await count(srv.runtime, inbox) == 1
+        # A later message in the same chat is the barrier: a duplicate would be answered first.
+        await bridge.send_event(private_message(BOT, 42, "barrier", message_id=32))
+        actions = await bridge.wait_for_actions(2)
+        assert [a.params["message"] for a in actions] == [
+            [_text("You said: once")],
+            [_text("You said: barrier")],
+        ]
+        assert await count(srv.runtime, inbox) == 2
 
 
 async def test_bad_frames_are_ignored_and_a_reconnecting_bridge_replaces_the_old_socket(
@@ -311,7 +324,7 @@ async def test_answers_without_a_bot_of_origin_use_the_only_bot_and_long_text_is
         async def connected() -> bool:
             return bool(adapter.connected_bots == [str(BOT)])
 
-        await _wait_until(connected)
+        await eventually(connected, timeout=15)
         # Like a cron job's reply: no reply_self_id, so the only connected bot sends it.
         answer = OutboundMessage(
             channel="onebot",
@@ -365,9 +378,16 @@ async def test_http_post_mode_signed_event_is_answered_through_the_http_api(serv
             # The same report again (the bridge retried): stored once.
             again = await _post(client, srv, private_message(BOT, 42, "via http", message_id=3), sign=SECRET)
             assert again.status_code == 204
-            await asyncio.sleep(0.3)
-            assert await count(srv.runtime, inbox) == 1
-            assert len(api.calls) == 1
+            # The redelivery's answer came after its storage decision; a later report in
+            # the same chat is the barrier for any duplicate answer.
+            barrier = private_message(BOT, 42, "barrier", message_id=4)
+            assert (await _post(client, srv, barrier, sign=SECRET)).status_code == 204
+            calls = await api.wait_for(2)
+            assert [c.params["message"] for c in calls] == [
+                [_text("You said: via http")],
+                [_text("You said: barrier")],
+            ]
+            assert await count(srv.runtime, inbox) == 2
 
 
 async def test_http_post_mode_refuses_forged_and_unsigned_reports(serve: ServeApp) -> None:

@@ -14,7 +14,7 @@ from sqlalchemy import select
 from app.db.models import inbox, messages
 from tests.app.agent.test_agent_e2e import openai_settings
 from tests.channels.onebot.test_onebot import BOT, TOKEN, _post, onebot_settings, ws_url
-from tests.channels.support import count, wait_outbox_final
+from tests.channels.support import LOCAL_MEDIA, count, wait_outbox_final
 from tests.conftest import ServeApp
 from tests.fakes.media_server import FakeMediaServer
 from tests.fakes.onebot import FakeBridge, FakeHttpApi, private_message
@@ -45,7 +45,7 @@ async def test_file_video_and_record_segments_are_kept_in_the_sessions_workspace
         llm.enqueue(text("Got your report."), text("Got the clip and the note."))
         settings = openai_settings(llm, workspace_root=str(tmp_path), workspace_per_session=True)
         async with (
-            serve(channel_settings={"onebot": onebot_settings()}, **settings) as srv,
+            serve(**LOCAL_MEDIA, channel_settings={"onebot": onebot_settings()}, **settings) as srv,
             FakeBridge(ws_url(srv), BOT, TOKEN) as bridge,
         ):
             message = [{"type": "text", "data": {"text": "please summarise"}},
@@ -85,7 +85,9 @@ async def test_a_too_large_file_gets_a_polite_reply_and_nothing_is_stored(
         settings = openai_settings(llm, workspace_root=str(tmp_path), workspace_per_session=True)
         async with (
             serve(
-                channel_settings={"onebot": onebot_settings(media_max_bytes=1000, locale="zh")}, **settings
+                **LOCAL_MEDIA,
+                channel_settings={"onebot": onebot_settings(media_max_bytes=1000, locale="zh")},
+                **settings,
             ) as srv,
             FakeBridge(ws_url(srv), BOT, TOKEN) as bridge,
         ):
@@ -105,7 +107,7 @@ async def test_an_unsigned_http_post_reports_file_is_not_fetched(serve: ServeApp
         settings = openai_settings(llm, workspace_root=str(tmp_path), workspace_per_session=True)
         channel = onebot_settings(secret=None, http_api_url=api.url)
         async with (
-            serve(channel_settings={"onebot": channel}, **settings) as srv,
+            serve(**LOCAL_MEDIA, channel_settings={"onebot": channel}, **settings) as srv,
             httpx.AsyncClient() as client,
         ):
             event = private_message(BOT, 557, [_segment("file", media, "report.pdf", len(REPORT))])

@@ -13,7 +13,7 @@ from app.db.models import inbox, messages, outbox
 from app.events import ImagePart, OutboundMessage, TextPart
 from app.pipeline.replies import outbox_values
 from tests.channels.onebot.test_onebot import BOT, SECRET, TOKEN, _post, onebot_settings, ws_url
-from tests.channels.support import count, wait_outbox_final
+from tests.channels.support import LOCAL_MEDIA, count, wait_outbox_final
 from tests.channels.telegram.test_telegram_media import PIXEL
 from tests.conftest import ServeApp
 from tests.fakes.media_server import FakeMediaServer
@@ -30,6 +30,7 @@ async def test_inbound_image_reaches_the_model_as_its_bytes(serve: ServeApp) -> 
         media.files["pixel.png"] = (PIXEL, "image/png")
         async with (
             serve(
+                **LOCAL_MEDIA,
                 channel_settings={"onebot": onebot_settings()},
                 llm_provider="openai",
                 llm_base_url=llm.url,
@@ -54,7 +55,7 @@ async def test_too_large_image_gets_a_polite_reply_and_nothing_is_stored(serve: 
     async with FakeMediaServer() as media:
         media.files["big.jpg"] = (b"x" * 5000, "image/jpeg")
         async with (
-            serve(channel_settings={"onebot": onebot_settings(media_max_bytes=1000)}) as srv,
+            serve(**LOCAL_MEDIA, channel_settings={"onebot": onebot_settings(media_max_bytes=1000)}) as srv,
             FakeBridge(ws_url(srv), BOT, TOKEN) as bridge,
         ):
             await bridge.send_event(private_message(BOT, 556, [_image(media, "big.jpg")]))
@@ -72,6 +73,7 @@ async def test_voice_record_is_transcribed_when_speech_to_text_is_on(serve: Serv
         llm.transcript = "call mum at six"
         async with (
             serve(
+                **LOCAL_MEDIA,
                 channel_settings={"onebot": onebot_settings()},
                 llm_provider="openai",
                 llm_base_url=llm.url,
@@ -128,6 +130,7 @@ async def test_a_long_turn_shows_one_working_notice_then_the_answer(serve: Serve
     async with FakeOpenAI(default=Reply(content="Done at last.", delay=1.0)) as llm:
         async with (
             serve(
+                **LOCAL_MEDIA,
                 channel_settings={"onebot": onebot_settings(working_notice_seconds=0.2, locale="zh")},
                 llm_provider="openai",
                 llm_base_url=llm.url,
@@ -149,7 +152,10 @@ async def test_http_post_reports_are_fetched_only_when_signed(serve: ServeApp) -
         for secret, fetched in ((SECRET, ["a.png"]), (None, [])):
             media.downloads.clear()
             settings = onebot_settings(secret=secret, http_api_url=api.url)
-            async with serve(channel_settings={"onebot": settings}) as srv, httpx.AsyncClient() as client:
+            async with (
+                serve(**LOCAL_MEDIA, channel_settings={"onebot": settings}) as srv,
+                httpx.AsyncClient() as client,
+            ):
                 event = private_message(BOT, 560, [_image(media, "a.png")])
                 resp = await _post(client, srv, event, **({"sign": secret} if secret else {}))
                 assert resp.status_code == 204, resp.text

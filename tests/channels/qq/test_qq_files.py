@@ -12,7 +12,7 @@ from sqlalchemy import select
 from app.db.models import inbox, messages
 from tests.app.agent.test_agent_e2e import openai_settings
 from tests.channels.qq.test_qq import APP_ID, SECRET, _post, qq_settings
-from tests.channels.support import count, wait_outbox_final
+from tests.channels.support import LOCAL_MEDIA, count, wait_outbox_final
 from tests.conftest import ServeApp
 from tests.fakes.media_server import FakeMediaServer
 from tests.fakes.openai_server import FakeOpenAI, text
@@ -36,7 +36,7 @@ async def test_a_document_and_a_video_are_kept_in_the_sessions_workspace(
         llm.enqueue(text("Got your report."), text("Nice clip."))
         settings = openai_settings(llm, workspace_root=str(tmp_path), workspace_per_session=True)
         async with (
-            serve(channel_settings={"qq": qq_settings(platform)}, **settings) as srv,
+            serve(**LOCAL_MEDIA, channel_settings={"qq": qq_settings(platform)}, **settings) as srv,
             httpx.AsyncClient(timeout=30) as client,
         ):
             doc = {"content_type": "file", "filename": "report 2026.pdf", "size": len(REPORT),
@@ -75,7 +75,7 @@ async def test_a_too_large_document_gets_a_polite_reply_and_nothing_is_stored(
         settings = openai_settings(llm, workspace_root=str(tmp_path), workspace_per_session=True)
         qq = qq_settings(platform, media_max_bytes=1000, locale="zh")
         async with (
-            serve(channel_settings={"qq": qq}, **settings) as srv,
+            serve(**LOCAL_MEDIA, channel_settings={"qq": qq}, **settings) as srv,
             httpx.AsyncClient(timeout=30) as client,
         ):
             doc = {"content_type": "file", "filename": "backup.zip", "url": cdn.url_of("big")}

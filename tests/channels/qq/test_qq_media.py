@@ -14,7 +14,7 @@ from app.events import ImagePart, OutboundMessage, TextPart
 from app.pipeline.replies import outbox_values
 from channels.qq import QQChannel
 from tests.channels.qq.test_qq import APP_ID, SECRET, _post, qq_settings
-from tests.channels.support import count, send_only_context, wait_outbox_final
+from tests.channels.support import LOCAL_MEDIA, count, send_only_context, wait_outbox_final
 from tests.channels.telegram.test_telegram_media import PIXEL
 from tests.conftest import ServeApp
 from tests.fakes.media_server import FakeMediaServer
@@ -37,6 +37,7 @@ async def test_inbound_image_reaches_the_model_as_its_bytes(serve: ServeApp) -> 
         cdn.files["pixel.png"] = (PIXEL, "image/png")
         async with (
             serve(
+                **LOCAL_MEDIA,
                 channel_settings={"qq": qq_settings(platform)},
                 llm_provider="openai",
                 llm_base_url=llm.url,
@@ -62,7 +63,7 @@ async def test_too_large_image_gets_a_polite_reply_and_nothing_is_stored(serve: 
     async with QQPlatform(APP_ID, SECRET) as platform, FakeMediaServer() as cdn:
         cdn.files["big.jpg"] = (b"x" * 5000, "image/jpeg")
         async with (
-            serve(channel_settings={"qq": qq_settings(platform, media_max_bytes=1000)}) as srv,
+            serve(**LOCAL_MEDIA, channel_settings={"qq": qq_settings(platform, media_max_bytes=1000)}) as srv,
             httpx.AsyncClient(timeout=30) as client,
         ):
             picture = {"content_type": "image/jpeg", "url": cdn.url_of("big.jpg")}
@@ -87,6 +88,7 @@ async def test_voice_uses_the_platforms_transcript_or_speech_to_text(serve: Serv
         llm.transcript = "water the plants"
         async with (
             serve(
+                **LOCAL_MEDIA,
                 channel_settings={"qq": qq_settings(platform)},
                 llm_provider="openai",
                 llm_base_url=llm.url,

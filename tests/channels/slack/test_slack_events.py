@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import httpx
@@ -174,10 +173,15 @@ async def test_bot_messages_and_unmentioned_channel_messages_are_not_answered(se
                 resp = await post_event(client, srv.url, sl.event_callback(event))
                 assert resp.status_code == 200
                 assert "ignored" in resp.json(), event
-            await asyncio.sleep(0.3)
-            assert await count(srv.runtime, inbox) == 0
-            assert await count(srv.runtime, outbox) == 0
-    assert fake.posted() == []
+            # A barrier instead of a pause: a message that is answered, sent after the
+            # ignored ones; once its answer is out, anything they caused would be too.
+            resp = await post_event(client, srv.url, sl.event_callback(sl.dm("barrier")))
+            assert resp.status_code == 200 and "ignored" not in resp.json()
+            await fake.wait_for("chat.postMessage", 1)
+            await wait_outbox_final(srv.runtime)
+            assert await count(srv.runtime, inbox) == 1  # the barrier only
+            assert await count(srv.runtime, outbox) == 1
+    assert [p["text"] for p in fake.posted()] == ["You said: barrier"]
 
 
 async def test_mention_gating_can_be_turned_off(serve: ServeApp) -> None:

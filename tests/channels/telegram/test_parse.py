@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from app.errors import InvalidPayload
-from app.events import ChatType
+from app.events import ChatType, NativeKind, native_of
 from channels.telegram import TelegramSettings
 from channels.telegram.parse import BotIdentity, parse_update
 from tests.fakes import telegram as tg
@@ -83,7 +83,7 @@ def test_reply_threads_outside_forums_are_not_topics() -> None:
 @pytest.mark.parametrize(
     "update",
     [
-        {"update_id": 9, "edited_message": tg.message("edit")},
+        {"update_id": 9, "edited_message": tg.message("edit", sender={**tg.user(98), "is_bot": True})},
         {"update_id": 10, "callback_query": {"id": "1", "from": tg.user(), "chat_instance": "x"}},
         tg.update(11, tg.message("from a bot", sender={**tg.user(99), "is_bot": True})),
         tg.update(12, tg.message("channel post", chat={"id": -1007, "type": "channel", "title": "C"})),
@@ -94,6 +94,18 @@ def test_updates_that_are_not_user_messages_are_ignored(update: dict[str, Any]) 
     parsed = _parse(update)
     assert parsed.event is None
     assert parsed.ignored
+
+
+def test_an_edited_message_is_an_edited_event_naming_the_message() -> None:
+    original = tg.message("meet at 5")
+    parsed = _parse(tg.edited_update(20, original, "meet at 6"))
+    assert parsed.event is not None
+    native = native_of(parsed.event)
+    assert native is not None
+    assert (native.kind, native.target) == (NativeKind.EDITED, str(original["message_id"]))
+    assert parsed.event.text == "meet at 6"
+    assert parsed.event.external_id == "update:20"
+    assert parsed.event.session_key == "telegram:4242"
 
 
 def test_private_chat_is_direct_and_keyed_by_chat() -> None:

@@ -212,3 +212,25 @@ async def test_photo_and_document_become_parts(serve: ServeApp) -> None:
             "workspace_path": None,  # not kept: no per-session workspace here
         }
     ]
+
+
+async def test_a_wrong_secret_is_logged_once_a_minute_without_the_secret(serve: ServeApp) -> None:
+    """A 401 answered in silence looks like an idle bot: the operator hears of it, once."""
+    from structlog.testing import capture_logs
+
+    async with FakeTelegram() as fake:
+        async with (
+            serve(channel_settings={"telegram": tg_settings(fake)}) as srv,
+            httpx.AsyncClient(timeout=30) as client,
+        ):
+            with capture_logs() as logs:
+                for n in range(5):
+                    resp = await post_update(
+                        client, srv.url, tg.update(20 + n, tg.message("hi")), secret="wr0ng"
+                    )
+                    assert resp.status_code == 401
+    refused = [e for e in logs if e["event"] == "channel_request_unauthorized"]
+    assert len(refused) == 1, refused
+    assert refused[0]["channel"] == "telegram"
+    assert refused[0]["reason"] == "X-Telegram-Bot-Api-Secret-Token does not match"
+    assert "wr0ng" not in repr(logs)

@@ -3,7 +3,6 @@ by the test's own WeChat, the app served for real, replies at a fake WeChat API 
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import time
 from collections.abc import AsyncIterator
@@ -14,7 +13,7 @@ import pytest
 
 from app.db.models import inbox, outbox
 from channels.wechat_mp import WeChatMpSettings
-from tests.channels.support import count, session_messages, settled_outbox
+from tests.channels.support import count, session_messages, settled_outbox, wait_inbox_done
 from tests.conftest import ServeApp
 from tests.fakes.wechat_mp import FakeWeChatMpApi, WeChatMpCallbacks
 
@@ -140,10 +139,14 @@ async def test_redelivered_message_is_processed_once(
         for _ in range(3):  # WeChat retries up to three times when we are slow
             assert (await _post(client, srv.url, wechat.encrypted(inner))).status_code == 200
         await api.wait_for_sent(1)
-        await asyncio.sleep(0.5)
-        assert len(api.sent) == 1
-        assert await count(srv.runtime, inbox) == 1
-        assert await count(srv.runtime, outbox) == 1
+        # A later message from the same person is the barrier: a duplicated reply to the
+        # redelivered one would be sent before the barrier's.
+        barrier = wechat.encrypted(wechat.text("openid-3", "barrier", 32))
+        assert (await _post(client, srv.url, barrier)).status_code == 200
+        sent = await api.wait_for_sent(2)
+        assert ["barrier" in str(call.body) for call in sent] == [False, True]
+        assert await count(srv.runtime, inbox) == 2
+        assert await count(srv.runtime, outbox) == 2
 
 
 async def test_forged_stale_or_malformed_callbacks_get_4xx_and_store_nothing(
@@ -230,7 +233,7 @@ async def test_expired_or_invalid_access_token_is_refreshed_and_the_send_retried
     assert api.send_attempts == 5
 
 
-async def test_subscribe_is_acknowledged_and_menu_click_is_a_message(
+async def test_subscribe_is_a_silent_join_and_menu_click_is_a_message(
     serve: ServeApp, api: FakeWeChatMpApi, wechat: WeChatMpCallbacks
 ) -> None:
     now = int(time.time())
@@ -243,7 +246,14 @@ async def test_subscribe_is_acknowledged_and_menu_click_is_a_message(
         for _ in range(2):  # the click, and WeChat redelivering it (events dedup on user + time)
             click = wechat.plaintext(wechat.event("openid-7", "CLICK", now, event_key="/new"))
             assert (await _post(client, srv.url, click)).status_code == 200
-        assert await count(srv.runtime, inbox) == 1
+        await _post(client, srv.url, wechat.plaintext(wechat.event("openid-7", "VIEW", now)))  # ignored
+        await wait_inbox_done(srv.runtime)
+        assert await count(srv.runtime, inbox) == 2  # the join and the click
+        await api.wait_for_sent(1)
+        await wait_inbox_done(srv.runtime)
+        await settled_outbox(srv.runtime)
+    # Only the click's answer: without WECHAT_MP_WELCOME_TEXT a follow says nothing.
+    assert [c.body["text"]["content"] for c in api.sent] == ["Started a new conversation."]
 
 
 async def test_plaintext_allowed_explicitly_and_the_previous_key_after_a_rotation(

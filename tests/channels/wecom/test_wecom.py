@@ -3,7 +3,6 @@ the app served for real, replies delivered to a fake WeCom API server."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import time
 from collections.abc import AsyncIterator
@@ -117,10 +116,13 @@ async def test_redelivered_message_is_processed_once(
             resp = await _post(client, srv.url, wecom.post(inner))
             assert resp.status_code == 200
         await api.wait_for_sent(1)
-        await asyncio.sleep(0.5)  # room for a wrongly duplicated second reply to show up
-        assert len(api.sent) == 1
-        assert await count(srv.runtime, inbox) == 1
-        assert await count(srv.runtime, outbox) == 1
+        # A later message from the same person is the barrier: a duplicated reply to the
+        # redelivered one would be sent before the barrier's.
+        await _post(client, srv.url, wecom.post(wecom.text("lisi", "barrier", 2002)))
+        sent = await api.wait_for_sent(2)
+        assert ["barrier" in str(call.body) for call in sent] == [False, True]
+        assert await count(srv.runtime, inbox) == 2
+        assert await count(srv.runtime, outbox) == 2
 
 
 async def test_forged_stale_or_malformed_callbacks_get_4xx_and_store_nothing(

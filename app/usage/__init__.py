@@ -1,0 +1,1 @@
+"""Usage of model calls, their cost and budgets (docs/usage.md)."""

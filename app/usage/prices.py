@@ -1,0 +1,60 @@
+"""What a model call cost: the operator's own prices first, then genai-prices' table."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import structlog
+
+from app.usage_settings import UsageSettings
+
+log = structlog.get_logger(__name__)
+
+MILLION = 1_000_000
+
+
+class Prices:
+    def __init__(self, settings: UsageSettings) -> None:
+        self.settings = settings
+        self.currency = settings.currency
+
+    def cost(self, model: str, input_tokens: int, output_tokens: int, cached_tokens: int) -> float | None:
+        """The call's cost in `currency`, or None when no price of the model is known."""
+        own = self.settings.prices.get(model)
+        if own is not None:
+            cached_price = own.cached if own.cached is not None else own.input
+            fresh = max(0, input_tokens - cached_tokens)
+            return (fresh * own.input + cached_tokens * cached_price + output_tokens * own.output) / MILLION
+        if self.currency != "USD":
+            return None  # the table is in USD: no guessing at an exchange rate
+        return _table_cost(model, input_tokens, output_tokens, cached_tokens)
+
+    def audio_cost(self, model: str, seconds: float) -> float | None:
+        """A transcription billed by duration: only the operator's own `audio_minute` (the
+        table prices tokens)."""
+        own = self.settings.prices.get(model)
+        if own is None or own.audio_minute is None:
+            return None
+        return seconds / 60 * own.audio_minute
+
+
+def _table_cost(model: str, input_tokens: int, output_tokens: int, cached_tokens: int) -> float | None:
+    if not _known(model):  # before the import: it runs on every call
+        return None
+    from genai_prices import Usage, calc_price
+
+    usage = Usage(input_tokens=input_tokens, output_tokens=output_tokens, cache_read_tokens=cached_tokens)
+    return float(calc_price(usage, model_ref=model).total_price)
+
+
+@lru_cache(maxsize=256)
+def _known(model: str) -> bool:
+    """Whether the table prices `model` (asked once per model: an unknown one raises)."""
+    from genai_prices import Usage, calc_price
+
+    try:
+        calc_price(Usage(input_tokens=1, output_tokens=1), model_ref=model)
+    except LookupError:
+        log.info("model_price_unknown", model=model)
+        return False
+    return True
