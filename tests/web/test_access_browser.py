@@ -39,6 +39,8 @@ async def test_access_page_approves_and_edits(serve: ServeApp, page: Page) -> No
 
         await page.fill('#access-add input[name="id"]', "hank")
         await page.click("#access-add button[type=submit]")
+        # The page says what the server answered: an error shows here, not as a row missing.
+        await expect(page.locator("#access-message")).to_contain_text("Allowed hank")
         rows = page.locator("#access-entries tbody tr")
         await expect(rows).to_have_count(2)
         assert not (await send("hank")).get("skipped")
