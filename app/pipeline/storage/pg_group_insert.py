@@ -17,44 +17,36 @@ copies of the same two deliveries in opposite orders each wait for the other's i
 (`deadlock_timeout`, 1 s by default, then one of them is aborted; a one-row insert
 cannot take part in such a cycle on its own). Any other failure (the connection broke)
 fails the whole group: whether it committed is unknown, and inserting again could store
-an event twice.
+an event twice. The waiting, grouping and retrying are `pg_batcher.StatementBatcher`'s.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import asyncpg
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app import tracing
 from app.db import direct
 from app.events import InboundEvent
+from app.pipeline.storage.pg_batcher import StatementBatcher, Waiting
 from app.pipeline.storage.pg_inbox import INSERT_MANY
 
-# Errors the server raises for a statement it did not carry out, where carrying out its
-# events one per statement may succeed: a value of one event, or a deadlock.
-_RETRY_ONE_BY_ONE = (
-    asyncpg.DataError,
-    asyncpg.IntegrityConstraintViolationError,
-    asyncpg.TransactionRollbackError,
-)
+
+class _Event(Waiting[bool]):  # answer: False for a duplicate
+    __slots__ = ("event", "now", "trace")
+
+    def __init__(self, event: InboundEvent, now: datetime) -> None:
+        super().__init__()
+        self.event = event
+        self.now = now
+        self.trace = tracing.carrier()  # the caller's trace context (app.tracing)
 
 
-@dataclass
-class _Waiting:
-    event: InboundEvent
-    now: datetime
-    stored: asyncio.Future[bool]  # False: a duplicate
-    trace: dict[str, Any] | None = None  # the caller's trace context (app.tracing)
-
-
-class GroupInsert:
+class GroupInsert(StatementBatcher[_Event, bool]):
     """Stores single events, those arriving together in one statement (see the module).
 
     `insert` returns whether the event was stored (False: a duplicate).
@@ -69,77 +61,27 @@ class GroupInsert:
         max_rows: int = 500,
         max_statements: int = 4,
     ) -> None:
-        self.engine = engine
+        super().__init__(engine, max_statements=max_statements)
         self._insert_one = insert_one
         self.max_rows = max_rows
-        self.max_statements = max_statements  # in flight at once (each holds a connection)
-        self._waiting: list[_Waiting] = []
-        self._running = 0
-        self._tasks: set[asyncio.Task[None]] = set()
 
     async def insert(self, event: InboundEvent, now: datetime) -> bool:
-        waiting = _Waiting(event, now, asyncio.get_running_loop().create_future(), tracing.carrier())
-        self._waiting.append(waiting)
-        if self._running < self.max_statements:
-            self._running += 1
-            task = asyncio.create_task(self._store_waiting())
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-        return await waiting.stored
+        return await self.submit(_Event(event, now))
 
-    async def _store_waiting(self) -> None:
-        try:
-            while self._waiting:
-                group: list[_Waiting] = []
-                try:
-                    async with direct.connect(self.engine) as conn:
-                        # Taken once the connection is ours: what arrived meanwhile goes too.
-                        group = self._take()
-                        if not group:
-                            return
-                        rows = await INSERT_MANY.rows(conn, _arrays(group))
-                except Exception as exc:
-                    group = group or self._take()  # no connection: this group fails
-                    if isinstance(exc, _RETRY_ONE_BY_ONE) and len(group) > 1:
-                        await self._one_by_one(group)
-                    else:
-                        _fail(group, exc)
-                    continue
-                except BaseException as exc:  # cancelled: the gateway is stopping
-                    _fail(group or self._take(), exc)
-                    raise
-                new = {row["event_id"] for row in rows}
-                for waiting in group:
-                    self._answer(waiting, waiting.event.event_id in new)
-        finally:
-            self._running -= 1
-
-    def _take(self) -> list[_Waiting]:
+    def take(self) -> list[_Event]:
         group, self._waiting = self._waiting[: self.max_rows], self._waiting[self.max_rows :]
         return group
 
-    @staticmethod
-    def _answer(waiting: _Waiting, stored: bool) -> None:
-        if not waiting.stored.done():
-            waiting.stored.set_result(stored)
+    async def run(self, conn: direct.DirectConnection, group: list[_Event]) -> list[bool]:
+        rows = await INSERT_MANY.rows(conn, _arrays(group))
+        new = {row["event_id"] for row in rows}
+        return [waiting.event.event_id in new for waiting in group]
 
-    async def _one_by_one(self, group: list[_Waiting]) -> None:
-        for waiting in group:
-            try:
-                stored = await self._insert_one(waiting.event, waiting.now)
-            except Exception as exc:
-                _fail([waiting], exc)
-            else:
-                self._answer(waiting, stored)
+    async def run_one(self, waiting: _Event) -> bool:
+        return await self._insert_one(waiting.event, waiting.now)
 
 
-def _fail(group: list[_Waiting], exc: BaseException) -> None:
-    for waiting in group:
-        if not waiting.stored.done():
-            waiting.stored.set_exception(exc)
-
-
-def _arrays(group: list[_Waiting]) -> dict[str, list[Any]]:
+def _arrays(group: list[_Event]) -> dict[str, list[Any]]:
     events = [w.event for w in group]
     return {
         "e": [e.event_id for e in events],

@@ -1,0 +1,129 @@
+"""PostgreSQL: callers that arrive while earlier ones are being written share one statement.
+
+The machinery under `pg_group_insert` (events accepted together) and `pg_finish_group`
+(turns ending together). Each caller puts what it wants written in a waiting item and
+awaits that item's answer. While fewer than `max_statements` statements are in flight, an
+arriving caller starts one at once, so a quiet gateway waits for nothing; otherwise it waits
+for the next statement, together with whoever else arrived meanwhile. The group is taken
+only once a connection is ours, so what arrived while it was being acquired goes too.
+
+A statement the server rejected as a whole because of one item's data (too long a value, a
+duplicate id) or aborted as a deadlock is carried out again one item at a time, so only the
+bad item fails. Any other failure (the connection broke) fails the whole group: whether it
+committed is unknown, and writing again could write twice. A cancelled statement (the
+gateway stopping) fails its group with the cancellation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Generic, TypeVar
+
+import asyncpg
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.db import direct
+
+# Errors the server raises for a statement it did not carry out, where carrying out its
+# items one per statement may succeed: a value of one item, or a deadlock.
+RETRY_ONE_BY_ONE = (
+    asyncpg.DataError,
+    asyncpg.IntegrityConstraintViolationError,
+    asyncpg.TransactionRollbackError,
+)
+
+R = TypeVar("R")
+
+
+class Waiting(Generic[R]):
+    """What one caller waits for: `answer` is set after the statement holding it committed."""
+
+    __slots__ = ("answer",)
+
+    def __init__(self) -> None:
+        self.answer: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+
+
+W = TypeVar("W", bound=Waiting)  # type: ignore[type-arg]
+
+
+class StatementBatcher(Generic[W, R]):
+    """Runs waiting items in shared statements (see the module).
+
+    A subclass says which waiting items go together (`take`), how a group is written
+    (`run`: one result per item, in order) and how one item is written alone (`run_one`).
+    """
+
+    def __init__(self, engine: AsyncEngine, *, max_statements: int = 4) -> None:
+        self.engine = engine
+        self.max_statements = max_statements  # in flight at once (each holds a connection)
+        self._waiting: list[W] = []
+        self._running = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def submit(self, waiting: W) -> R:
+        """Queue `waiting`, start a statement if fewer than `max_statements` run; its answer."""
+        self._waiting.append(waiting)
+        if self._running < self.max_statements:
+            self._running += 1
+            task = asyncio.create_task(self._drain())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        return await waiting.answer
+
+    def take(self) -> list[W]:
+        """The next group, removed from the waiting items; [] when none is left."""
+        raise NotImplementedError
+
+    async def run(self, conn: direct.DirectConnection, group: list[W]) -> list[R]:
+        """Write `group` in one statement on `conn`; each item's result, in order."""
+        raise NotImplementedError
+
+    async def run_one(self, waiting: W) -> R:
+        """Write one item alone (a rejected group is redone this way)."""
+        raise NotImplementedError
+
+    async def _drain(self) -> None:
+        try:
+            while self._waiting:
+                group: list[W] = []
+                try:
+                    async with direct.connect(self.engine) as conn:
+                        group = self.take()
+                        if not group:
+                            return
+                        results = await self.run(conn, group)
+                except Exception as exc:
+                    group = group or self.take()  # no connection: this group fails
+                    if isinstance(exc, RETRY_ONE_BY_ONE) and len(group) > 1:
+                        await self._one_by_one(group)
+                    else:
+                        fail(group, exc)
+                    continue
+                except BaseException as exc:  # cancelled: the gateway is stopping
+                    fail(group or self.take(), exc)
+                    raise
+                for waiting, result in zip(group, results, strict=True):
+                    answer(waiting, result)
+        finally:
+            self._running -= 1
+
+    async def _one_by_one(self, group: list[W]) -> None:
+        for waiting in group:
+            try:
+                result = await self.run_one(waiting)
+            except Exception as exc:
+                fail([waiting], exc)
+            else:
+                answer(waiting, result)
+
+
+def answer(waiting: Waiting[R], result: R) -> None:
+    if not waiting.answer.done():
+        waiting.answer.set_result(result)
+
+
+def fail(group: list[W], exc: BaseException) -> None:
+    for waiting in group:
+        if not waiting.answer.done():
+            waiting.answer.set_exception(exc)
