@@ -100,7 +100,8 @@ class Pacer:
         return None if rate is None else (PaceBucket(f"{message.channel}:card", rate.interval),)
 
     def _chat_buckets(self, message: OutboundMessage) -> list[str]:
-        return [b.name for b in self.buckets(message) if not b.name.endswith(":bot")]
+        """The buckets of the message's chat (and group), not the bot-wide one."""
+        return [b.name for b in self.buckets(message) if b.exclusive]
 
     async def final(self, message: OutboundMessage) -> PaceGrant:
         """A final answer's slot: granted (send at `at`), or come back at `at`."""
@@ -114,8 +115,7 @@ class Pacer:
         """The platform answered the send of `grant` (whatever it said, after a
         `retry_after` was recorded): the next send to the chat may go."""
         if grant.held_until:
-            names = [b.name for b in self.buckets(message) if b.exclusive]
-            await self.store.release_pace(names, grant.held_until)
+            await self.store.release_pace(self._chat_buckets(message), grant.held_until)
 
     async def preview(self, message: OutboundMessage, *, card: bool = False) -> bool:
         """Whether a preview (a streaming edit; `card`: a card update) may go now; it never waits."""
