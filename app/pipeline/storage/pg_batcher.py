@@ -17,10 +17,11 @@ gateway stopping) fails its group with the cancellation.
 from __future__ import annotations
 
 import asyncio
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import asyncpg
 from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.sql import visitors
 
 from app.db import direct
 
@@ -116,6 +117,19 @@ class StatementBatcher(Generic[W, R]):
                 fail([waiting], exc)
             else:
                 answer(waiting, result)
+
+
+def renamed(statement: Any, suffix: str) -> Any:
+    """A copy of `statement` whose bound parameters and CTEs are named with `suffix`: copies
+    of one statement, renamed apart, can run side by side as one (`pg_finish_group`)."""
+
+    def bind(element: Any) -> None:
+        element.key = element.key + suffix
+
+    def cte(element: Any) -> None:
+        element.name = element.name + suffix
+
+    return visitors.cloned_traverse(statement, {}, {"bindparam": bind, "cte": cte})
 
 
 def answer(waiting: Waiting[R], result: R) -> None:

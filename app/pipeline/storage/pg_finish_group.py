@@ -31,33 +31,20 @@ from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
-from sqlalchemy.sql import visitors
 
 from app.db import direct
-from app.pipeline.storage.pg_batcher import StatementBatcher, Waiting
+from app.pipeline.storage.pg_batcher import StatementBatcher, Waiting, renamed
 from app.pipeline.storage.pg_turn import FINISH, finish_statement
 
 # How many turns a group statement ends (largest first); fewer waiting: a single end.
 SIZES = (4, 2)
 
 
-def _renamed(statement: Any, suffix: str) -> Any:
-    """A copy of `statement` whose bound parameters and CTEs are named with `suffix`."""
-
-    def bind(element: Any) -> None:
-        element.key = element.key + suffix
-
-    def cte(element: Any) -> None:
-        element.name = element.name + suffix
-
-    return visitors.cloned_traverse(statement, {}, {"bindparam": bind, "cte": cte})
-
-
 def _grouped(turns: int, hand_on: bool) -> Any:
     """`turns` copies of the end's statement in one: turn i's parameters and columns end in `_i`."""
     columns = []
     for i in range(turns):
-        one = _renamed(finish_statement(hand_on=hand_on), f"_{i}")
+        one = renamed(finish_statement(hand_on=hand_on), f"_{i}")
         columns += [column.label(f"{column.name}_{i}") for column in one.selected_columns]
     return select(*columns)
 

@@ -42,7 +42,7 @@ _K = session_keys.c
 _INBOX_ID = bindparam("inbox_id", type_=BigInteger)
 
 
-# An open session: one a turn may continue (`_start_statement`).
+# An open session: one a turn may continue (`start_statement`).
 OPEN = or_(sessions.c.status == "active", sessions.c.status == "suspended")
 
 
@@ -73,7 +73,7 @@ def continue_session(current: Any, *conditions: Any) -> Any:
 
 def first_reads(opened: Any, recall: bool | None) -> list[Any]:
     """What the run needs first, read for the session the `opened` CTE returns (see
-    `_start_statement`): `window` and, unless `recall` is None, `recalled`. They join
+    `start_statement`): `window` and, unless `recall` is None, `recalled`. They join
     `opened` themselves (no correlation): no rows when nothing opened."""
     window = (
         select(messages)
@@ -91,7 +91,7 @@ def first_reads(opened: Any, recall: bool | None) -> list[Any]:
     return reads
 
 
-def _start_statement(recall: bool | None) -> Any:
+def start_statement(recall: bool | None, *, one: str = "one") -> Any:
     """The start of a turn in the common cases; writes nothing when neither applies.
 
     Continue: the key's current session is open, of the event's channel, active since
@@ -200,7 +200,8 @@ def _start_statement(recall: bool | None) -> Any:
         .returning(runs.c.id)
         .cte("run")
     )
-    one = select(literal(1).label("one")).subquery("one")  # a row even when nothing opened
+    # A row even when nothing opened (`one`: its name, unique in a group of starts).
+    one_row = select(literal(1).label("one")).subquery(one)
     return select(
         count(fence, "held"),
         count(countable, "countable"),
@@ -213,7 +214,7 @@ def _start_statement(recall: bool | None) -> Any:
         count(point, "pointed"),
         *first_reads(opened, recall),
         lax_commit(),  # redone if a database crash loses it: the event is still pending
-    ).select_from(one.outerjoin(opened, true()))
+    ).select_from(one_row.outerjoin(opened, true()))
 
 
 _NEW_SESSION = (
@@ -230,4 +231,4 @@ _NEW_SESSION = (
 )
 
 
-START = {recall: Direct(_start_statement(recall)) for recall in (None, False, True)}
+START = {recall: Direct(start_statement(recall)) for recall in (None, False, True)}

@@ -9,8 +9,9 @@ most of an event's cost was those round trips (`bench/RESULTS.md`), so here:
 - taking a lease reads the key's next rows, and so does a turn's end (`pg_inbox.TAKE`,
   `pg_turn.FINISH`), so a worker rarely reads them on its own;
 - a turn's start, each message appended during its run, its end (which may also give
-  the lease up, and take the next waiting key's) are one statement each (`pg_turn`); the
-  ends of several keys' turns arriving together share one (`pg_finish_group`);
+  the lease up, and take the next waiting key's) are one statement each (`pg_start`,
+  `pg_turn`); the starts of several keys' turns arriving together share one
+  (`pg_start_group`), and so do their ends (`pg_finish_group`);
 - the hottest statements run on asyncpg directly (`app.db.direct`).
 
 Where a common case does not apply (a batch of events, a retry, a repair of the history,
@@ -31,10 +32,11 @@ from app.db.models import utcnow
 from app.errors import LeaseLost, RowsCanceled
 from app.events import InboundEvent
 from app.memory.store import Memory, memory_from_row
-from app.pipeline.storage import pg_inbox, pg_start, pg_turn
+from app.pipeline.storage import pg_inbox, pg_turn
 from app.pipeline.storage.pg_finish_group import FinishGroup
 from app.pipeline.storage.pg_group_insert import GroupInsert
 from app.pipeline.storage.pg_inbox import rows_from
+from app.pipeline.storage.pg_start_group import StartGroup
 from app.pipeline.storage.port import (
     Accepted,
     Appended,
@@ -58,6 +60,7 @@ class PostgresStore(PortableStore):
     def __init__(self, engine: AsyncEngine, sessions: SessionStore, *, lease_ttl: float) -> None:
         super().__init__(engine, sessions, lease_ttl=lease_ttl)
         self._group = GroupInsert(self.reader, insert_one=self._insert_alone)
+        self._starts = StartGroup(self.reader)
         self._ends = FinishGroup(self.reader)
 
     def _expires(self, now: datetime) -> datetime:
@@ -159,8 +162,11 @@ class PostgresStore(PortableStore):
         if recall is not None:
             params.update(recall.params)
         params.update(tally=plan.count_attempt, inbox_id=plan.rows[0].id)
-        statement = pg_start.START[None if recall is None else recall.with_user]
-        row = await self._fenced_statement(statement, lease, params)
+        # With the starts of other keys' turns that arrive meanwhile (`pg_start_group`).
+        params.update(k=lease.key, o=lease.owner, f=lease.fence)
+        row = await self._starts.start(params, recall=None if recall is None else recall.with_user)
+        if row["held"] != 1:
+            raise LeaseLost(lease.key, lease.fence)
         if plan.count_attempt and not row["countable"]:
             raise RowsCanceled(frozenset([plan.rows[0].id]))
         if row["id"] is None:
