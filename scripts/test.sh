@@ -74,12 +74,15 @@ phase() {
   "$VENV/bin/pytest" --cache-clear -m "$marker" "$@" "${ARGS[@]}" || status=$?
   if [ "$status" -eq 0 ] || [ "$status" -eq 5 ]; then return 0; fi
   [ "$status" -eq 1 ] && [ -f "$lastfailed" ] || return "$status"
-  failed=$("$VENV/bin/python" -c 'import json, sys; print("\n".join(json.load(open(sys.argv[1]))))' "$lastfailed")
+  # Test ids as pytest-xdist recorded them: `--dist loadgroup` adds "@group" to a grouped one.
+  failed=$("$VENV/bin/python" -c 'import json, re, sys; print("\n".join(sorted({re.sub(r"@[^@\]]*$", "", k) for k in json.load(open(sys.argv[1]))})))' "$lastfailed")
   if [ -z "$failed" ] || [ "$(wc -l <<<"$failed")" -gt 3 ]; then return 1; fi
   mkdir -p test-artifacts
   printf '%s\n' "$failed" >>test-artifacts/flaky.txt
   printf '\n=== FLAKY: failed once, running again alone ===\n%s\n\n' "$failed"
-  "$VENV/bin/pytest" -p no:xdist --last-failed --last-failed-no-failures none -m "$marker" "${ARGS[@]}"
+  local ids
+  mapfile -t ids <<<"$failed"
+  "$VENV/bin/pytest" -p no:xdist -m "$marker" "${ids[@]}"
 }
 
 # Two phases: everything not marked `serial` on several workers (most of the time goes to
