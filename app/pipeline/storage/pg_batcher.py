@@ -1,7 +1,8 @@
 """PostgreSQL: callers that arrive while earlier ones are being written share one statement.
 
-The machinery under `pg_group_insert` (events accepted together) and `pg_finish_group`
-(turns ending together). Each caller puts what it wants written in a waiting item and
+The machinery under `pg_group_insert` (events accepted together), `pg_start_group` and
+`pg_finish_group` (turns starting or ending together; `KindBatcher` runs copies of one
+statement side by side, renamed apart by `renamed` and joined by `grouped_statement`). Each caller puts what it wants written in a waiting item and
 awaits that item's answer. While fewer than `max_statements` statements are in flight, an
 arriving caller starts one at once, so a quiet gateway waits for nothing; otherwise it waits
 for the next statement, together with whoever else arrived meanwhile. The group is taken
@@ -17,9 +18,11 @@ gateway stopping) fails its group with the cancellation.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 import asyncpg
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql import visitors
 
@@ -130,6 +133,83 @@ def renamed(statement: Any, suffix: str) -> Any:
         element.name = element.name + suffix
 
     return visitors.cloned_traverse(statement, {}, {"bindparam": bind, "cte": cte})
+
+
+def grouped_statement(copies: Sequence[Any]) -> Any:
+    """One statement running `copies` (of one statement, each `renamed` apart) side by side:
+    copy i's columns named `…_i`, in copy order, each copy's own FROM items kept."""
+    columns: list[Any] = []
+    froms: list[Any] = []
+    for i, one in enumerate(copies):
+        columns += [column.label(f"{column.name}_{i}") for column in one.selected_columns]
+        froms += one.get_final_froms()
+    return select(*columns).select_from(*froms)
+
+
+class Grouped(Waiting[Mapping[str, Any]]):
+    """One run of a statement of some `kind`: its parameters; its answer, the statement's row."""
+
+    __slots__ = ("kind", "params")
+
+    def __init__(self, params: dict[str, Any], kind: Hashable) -> None:
+        super().__init__()
+        self.params = params
+        self.kind = kind
+
+
+class KindBatcher(StatementBatcher[Grouped, Mapping[str, Any]]):
+    """Runs one-row statements of a few kinds, those of one kind waiting together as one
+    `grouped_statement` of 2 or 4 copies (`sizes`), so a connection prepares few shapes.
+
+    `single[kind]`: the statement alone; `grouped[n, kind]`: n copies of it; `columns[kind]`:
+    the names of its columns, under which each caller gets its own copy's row.
+    """
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        *,
+        single: Mapping[Any, direct.Direct],
+        grouped: Mapping[tuple[int, Any], direct.Direct],
+        columns: Mapping[Any, Sequence[str]],
+        sizes: tuple[int, ...],
+        max_statements: int = 4,
+    ) -> None:
+        super().__init__(engine, max_statements=max_statements)
+        self.single = single
+        self.grouped = grouped
+        self.columns = columns
+        self.sizes = sizes
+
+    def take(self) -> list[Grouped]:
+        """The longest-waiting run and the others of its kind, as many as a group holds.
+
+        A run whose caller was cancelled meanwhile (the gateway stopping) is left out: it
+        writes nothing, as a single statement cancelled before it was sent."""
+        self._waiting = [w for w in self._waiting if not w.answer.done()]
+        if not self._waiting:
+            return []
+        kind = self._waiting[0].kind
+        alike = [w for w in self._waiting if w.kind == kind]
+        size = next((n for n in self.sizes if len(alike) >= n), 1)
+        group = alike[:size]
+        taken = {id(w) for w in group}
+        self._waiting = [w for w in self._waiting if id(w) not in taken]
+        return group
+
+    async def run(self, conn: direct.DirectConnection, group: list[Grouped]) -> list[Mapping[str, Any]]:
+        """The group's statement; each run's columns under the single statement's names."""
+        kind = group[0].kind
+        if len(group) == 1:
+            return [await self.single[kind].one(conn, group[0].params)]
+        params = {f"{name}_{i}": value for i, w in enumerate(group) for name, value in w.params.items()}
+        row = await self.grouped[len(group), kind].one(conn, params)
+        return [{name: row[f"{name}_{i}"] for name in self.columns[kind]} for i in range(len(group))]
+
+    async def run_one(self, waiting: Grouped) -> Mapping[str, Any]:
+        async with direct.connect(self.engine) as conn:
+            [row] = await self.run(conn, [waiting])
+        return row
 
 
 def answer(waiting: Waiting[R], result: R) -> None:

@@ -29,80 +29,43 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db import direct
-from app.pipeline.storage.pg_batcher import StatementBatcher, Waiting, renamed
+from app.pipeline.storage.pg_batcher import Grouped, KindBatcher, grouped_statement, renamed
 from app.pipeline.storage.pg_turn import FINISH, finish_statement
 
 # How many turns a group statement ends (largest first); fewer waiting: a single end.
 SIZES = (4, 2)
+_KINDS = (False, True)  # whether the ends hand the run slot on
 
 
 def _grouped(turns: int, hand_on: bool) -> Any:
     """`turns` copies of the end's statement in one: turn i's parameters and columns end in `_i`."""
-    columns = []
-    for i in range(turns):
-        one = renamed(finish_statement(hand_on=hand_on), f"_{i}")
-        columns += [column.label(f"{column.name}_{i}") for column in one.selected_columns]
-    return select(*columns)
+    return grouped_statement([renamed(finish_statement(hand_on=hand_on), f"_{i}") for i in range(turns)])
 
 
-_KINDS = (False, True)  # whether the ends hand the run slot on
 _GROUPED = {(n, hand_on): direct.Direct(_grouped(n, hand_on)) for n in SIZES for hand_on in _KINDS}
 # The columns of one turn's end, by kind.
 _COLUMNS = {kind: [c.name for c in finish_statement(hand_on=kind).selected_columns] for kind in _KINDS}
 
 
-class _End(Waiting[Mapping[str, Any]]):  # answer: the turn's columns, as `FINISH` returns them
-    __slots__ = ("hand_on", "params")
-
-    def __init__(self, params: dict[str, Any], hand_on: bool) -> None:
-        super().__init__()
-        self.params = params
-        self.hand_on = hand_on
-
-
-class FinishGroup(StatementBatcher[_End, Mapping[str, Any]]):
+class FinishGroup(KindBatcher):
     """Ends turns, those arriving together in one statement (see the module).
 
     `max_statements`: statements in flight at once (each holds a connection).
     """
 
     def __init__(self, engine: AsyncEngine, *, max_statements: int = 4) -> None:
-        super().__init__(engine, max_statements=max_statements)
+        super().__init__(
+            engine,
+            single=FINISH,
+            grouped=_GROUPED,
+            columns=_COLUMNS,
+            sizes=SIZES,
+            max_statements=max_statements,
+        )
 
     async def finish(self, params: dict[str, Any], *, hand_on: bool) -> Mapping[str, Any]:
         """Run `pg_turn.FINISH[hand_on]` with `params`, perhaps with other turns' ends."""
-        return await self.submit(_End(params, hand_on))
-
-    def take(self) -> list[_End]:
-        """The longest-waiting end and the others of its kind, as many as a group holds.
-
-        An end whose caller was cancelled meanwhile (the gateway stopping) is left out: it
-        writes nothing, as a single end cancelled before its statement was sent."""
-        self._waiting = [w for w in self._waiting if not w.answer.done()]
-        if not self._waiting:
-            return []
-        kind = self._waiting[0].hand_on
-        alike = [w for w in self._waiting if w.hand_on == kind]
-        size = next((n for n in SIZES if len(alike) >= n), 1)
-        group = alike[:size]
-        taken = {id(w) for w in group}
-        self._waiting = [w for w in self._waiting if id(w) not in taken]
-        return group
-
-    async def run(self, conn: direct.DirectConnection, group: list[_End]) -> list[Mapping[str, Any]]:
-        """The group's statement; each turn's columns under `FINISH`'s names."""
-        hand_on = group[0].hand_on
-        if len(group) == 1:
-            return [await FINISH[hand_on].one(conn, group[0].params)]
-        params = {f"{name}_{i}": value for i, w in enumerate(group) for name, value in w.params.items()}
-        row = await _GROUPED[len(group), hand_on].one(conn, params)
-        return [{name: row[f"{name}_{i}"] for name in _COLUMNS[hand_on]} for i in range(len(group))]
-
-    async def run_one(self, waiting: _End) -> Mapping[str, Any]:
-        async with direct.connect(self.engine) as conn:
-            [row] = await self.run(conn, [waiting])
-        return row
+        return await self.submit(Grouped(params, hand_on))

@@ -23,11 +23,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db import direct
-from app.pipeline.storage.pg_batcher import StatementBatcher, Waiting, renamed
+from app.pipeline.storage.pg_batcher import Grouped, KindBatcher, grouped_statement, renamed
 from app.pipeline.storage.pg_start import START, start_statement
 
 # How many turns a group statement starts (largest first); fewer waiting: a single start.
@@ -37,13 +36,9 @@ _KINDS = (None, False, True)  # the memory-recall variant: none, without or with
 
 def _grouped(turns: int, recall: bool | None) -> Any:
     """`turns` copies of the start's statement in one: turn i's parameters and columns end in `_i`."""
-    columns: list[Any] = []
-    froms: list[Any] = []
-    for i in range(turns):
-        one = renamed(start_statement(recall, one=f"one_{i}"), f"_{i}")
-        columns += [column.label(f"{column.name}_{i}") for column in one.selected_columns]
-        froms += one.get_final_froms()
-    return select(*columns).select_from(*froms)
+    return grouped_statement(
+        [renamed(start_statement(recall, one=f"one_{i}"), f"_{i}") for i in range(turns)]
+    )
 
 
 _GROUPED = {(n, recall): direct.Direct(_grouped(n, recall)) for n in SIZES for recall in _KINDS}
@@ -51,54 +46,22 @@ _GROUPED = {(n, recall): direct.Direct(_grouped(n, recall)) for n in SIZES for r
 _COLUMNS = {kind: [c.name for c in start_statement(kind).selected_columns] for kind in _KINDS}
 
 
-class _Start(Waiting[Mapping[str, Any]]):  # answer: the turn's columns, as `START` returns them
-    __slots__ = ("params", "recall")
-
-    def __init__(self, params: dict[str, Any], recall: bool | None) -> None:
-        super().__init__()
-        self.params = params
-        self.recall = recall
-
-
-class StartGroup(StatementBatcher[_Start, Mapping[str, Any]]):
+class StartGroup(KindBatcher):
     """Starts turns, those arriving together in one statement (see the module).
 
     `max_statements`: statements in flight at once (each holds a connection).
     """
 
     def __init__(self, engine: AsyncEngine, *, max_statements: int = 4) -> None:
-        super().__init__(engine, max_statements=max_statements)
+        super().__init__(
+            engine,
+            single=START,
+            grouped=_GROUPED,
+            columns=_COLUMNS,
+            sizes=SIZES,
+            max_statements=max_statements,
+        )
 
     async def start(self, params: dict[str, Any], *, recall: bool | None) -> Mapping[str, Any]:
         """Run `pg_start.START[recall]` with `params`, perhaps with other turns' starts."""
-        return await self.submit(_Start(params, recall))
-
-    def take(self) -> list[_Start]:
-        """The longest-waiting start and the others of its kind, as many as a group holds.
-
-        A start whose caller was cancelled meanwhile is left out: it writes nothing, as a
-        single start cancelled before its statement was sent."""
-        self._waiting = [w for w in self._waiting if not w.answer.done()]
-        if not self._waiting:
-            return []
-        kind = self._waiting[0].recall
-        alike = [w for w in self._waiting if w.recall == kind]
-        size = next((n for n in SIZES if len(alike) >= n), 1)
-        group = alike[:size]
-        taken = {id(w) for w in group}
-        self._waiting = [w for w in self._waiting if id(w) not in taken]
-        return group
-
-    async def run(self, conn: direct.DirectConnection, group: list[_Start]) -> list[Mapping[str, Any]]:
-        """The group's statement; each turn's columns under `START`'s names."""
-        recall = group[0].recall
-        if len(group) == 1:
-            return [await START[recall].one(conn, group[0].params)]
-        params = {f"{name}_{i}": value for i, w in enumerate(group) for name, value in w.params.items()}
-        row = await _GROUPED[len(group), recall].one(conn, params)
-        return [{name: row[f"{name}_{i}"] for name in _COLUMNS[recall]} for i in range(len(group))]
-
-    async def run_one(self, waiting: _Start) -> Mapping[str, Any]:
-        async with direct.connect(self.engine) as conn:
-            [row] = await self.run(conn, [waiting])
-        return row
+        return await self.submit(Grouped(params, recall))
