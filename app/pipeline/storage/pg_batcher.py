@@ -2,11 +2,12 @@
 
 The machinery under `pg_group_insert` (events accepted together), `pg_start_group` and
 `pg_finish_group` (turns starting or ending together; `KindBatcher` runs copies of one
-statement side by side, renamed apart by `renamed` and joined by `grouped_statement`). Each caller puts what it wants written in a waiting item and
-awaits that item's answer. While fewer than `max_statements` statements are in flight, an
-arriving caller starts one at once, so a quiet gateway waits for nothing; otherwise it waits
-for the next statement, together with whoever else arrived meanwhile. The group is taken
-only once a connection is ours, so what arrived while it was being acquired goes too.
+statement side by side, renamed apart by `renamed` and joined by `grouped_statement`).
+Each caller puts what it wants written in a waiting item and awaits that item's answer.
+While fewer than `max_statements` statements are in flight, an arriving caller starts one
+at once, so a quiet gateway waits for nothing; otherwise it waits for the next statement,
+together with whoever else arrived meanwhile. The group is taken only once a connection is
+ours, so what arrived while it was being acquired goes too.
 
 A statement the server rejected as a whole because of one item's data (too long a value, a
 duplicate id) or aborted as a deadlock is carried out again one item at a time, so only the
