@@ -88,7 +88,9 @@ async def test_an_undelivered_cron_result_is_one_alert_until_its_retry_delivers_
             httpx.AsyncClient(base_url=srv.url, headers=ADMIN, timeout=30) as client,
         ):
             target = {"channel": "telegram", "chat_id": "4242"}
-            soon = (utcnow() + timedelta(seconds=1)).isoformat()
+            # Far enough ahead that a loaded machine's slow request still finds it in the future
+            # (with 1 s a CI run's POST arrived 70 ms after it: "run_at is in the past").
+            soon = (utcnow() + timedelta(seconds=3)).isoformat()
             once = {"prompt": "daily report", "run_at": soon, "target": target}
             created = await client.post("/admin/api/cron-jobs", json=once)
             assert created.status_code == 201, created.text
