@@ -253,9 +253,11 @@ class _Interactive:
         while chunk := self.proc.stdout.read(1):
             self.out += chunk
 
-    def wait_for(self, text: str, timeout: float = 60) -> None:
+    def wait_for(self, text: str, timeout: float = 60, *, after: int = 0) -> None:
+        """Until `text` shows in the output from position `after` on (a prompt printed
+        again is not the one already there)."""
         deadline = time.monotonic() + scaled(timeout)
-        while text not in self.out:
+        while text not in self.out[after:]:
             assert time.monotonic() < deadline, f"{text!r} not in {self.out!r}"
             time.sleep(0.05)
 
@@ -273,12 +275,13 @@ def test_chat_ctrl_c_stops_the_answer_then_quits_cleanly_and_help_is_a_command(t
     time.sleep(1.5)  # the offline model takes 20 s: the answer is still being made
     chat.proc.send_signal(signal.SIGINT)
     chat.wait_for("(stopped)\nbot> ")  # and /stop was sent: the run ends too
-    chat.wait_for("you> ", timeout=30)
+    chat.wait_for("you> ", timeout=30, after=chat.out.index("(stopped)"))
     start = len(chat.out)
     chat.send("/help")
-    chat.wait_for("/approve")  # the command registry answered, not the model (which takes 20 s)
+    chat.wait_for("/approve", after=start)  # the command registry answered, not the model (20 s)
     assert "/new" in chat.out[start:] and "You said" not in chat.out
-    chat.wait_for("you> ")
+    # The prompt after the answer: a Ctrl-C before it would stop the answer, not quit.
+    chat.wait_for("you> ", after=start)
     before = chat.out.count("you> ")
     time.sleep(0.3)
     chat.proc.send_signal(signal.SIGINT)  # at the prompt: quit
