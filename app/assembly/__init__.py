@@ -17,6 +17,8 @@ import os
 import socket
 import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import fields
+from typing import Any
 
 from app.agent.provider import ChatProvider
 from app.agent.tools import Tool
@@ -85,42 +87,13 @@ def assemble(
         owner=owner,
         metrics=observed_metrics,
         observed=observed,
-        engine=storage.engine,
-        jobs=storage.jobs,
-        sessions=storage.sessions,
-        store=storage.store,
-        bus=storage.bus,
-        provider=agents.provider,
-        tools=agents.tools,
-        agents=agents.agents,
-        memory=agents.memory,
-        mcp=agents.mcp,
-        skills=agents.skills,
-        runner=agents.runner,
-        models=agents.models,
-        adapters=outbound.adapters,
-        delivery=outbound.delivery,
-        previews=outbound.previews,
-        http=outbound.http,
-        speech=outbound.speech,
-        connections=outbound.connections,
-        sender=outbound.sender,
-        inbox_files=outbound.inbox_files,
-        directory=outbound.directory,
-        waiters=way.waiters,
-        replies=way.replies,
-        policies=way.policies,
-        commands=way.commands,
-        midrun=way.midrun,
-        access=way.access,
-        usage=way.usage,
-        roles=way.roles,
-        turns=way.turns,
-        senders=way.senders,
-        handoffs=way.handoffs,
-        handler=way.handler,
-        scheduler=way.scheduler,
-        ingest=way.ingest,
-        dead_letters=way.dead_letters,
         built=built,
+        **_fields_of(storage),
+        **_fields_of(agents),
+        **_fields_of(outbound),
+        **_fields_of(way),
     )
+
+
+def _fields_of(group: object) -> dict[str, Any]:
+    return {f.name: getattr(group, f.name) for f in fields(group)}  # type: ignore[arg-type]

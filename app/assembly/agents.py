@@ -75,7 +75,7 @@ class AgentQuotas:
         return name, self.quotas[name]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # compared by identity, as `Parts` is
 class Agents:
     provider: ChatProvider
     tools: ToolRegistry

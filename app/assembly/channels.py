@@ -30,8 +30,10 @@ from app.speech import SpeechToText
 from app.streaming.hub import PreviewHub
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # compared by identity, as `Parts` is
 class Outbound:
+    # The adapters are made at start (`Runtime.start`); replies reach them through
+    # `delivery` (the preview hub's wrap of each).
     adapters: dict[str, ChannelAdapter]
     delivery: dict[str, ChannelAdapter]
     previews: PreviewHub
@@ -40,7 +42,7 @@ class Outbound:
     connections: ConnectionHolder
     sender: OutboxSender
     inbox_files: InboxFiles
-    directory: SessionDirectory
+    directory: SessionDirectory  # sessions as API callers see them (the MCP server)
 
 
 def build_channels(

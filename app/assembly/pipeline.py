@@ -40,7 +40,7 @@ from app.usage.meter import UsageMeter
 from app.usage_settings import UsageSettings
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # compared by identity, as `Parts` is
 class Way:
     waiters: Waiters
     replies: Replies

@@ -23,7 +23,7 @@ from app.sessions.store import Lifecycle, SessionStore
 StoreWrapper = Callable[[PipelineStore], PipelineStore]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # compared by identity, as `Parts` is
 class Storage:
     engine: AsyncEngine
     jobs: JobStore

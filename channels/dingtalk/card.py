@@ -26,7 +26,7 @@ import structlog
 from app.channel import SendResult
 from app.errors import ChannelRejected, DeliveryError
 from app.events import OutboundMessage
-from channels.dingtalk.media import uploads
+from channels.common.steps import held_media
 
 if TYPE_CHECKING:
     from channels.dingtalk.outbound import DingTalkOutbound
@@ -84,7 +84,7 @@ class DingTalkCardStreamer:
 
     async def finish(self, message: OutboundMessage, preview_id: str) -> SendResult:
         chunks = self.outbound.chunks(message)
-        media = uploads(message)
+        media = held_media(message)
 
         async def deliver(index: int, chunk: str) -> str | None:
             if index > 0 or not chunks:
@@ -103,9 +103,7 @@ class DingTalkCardStreamer:
                 log.warning("dingtalk_card_finish_status_failed", error=exc.detail)
             return preview_id
 
-        items = [*chunks, *(f"file:{i}" for i in range(len(media)))]
-        sent = await self.outbound.steps(message.message_id, items, deliver)
-        return SendResult(platform_message_id=next((m for m in sent if m), preview_id))
+        return await self.outbound.reply(message.message_id, chunks, len(media), deliver, shown=preview_id)
 
 
 async def create_card(

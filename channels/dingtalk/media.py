@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 
 from app.errors import ChannelRateLimited, ChannelRejected, ChannelUnavailable
-from app.events import FilePart, ImagePart, OutboundMessage
+from app.events import FilePart, ImagePart
 from channels.dingtalk.openapi import DingTalkApi
 
 UPLOAD_PATH = "/media/upload"
@@ -29,11 +29,6 @@ TOKEN_ERRCODES = frozenset({40001, 40014, 42001})
 BUSY_ERRCODES = frozenset({-1})
 THROTTLED_ERRCODES = frozenset({90018, 45009})
 _OCTETS = "application/octet-stream"
-
-
-def uploads(message: OutboundMessage) -> list[ImagePart | FilePart]:
-    """Parts whose bytes we hold; a part with only a URL goes out as a link in the text."""
-    return [p for p in message.parts if isinstance(p, (ImagePart, FilePart)) and p.data_base64]
 
 
 def file_name(part: ImagePart | FilePart) -> str:

@@ -2,64 +2,42 @@
 
 `DingTalkOutbound` is what the adapter's `send` and the card streamer (`card.py`) use:
 one `DingTalkApi` (`api`, also for the card calls), the choice between the session
-webhook and the robot API, and one record of the chunks already sent per outbox message
-(`ChunkProgress`), so a retried reply never sends a chunk twice, whoever sent it first.
+webhook and the robot API, and the reply's steps (`channels.common.steps`), so a retried
+reply never sends a chunk twice, whoever sent it first.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import structlog
 
-from app.channel import SendResult
 from app.errors import ChannelRejected, DeliveryError
 from app.events import FilePart, ImagePart, OutboundMessage
-from channels.common.chunks import ChunkProgress, send_chunks, split_text
+from channels.common.chunks import split_text
+from channels.common.steps import StepSender
 from channels.common.wechat_api import outbound_text
-from channels.dingtalk.media import unsendable_text, upload, uploads
+from channels.dingtalk.media import unsendable_text, upload
 from channels.dingtalk.openapi import DingTalkApi
 from channels.dingtalk.parse import GROUP, SINGLE
 from channels.dingtalk.settings import DingTalkSettings
 
 log = structlog.get_logger(__name__)
-T = TypeVar("T")
 
 # A session webhook is not used in its last seconds: the send could arrive after it expired.
 WEBHOOK_MARGIN_MS = 30_000
 
 
-class DingTalkOutbound:
+class DingTalkOutbound(StepSender):
     def __init__(self, api: DingTalkApi, settings: DingTalkSettings) -> None:
+        super().__init__()
         self.api = api
         self.settings = settings
-        self._progress = ChunkProgress(capacity=1000)
-
-    async def steps(
-        self, message_id: str, items: list[str], deliver: Callable[[int, str], Awaitable[T]]
-    ) -> list[T]:
-        """`deliver` each item not yet sent for this outbox message (`send_chunks`)."""
-        return await send_chunks(self._progress, message_id, items, deliver)
 
     def robot_code(self, metadata: dict[str, Any]) -> str:
         robot_code = str(metadata.get("reply_robot_code") or self.settings.robot_code or "")
         return robot_code or str(self.settings.client_id)
-
-    async def send(self, message: OutboundMessage) -> SendResult:
-        """The whole reply: its text in chunks, then its media; each step sent once."""
-        chunks = self.chunks(message)
-        media = uploads(message)
-        if not chunks and not media:
-            return SendResult()
-
-        async def deliver(index: int, _item: str) -> str | None:
-            return await self.deliver_step(message, index, chunks, media)
-
-        items = [*chunks, *(f"file:{i}" for i in range(len(media)))]
-        posted = await self.steps(message.message_id, items, deliver)
-        return SendResult(platform_message_id=next((key for key in posted if key), None))
 
     def chunks(self, message: OutboundMessage) -> list[str]:
         return split_text(outbound_text(message.parts), self.settings.max_message_chars)

@@ -2,8 +2,8 @@
 
 `DiscordOutbound` is what the adapter's `send` and the streamer (`stream.py`) both use:
 one HTTP client, one error mapping (429 → `ChannelRateLimited`, 404 → `UnknownMessage`,
-…) and one record of the chunks already sent per outbox message (`ChunkProgress`), so a
-retried reply does not send a chunk twice, whoever sent it first.
+…) and the reply's steps (`channels.common.steps`), so a retried reply does not send a
+chunk twice, whoever sent it first.
 """
 
 from __future__ import annotations
@@ -12,15 +12,14 @@ import base64
 import contextlib
 import hashlib
 import json
-from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from app.channel import SendResult
 from app.errors import ChannelRateLimited, ChannelRejected, ChannelSendAuthError, ChannelUnavailable
 from app.events import APPROVAL_KEY, FilePart, ImagePart, OutboundMessage
-from channels.common.chunks import ChunkProgress, send_chunks, split_text
+from channels.common.chunks import split_text
+from channels.common.steps import StepSender
 from channels.discord.native import approval_components
 
 if TYPE_CHECKING:
@@ -31,11 +30,6 @@ class UnknownMessage(ChannelRejected):
     """404: the channel or message is gone (a deleted preview is replaced by a new message)."""
 
 
-def uploads(message: OutboundMessage) -> list[ImagePart | FilePart]:
-    """Parts whose bytes we hold; a part with only a URL is left to the text."""
-    return [p for p in message.parts if isinstance(p, (ImagePart, FilePart)) and p.data_base64]
-
-
 def attachment_name(part: ImagePart | FilePart) -> str:
     name = getattr(part, "name", None)
     if name:
@@ -44,17 +38,11 @@ def attachment_name(part: ImagePart | FilePart) -> str:
     return f"image.{subtype or 'png'}" if isinstance(part, ImagePart) else "file"
 
 
-class DiscordOutbound:
+class DiscordOutbound(StepSender):
     def __init__(self, http: httpx.AsyncClient, settings: DiscordSettings) -> None:
+        super().__init__()
         self._http = http
         self.settings = settings
-        self._progress = ChunkProgress(capacity=1000)
-
-    async def steps(
-        self, message_id: str, items: list[str], deliver: Callable[[int, str], Awaitable[str]]
-    ) -> list[str]:
-        """`deliver` each item not yet sent for this outbox message (`send_chunks`)."""
-        return await send_chunks(self._progress, message_id, items, deliver)
 
     async def post(self, channel_id: str, text: str) -> str:
         """A plain new message in a channel; its id."""
@@ -64,19 +52,8 @@ class DiscordOutbound:
         """The typing state (about 10 s)."""
         await self.call("POST", f"/channels/{channel_id}/typing", None)
 
-    async def send(self, message: OutboundMessage) -> SendResult:
-        """The whole reply: its text in chunks, then its uploads; each step sent once."""
-        chunks = split_text(message.text, self.settings.max_message_chars)
-        media = uploads(message)
-        if not chunks and not media:
-            return SendResult()
-
-        async def deliver(index: int, _item: str) -> str:
-            return await self.deliver_step(message, index, chunks, media)
-
-        items = [*chunks, *(f"file:{i}" for i in range(len(media)))]
-        sent = await self.steps(message.message_id, items, deliver)
-        return SendResult(platform_message_id=next((m for m in sent if m), None))
+    def chunks(self, message: OutboundMessage) -> list[str]:
+        return split_text(message.text, self.settings.max_message_chars)
 
     async def deliver_step(
         self, message: OutboundMessage, index: int, chunks: list[str], media: list[ImagePart | FilePart]

@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Any
 from app.channel import SendResult
 from app.events import APPROVAL_KEY, OutboundMessage
 from channels.common.chunks import split_text
+from channels.common.steps import held_media
 from channels.discord.native import approval_components
-from channels.discord.outbound import DiscordOutbound, UnknownMessage, uploads
+from channels.discord.outbound import DiscordOutbound, UnknownMessage
 
 if TYPE_CHECKING:
     from channels.discord.settings import DiscordSettings
@@ -59,7 +60,7 @@ class DiscordStreamer:
 
     async def finish(self, message: OutboundMessage, preview_id: str) -> SendResult:
         chunks = split_text(message.text, self.settings.max_message_chars)
-        media = uploads(message)
+        media = held_media(message)
 
         async def deliver(index: int, chunk: str) -> str:
             if index > 0 or not chunks:
@@ -71,9 +72,7 @@ class DiscordStreamer:
                 return await self.outbound.deliver_step(message, index, chunks, media)
             return preview_id
 
-        items = [*chunks, *(f"file:{i}" for i in range(len(media)))]
-        sent = await self.outbound.steps(message.message_id, items, deliver)
-        return SendResult(platform_message_id=next((m for m in sent if m), preview_id))
+        return await self.outbound.reply(message.message_id, chunks, len(media), deliver, shown=preview_id)
 
 
 def _interaction(message: OutboundMessage) -> str | None:

@@ -42,8 +42,8 @@ from app.channel import SendResult
 from app.errors import ChannelRejected, ChannelSendAuthError, DeliveryError
 from app.events import OutboundMessage
 from channels.common.chunks import split_text
+from channels.common.steps import held_media
 from channels.common.wechat_api import outbound_text
-from channels.feishu.media import uploads
 
 if TYPE_CHECKING:
     from channels.feishu.outbound import FeishuOutbound
@@ -153,7 +153,7 @@ class FeishuCardStreamer:
         if card is None:
             return await self.text_previews.finish(message, preview_id)
         chunks = split_text(outbound_text(message.parts), CARD_TEXT_BYTES, units=_utf8_bytes)
-        media = uploads(message)
+        media = held_media(message)
 
         async def deliver(index: int, chunk: str) -> str | None:
             if index > 0 or not chunks:
@@ -170,9 +170,9 @@ class FeishuCardStreamer:
                 return await self.outbound.deliver_step(message, index, chunks, media)
             return card.message_id
 
-        items = [*chunks, *(f"file:{i}" for i in range(len(media)))]
-        sent = await self.outbound.steps(message.message_id, items, deliver)
-        return SendResult(platform_message_id=next((m for m in sent if m), card.message_id))
+        return await self.outbound.reply(
+            message.message_id, chunks, len(media), deliver, shown=card.message_id
+        )
 
     async def _complete(self, card: CardPreview, text: str, answer_id: str) -> None:
         """The answer as the card's text, streaming mode closed."""

@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 from app.errors import ChannelUnavailable
-from app.events import FilePart, ImagePart, OutboundMessage
+from app.events import FilePart, ImagePart
 from channels.feishu.api import FeishuApi
 
 IMAGES_PATH = "/open-apis/im/v1/images"
@@ -28,11 +28,6 @@ _FILE_TYPES = {
     "mp4": "mp4",
     "opus": "opus",
 }
-
-
-def uploads(message: OutboundMessage) -> list[ImagePart | FilePart]:
-    """Parts whose bytes we hold; a part with only a URL is sent as a link in the text."""
-    return [p for p in message.parts if isinstance(p, (ImagePart, FilePart)) and p.data_base64]
 
 
 def file_type(name: str) -> str:

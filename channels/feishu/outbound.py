@@ -2,39 +2,31 @@
 
 `FeishuOutbound` is what the adapter's `send` and both streamers (`stream.py`,
 `card.py`) use: one `FeishuApi` (tenant token, error mapping; `api` for the card calls)
-and one record of the chunks already sent per outbox message (`ChunkProgress`), so a
-retried reply never sends a chunk twice, whoever sent it first.
+and the reply's steps (`channels.common.steps`), so a retried reply never sends a chunk
+twice, whoever sent it first.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
-from app.channel import SendResult
 from app.events import FilePart, ImagePart, OutboundMessage
-from channels.common.chunks import ChunkProgress, send_chunks, split_text
+from channels.common.chunks import split_text
+from channels.common.steps import StepSender
 from channels.common.wechat_api import outbound_text
 from channels.feishu.api import FeishuApi
-from channels.feishu.media import upload, uploads
+from channels.feishu.media import upload
 from channels.feishu.settings import FeishuSettings
 
-T = TypeVar("T")
 MESSAGES = "/open-apis/im/v1/messages"
 
 
-class FeishuOutbound:
+class FeishuOutbound(StepSender):
     def __init__(self, api: FeishuApi, settings: FeishuSettings) -> None:
+        super().__init__()
         self.api = api
         self.settings = settings
-        self._progress = ChunkProgress(capacity=1000)
-
-    async def steps(
-        self, message_id: str, items: list[str], deliver: Callable[[int, str], Awaitable[T]]
-    ) -> list[T]:
-        """`deliver` each item not yet sent for this outbox message (`send_chunks`)."""
-        return await send_chunks(self._progress, message_id, items, deliver)
 
     async def edit_text(self, message_id: str, text: str) -> None:
         """Replace a text message's text (Feishu allows a message 20 edits)."""
@@ -43,19 +35,6 @@ class FeishuOutbound:
     async def delete(self, message_id: str) -> None:
         """Recall a message the bot sent."""
         await self.api.delete(f"{MESSAGES}/{message_id}")
-
-    async def send(self, message: OutboundMessage) -> SendResult:
-        chunks = self.chunks(message)
-        media = uploads(message)
-        if not chunks and not media:
-            return SendResult()
-
-        async def deliver(index: int, _item: str) -> str | None:
-            return await self.deliver_step(message, index, chunks, media)
-
-        items = [*chunks, *(f"file:{i}" for i in range(len(media)))]
-        sent = await self.steps(message.message_id, items, deliver)
-        return SendResult(platform_message_id=next((m for m in sent if m), None))
 
     def chunks(self, message: OutboundMessage) -> list[str]:
         return split_text(outbound_text(message.parts), self.settings.max_message_bytes, units=_sent_bytes)

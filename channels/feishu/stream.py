@@ -22,7 +22,7 @@ import structlog
 from app.channel import SendResult
 from app.errors import ChannelRejected, DeliveryError
 from app.events import OutboundMessage
-from channels.feishu.media import uploads
+from channels.common.steps import held_media
 
 if TYPE_CHECKING:
     from channels.feishu.outbound import FeishuOutbound
@@ -65,7 +65,7 @@ class FeishuStreamer:
 
     async def finish(self, message: OutboundMessage, preview_id: str) -> SendResult:
         chunks = self.outbound.chunks(message)
-        media = uploads(message)
+        media = held_media(message)
 
         async def deliver(index: int, chunk: str) -> str | None:
             if index > 0 or not chunks:
@@ -82,9 +82,7 @@ class FeishuStreamer:
                 return await self.outbound.deliver_step(message, index, chunks, media)
             return preview_id
 
-        items = [*chunks, *(f"file:{i}" for i in range(len(media)))]
-        sent = await self.outbound.steps(message.message_id, items, deliver)
-        return SendResult(platform_message_id=next((m for m in sent if m), preview_id))
+        return await self.outbound.reply(message.message_id, chunks, len(media), deliver, shown=preview_id)
 
 
 def _text(text: str) -> str:

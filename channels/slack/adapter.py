@@ -30,6 +30,7 @@ from app.events import FilePart, ImagePart, InboundEvent, OutboundMessage, TextP
 from app.streaming.protocol import Streamer, StreamingMode
 from channels.common.after_finish import AfterFinish
 from channels.common.media import Media, MediaTooLarge, download_capped, inline_media, too_large_text
+from channels.common.steps import held_media
 from channels.slack import signing
 from channels.slack.native import interaction_payload, needs_thread, parse_block_action, with_thread
 from channels.slack.native_outbound import add_approval_buttons, send_native
@@ -233,7 +234,7 @@ class SlackChannel:
         if native is not None:
             return native
         chunks = split_text(message.text, self.settings.max_message_chars)
-        media = _uploads(message)
+        media = held_media(message)
         if not chunks and not media:
             return SendResult()
 
@@ -243,9 +244,7 @@ class SlackChannel:
                 return None
             return await outbound.post(message.chat_id, chunk, message.thread_id)
 
-        items = [*chunks, *(f"file:{i}" for i in range(len(media)))]
-        posted = await outbound.steps(message.message_id, items, post)
-        return SendResult(platform_message_id=next((ts for ts in posted if ts), None))
+        return await outbound.reply(message.message_id, chunks, len(media), post)
 
     # --- streaming (`app.streaming`) --------------------------------------------------
 
@@ -290,7 +289,7 @@ class SlackStreamer:
     async def finish(self, message: OutboundMessage, preview_id: str) -> SendResult:
         chunks = split_text(message.text, self.settings.max_message_chars)
 
-        media = _uploads(message)
+        media = held_media(message)
 
         async def deliver(index: int, chunk: str) -> str | None:
             if index >= len(chunks):
@@ -307,11 +306,4 @@ class SlackStreamer:
                 return await self.outbound.post(message.chat_id, chunk, message.thread_id)
             return preview_id
 
-        items = [*chunks, *(f"file:{i}" for i in range(len(media)))]
-        posted = await self.outbound.steps(message.message_id, items, deliver)
-        return SendResult(platform_message_id=next((ts for ts in posted if ts), preview_id))
-
-
-def _uploads(message: OutboundMessage) -> list[ImagePart | FilePart]:
-    """Parts whose bytes we hold; a part with only a URL is left to the text."""
-    return [p for p in message.parts if isinstance(p, (ImagePart, FilePart)) and p.data_base64]
+        return await self.outbound.reply(message.message_id, chunks, len(media), deliver, shown=preview_id)

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from app.channel import SendResult
 from app.errors import ChannelRejected, ChannelUnavailable, PreviewUnavailable
-from app.events import FilePart, ImagePart, OutboundMessage
+from app.events import OutboundMessage
+from channels.common.steps import held_media
 from channels.slack.text import split_text
 
 if TYPE_CHECKING:
@@ -78,7 +79,7 @@ class SlackNativeStreamer:
 
     async def finish(self, message: OutboundMessage, preview_id: str) -> SendResult:
         chunks = split_text(message.text, self.settings.max_message_chars)
-        media = [p for p in message.parts if isinstance(p, (ImagePart, FilePart)) and p.data_base64]
+        media = held_media(message)
         thread_ts = _thread_ts(message)
 
         async def deliver(index: int, chunk: str) -> str | None:
@@ -89,9 +90,7 @@ class SlackNativeStreamer:
                 return await self.outbound.post(message.chat_id, chunk, thread_ts)
             return await self._complete(message, preview_id, chunk)
 
-        items = [*chunks, *(f"file:{i}" for i in range(len(media)))]
-        posted = await self.outbound.steps(message.message_id, items, deliver)
-        return SendResult(platform_message_id=next((ts for ts in posted if ts), preview_id))
+        return await self.outbound.reply(message.message_id, chunks, len(media), deliver, shown=preview_id)
 
     async def _complete(self, message: OutboundMessage, ts: str, text: str) -> str | None:
         """End the stream showing exactly `text`; the message's ts (a new one if it was deleted)."""

@@ -3,15 +3,14 @@
 `SlackOutbound` is what the adapter's `send` and both streamers (`SlackStreamer`,
 `SlackNativeStreamer`) use: one Web API client, one error mapping (`delivery_error`,
 unreachable → `ChannelUnavailable`) and one record of the chunks already posted per
-outbox message (`ChunkProgress`), so a retried reply never posts a chunk twice, whoever
+outbox message (`channels.common.steps`), so a retried reply never posts a chunk twice, whoever
 posted it first.
 """
 
 from __future__ import annotations
 
 import base64
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import aiohttp
 from slack_sdk.errors import SlackApiError, SlackClientError
@@ -19,22 +18,14 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from app.errors import ChannelUnavailable
 from app.events import FilePart, ImagePart
-from channels.common.chunks import ChunkProgress, send_chunks
+from channels.common.steps import Steps
 from channels.slack.errors import delivery_error
 
-T = TypeVar("T")
 
-
-class SlackOutbound:
+class SlackOutbound(Steps):
     def __init__(self, client: AsyncWebClient) -> None:
+        super().__init__()
         self.client = client
-        self._progress = ChunkProgress(capacity=1000)  # chunks already posted, per message
-
-    async def steps(
-        self, message_id: str, items: list[str], deliver: Callable[[int, str], Awaitable[T]]
-    ) -> list[T]:
-        """`deliver` each item not yet posted for this outbox message (`send_chunks`)."""
-        return await send_chunks(self._progress, message_id, items, deliver)
 
     async def call(self, method: str, **args: Any) -> Any:
         """One Web API method by its SDK name (e.g. `chat_startStream`), errors mapped."""

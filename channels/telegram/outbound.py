@@ -2,15 +2,14 @@
 
 `TelegramOutbound` is what the adapter's `send` and the streamers (`stream.py`,
 `drafts.py`) use: one `Bot`, one error mapping (`telegram_errors`) and one record of the
-chunks already delivered per outbox message (`ChunkProgress`), so a retried reply never
+chunks already delivered per outbox message (`channels.common.steps`), so a retried reply never
 sends a chunk twice, whoever sent it first.
 """
 
 from __future__ import annotations
 
 import base64
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from telegram import Bot, InputFile, ReplyParameters
 from telegram.constants import ChatAction
@@ -18,25 +17,17 @@ from telegram.error import BadRequest, ChatMigrated
 
 from app.channel import SendResult
 from app.events import FilePart, ImagePart, OutboundMessage
-from channels.common.chunks import ChunkProgress, send_chunks
+from channels.common.steps import Steps
 from channels.telegram.errors import telegram_errors
 from channels.telegram.settings import TelegramSettings
 from channels.telegram.text import split_text
 
-T = TypeVar("T")
 
-
-class TelegramOutbound:
+class TelegramOutbound(Steps):
     def __init__(self, bot: Bot, settings: TelegramSettings) -> None:
+        super().__init__()
         self.bot = bot
         self.settings = settings
-        self._progress = ChunkProgress(capacity=1000)  # chunks already delivered, per message
-
-    async def steps(
-        self, message_id: str, items: list[str], deliver: Callable[[int, str], Awaitable[T]]
-    ) -> list[T]:
-        """`deliver` each item not yet sent for this outbox message (`send_chunks`)."""
-        return await send_chunks(self._progress, message_id, items, deliver)
 
     async def typing(self, chat_id: int | str, thread_id: int | None) -> None:
         """`sendChatAction` typing (about 5 s)."""

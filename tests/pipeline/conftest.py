@@ -22,6 +22,7 @@ from app.db.engine import create_engine
 from app.migrate import upgrade
 from app.pipeline.storage import build_store
 from app.pipeline.storage.port import PipelineStore
+from app.pipeline.storage.postgres import PostgresStore
 from app.sessions.store import Lifecycle, SessionStore
 from tests.conftest import ServeApp, make_settings, webhook_settings
 from tests.support.db import database
@@ -53,6 +54,12 @@ async def store(db_url: str, backend: str) -> AsyncIterator[PipelineStore]:
         yield build_store(engine, SessionStore(engine, Lifecycle()), lease_ttl=30.0, kind=store_kind(backend))
     finally:
         await engine.dispose()
+
+
+@pytest.fixture
+def pg_store(pg_engine: AsyncEngine) -> PostgresStore:
+    """`PostgresStore` alone, for the tests of what only it does (its grouped statements)."""
+    return PostgresStore(pg_engine, SessionStore(pg_engine, Lifecycle()), lease_ttl=30)
 
 
 def engine_of(store: PipelineStore) -> AsyncEngine:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
+from collections.abc import Awaitable, Iterable
 from typing import Any
 
 from sqlalchemy import func, select
@@ -16,6 +18,9 @@ from app.sessions.lease import SessionLease
 from app.sessions.messages import ChatMessage
 
 KEY = "webhook:c"
+# Calls of several keys at once to `PostgresStore`'s grouped statements: a group of four,
+# one of two and some alone, whatever the timing.
+TOGETHER = 9
 
 
 def event(text: str, *, chat: str = "c", external_id: str | None = None) -> InboundEvent:
@@ -143,3 +148,19 @@ def reply_row(rows: list[InboxRow], text: str = "sorry") -> dict[str, Any]:
 
 def new_id() -> str:
     return uuid.uuid4().hex
+
+
+async def one_refused(
+    calls: Iterable[Awaitable[Any]],
+    refused: int,
+    error: type[BaseException],
+    *,
+    not_as: type[BaseException] | None = None,
+) -> list[int]:
+    """Run `calls` at once: the one at `refused` fails with `error` (not with `not_as`), every
+    other succeeds. The indexes of those others."""
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    assert isinstance(results[refused], error), results[refused]
+    assert not_as is None or not isinstance(results[refused], not_as), results[refused]
+    assert [i for i, r in enumerate(results) if isinstance(r, BaseException)] == [refused], results
+    return [i for i in range(len(results)) if i != refused]

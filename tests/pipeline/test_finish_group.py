@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import pytest
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -19,10 +18,7 @@ from app.db.models import inbox, messages, outbox
 from app.errors import LeaseLost
 from app.pipeline.storage.postgres import PostgresStore
 from app.sessions.lease import SessionLease
-from app.sessions.store import Lifecycle, SessionStore
-from tests.pipeline.support import accept, end, lease_of, plan
-
-TURNS = 9  # a group of four, one of two and some alone, whatever the timing
+from tests.pipeline.support import TOGETHER, accept, end, lease_of, one_refused, plan
 
 
 async def _started(store: PostgresStore, chat: str) -> tuple[SessionLease, Any, list[Any]]:
@@ -45,70 +41,60 @@ async def _stored(engine: AsyncEngine) -> dict[str, Any]:
         }
 
 
-@pytest.fixture
-def store(pg_engine: AsyncEngine) -> PostgresStore:
-    return PostgresStore(pg_engine, SessionStore(pg_engine, Lifecycle()), lease_ttl=30)
-
-
-async def test_ends_arriving_together_each_write_their_own_turn(store: PostgresStore) -> None:
-    turns = [await _started(store, f"c{i}") for i in range(TURNS)]
+async def test_ends_arriving_together_each_write_their_own_turn(pg_store: PostgresStore) -> None:
+    turns = [await _started(pg_store, f"c{i}") for i in range(TOGETHER)]
 
     finished = await asyncio.gather(
         *(
-            store.finish(lease, end(started, rows, f"answer {i}"))
+            pg_store.finish(lease, end(started, rows, f"answer {i}"))
             for i, (lease, started, rows) in enumerate(turns)
         )
     )
 
-    assert [f.seq for f in finished] == [2] * TURNS  # each its own session's next message
-    assert await _stored(store.engine) == {
-        "done": sorted(f"webhook:c{i}" for i in range(TURNS)),
-        "answers": sorted(f"answer {i}" for i in range(TURNS)),
-        "replies": TURNS,
+    assert [f.seq for f in finished] == [2] * TOGETHER  # each its own session's next message
+    assert await _stored(pg_store.engine) == {
+        "done": sorted(f"webhook:c{i}" for i in range(TOGETHER)),
+        "answers": sorted(f"answer {i}" for i in range(TOGETHER)),
+        "replies": TOGETHER,
     }
 
 
-async def test_a_lost_lease_in_a_group_writes_nothing_and_the_others_commit(store: PostgresStore) -> None:
-    turns = [await _started(store, f"c{i}") for i in range(TURNS)]
+async def test_a_lost_lease_in_a_group_writes_nothing_and_the_others_commit(pg_store: PostgresStore) -> None:
+    turns = [await _started(pg_store, f"c{i}") for i in range(TOGETHER)]
     lost = 3
-    assert await store.release(turns[lost][0])
-    await lease_of(store, "another replica", key="webhook:c3")
+    assert await pg_store.release(turns[lost][0])
+    await lease_of(pg_store, "another replica", key="webhook:c3")
 
-    results = await asyncio.gather(
-        *(
-            store.finish(lease, end(started, rows, f"answer {i}"))
+    others = await one_refused(
+        (
+            pg_store.finish(lease, end(started, rows, f"answer {i}"))
             for i, (lease, started, rows) in enumerate(turns)
         ),
-        return_exceptions=True,
+        lost,
+        LeaseLost,
     )
-
-    assert isinstance(results[lost], LeaseLost)
-    assert all(not isinstance(r, BaseException) for i, r in enumerate(results) if i != lost)
-    others = [i for i in range(TURNS) if i != lost]
-    assert await _stored(store.engine) == {
+    assert await _stored(pg_store.engine) == {
         "done": sorted(f"webhook:c{i}" for i in others),
         "answers": sorted(f"answer {i}" for i in others),
-        "replies": TURNS - 1,
+        "replies": TOGETHER - 1,
     }
 
 
-async def test_an_end_the_database_refuses_fails_alone(store: PostgresStore) -> None:
+async def test_an_end_the_database_refuses_fails_alone(pg_store: PostgresStore) -> None:
     """A NUL character is no PostgreSQL text: that end's statement is refused as a whole,
     and the group is ended again one turn at a time."""
-    turns = [await _started(store, f"c{i}") for i in range(TURNS)]
+    turns = [await _started(pg_store, f"c{i}") for i in range(TOGETHER)]
     bad = 5
 
-    results = await asyncio.gather(
-        *(
-            store.finish(lease, end(started, rows, "\x00" if i == bad else f"answer {i}"))
+    others = await one_refused(
+        (
+            pg_store.finish(lease, end(started, rows, "\x00" if i == bad else f"answer {i}"))
             for i, (lease, started, rows) in enumerate(turns)
         ),
-        return_exceptions=True,
+        bad,
+        Exception,
+        not_as=LeaseLost,
     )
-
-    assert isinstance(results[bad], Exception) and not isinstance(results[bad], LeaseLost)
-    assert all(not isinstance(r, BaseException) for i, r in enumerate(results) if i != bad)
-    others = [i for i in range(TURNS) if i != bad]
-    stored = await _stored(store.engine)
+    stored = await _stored(pg_store.engine)
     assert stored["done"] == sorted(f"webhook:c{i}" for i in others)
     assert stored["answers"] == sorted(f"answer {i}" for i in others)

@@ -12,7 +12,6 @@ import asyncio
 from dataclasses import replace
 from typing import Any
 
-import pytest
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -21,10 +20,7 @@ from app.errors import LeaseLost, RowsCanceled
 from app.pipeline.storage.postgres import PostgresStore
 from app.sessions.lease import SessionLease
 from app.sessions.messages import ChatMessage
-from app.sessions.store import Lifecycle, SessionStore
-from tests.pipeline.support import accept, end, lease_of, plan
-
-TURNS = 9  # a group of four, one of two and some alone, whatever the timing
+from tests.pipeline.support import TOGETHER, accept, end, lease_of, one_refused, plan
 
 
 async def _taken(store: PostgresStore, chat: str, *texts: str) -> tuple[SessionLease, list[Any]]:
@@ -45,22 +41,17 @@ async def _stored(engine: AsyncEngine) -> dict[str, Any]:
         }
 
 
-@pytest.fixture
-def store(pg_engine: AsyncEngine) -> PostgresStore:
-    return PostgresStore(pg_engine, SessionStore(pg_engine, Lifecycle()), lease_ttl=30)
-
-
-async def test_starts_arriving_together_each_write_and_read_their_own_turn(store: PostgresStore) -> None:
+async def test_starts_arriving_together_each_write_and_read_their_own_turn(pg_store: PostgresStore) -> None:
     # Every key had a turn before, so each start continues its own session and reads its
     # own history: a mix-up between the copies of the statement would show here.
-    for i in range(TURNS):
-        lease, rows = await _taken(store, f"c{i}", f"first {i}")
-        first = await store.start(lease, plan(rows, count_attempt=True))
-        await store.finish(lease, end(first, rows, f"answer {i}", release=True))
-    taken = [await _taken(store, f"c{i}", f"second {i}") for i in range(TURNS)]
+    for i in range(TOGETHER):
+        lease, rows = await _taken(pg_store, f"c{i}", f"first {i}")
+        first = await pg_store.start(lease, plan(rows, count_attempt=True))
+        await pg_store.finish(lease, end(first, rows, f"answer {i}", release=True))
+    taken = [await _taken(pg_store, f"c{i}", f"second {i}") for i in range(TOGETHER)]
 
     started = await asyncio.gather(
-        *(store.start(lease, plan(rows, count_attempt=True)) for lease, rows in taken)
+        *(pg_store.start(lease, plan(rows, count_attempt=True)) for lease, rows in taken)
     )
 
     for i, s in enumerate(started):
@@ -72,64 +63,58 @@ async def test_starts_arriving_together_each_write_and_read_their_own_turn(store
             ("assistant", f"answer {i}"),
             ("user", f"second {i}"),
         ]
-    assert len({s.run_id for s in started}) == TURNS
-    stored = await _stored(store.engine)
+    assert len({s.run_id for s in started}) == TOGETHER
+    stored = await _stored(pg_store.engine)
     assert stored["users"] == sorted(
-        [f"first {i}" for i in range(TURNS)] + [f"second {i}" for i in range(TURNS)]
+        [f"first {i}" for i in range(TOGETHER)] + [f"second {i}" for i in range(TOGETHER)]
     )
-    assert stored["runs"] == 2 * TURNS
-    assert stored["sessions"] == TURNS
+    assert stored["runs"] == 2 * TOGETHER
+    assert stored["sessions"] == TOGETHER
 
 
-async def test_a_lost_lease_in_a_group_writes_nothing_and_the_others_start(store: PostgresStore) -> None:
-    taken = [await _taken(store, f"c{i}", f"hello {i}") for i in range(TURNS)]
+async def test_a_lost_lease_in_a_group_writes_nothing_and_the_others_start(pg_store: PostgresStore) -> None:
+    taken = [await _taken(pg_store, f"c{i}", f"hello {i}") for i in range(TOGETHER)]
     lost = 3
-    assert await store.release(taken[lost][0])
-    await lease_of(store, "another replica", key="webhook:c3")
+    assert await pg_store.release(taken[lost][0])
+    await lease_of(pg_store, "another replica", key="webhook:c3")
 
-    results = await asyncio.gather(
-        *(store.start(lease, plan(rows, count_attempt=True)) for lease, rows in taken),
-        return_exceptions=True,
+    others = await one_refused(
+        (pg_store.start(lease, plan(rows, count_attempt=True)) for lease, rows in taken),
+        lost,
+        LeaseLost,
     )
-
-    assert isinstance(results[lost], LeaseLost)
-    assert all(not isinstance(r, BaseException) for i, r in enumerate(results) if i != lost)
-    others = [i for i in range(TURNS) if i != lost]
-    assert await _stored(store.engine) == {
+    assert await _stored(pg_store.engine) == {
         "users": sorted(f"hello {i}" for i in others),
         "counted": sorted(f"webhook:c{i}" for i in others),
-        "runs": TURNS - 1,
-        "sessions": TURNS - 1,
+        "runs": TOGETHER - 1,
+        "sessions": TOGETHER - 1,
     }
 
 
 async def test_a_canceled_row_in_a_group_starts_nothing_and_the_others_start(
-    store: PostgresStore, pg_engine: AsyncEngine
+    pg_store: PostgresStore, pg_engine: AsyncEngine
 ) -> None:
-    taken = [await _taken(store, f"c{i}", f"hello {i}") for i in range(TURNS)]
+    taken = [await _taken(pg_store, f"c{i}", f"hello {i}") for i in range(TOGETHER)]
     canceled = 6
     async with pg_engine.begin() as conn:
         await conn.execute(
             inbox.update().where(inbox.c.id == taken[canceled][1][0].id).values(status="canceled")
         )
 
-    results = await asyncio.gather(
-        *(store.start(lease, plan(rows, count_attempt=True)) for lease, rows in taken),
-        return_exceptions=True,
+    others = await one_refused(
+        (pg_store.start(lease, plan(rows, count_attempt=True)) for lease, rows in taken),
+        canceled,
+        RowsCanceled,
     )
-
-    assert isinstance(results[canceled], RowsCanceled)
-    others = [i for i in range(TURNS) if i != canceled]
-    assert all(not isinstance(r, BaseException) for i, r in enumerate(results) if i != canceled)
-    stored = await _stored(store.engine)
+    stored = await _stored(pg_store.engine)
     assert stored["users"] == sorted(f"hello {i}" for i in others)
-    assert stored["runs"] == TURNS - 1
+    assert stored["runs"] == TOGETHER - 1
 
 
-async def test_a_start_the_database_refuses_fails_alone(store: PostgresStore) -> None:
+async def test_a_start_the_database_refuses_fails_alone(pg_store: PostgresStore) -> None:
     """A NUL character is no PostgreSQL text: that start's statement is refused as a whole,
     and the group is started again one turn at a time."""
-    taken = [await _taken(store, f"c{i}", f"hello {i}") for i in range(TURNS)]
+    taken = [await _taken(pg_store, f"c{i}", f"hello {i}") for i in range(TOGETHER)]
     bad = 5
 
     def plan_of(i: int, rows: list[Any]) -> Any:
@@ -138,16 +123,14 @@ async def test_a_start_the_database_refuses_fails_alone(store: PostgresStore) ->
             p = replace(p, user_messages=[ChatMessage(role="user", content="\x00")])
         return p
 
-    results = await asyncio.gather(
-        *(store.start(lease, plan_of(i, rows)) for i, (lease, rows) in enumerate(taken)),
-        return_exceptions=True,
+    others = await one_refused(
+        (pg_store.start(lease, plan_of(i, rows)) for i, (lease, rows) in enumerate(taken)),
+        bad,
+        Exception,
+        not_as=LeaseLost,
     )
-
-    assert isinstance(results[bad], Exception) and not isinstance(results[bad], LeaseLost)
-    assert all(not isinstance(r, BaseException) for i, r in enumerate(results) if i != bad)
-    others = [i for i in range(TURNS) if i != bad]
-    stored = await _stored(store.engine)
+    stored = await _stored(pg_store.engine)
     assert stored["users"] == sorted(f"hello {i}" for i in others)
     # Every attempt counts, the refused one too (on its own, after its start failed).
-    assert stored["counted"] == sorted(f"webhook:c{i}" for i in range(TURNS))
-    assert stored["runs"] == TURNS - 1
+    assert stored["counted"] == sorted(f"webhook:c{i}" for i in range(TOGETHER))
+    assert stored["runs"] == TOGETHER - 1

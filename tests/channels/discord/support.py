@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -11,8 +14,12 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from channels.discord import DiscordSettings
+from tests.app.agent.test_agent_e2e import openai_settings
+from tests.conftest import ServeApp
 from tests.fakes import discord as dc
 from tests.fakes.discord import FakeDiscord
+from tests.fakes.openai_server import FakeOpenAI
+from tests.support.servers import RunningApp
 
 # The application's key pair; Discord signs with the private half, we get the public one.
 SIGNING_KEY = Ed25519PrivateKey.generate()
@@ -28,6 +35,29 @@ def discord_settings(fake: FakeDiscord, **overrides: Any) -> DiscordSettings:
     )
     values.update(overrides)
     return DiscordSettings(_env_file=None, **values)  # type: ignore[call-arg]
+
+
+async def connected(fake: FakeDiscord, srv: RunningApp) -> None:
+    """The Gateway session is up: identified, and the adapter knows its bot's id."""
+    await fake.wait_ready()
+    await fake.wait_until(lambda: srv.runtime.adapters["discord"].bot_id == dc.BOT_ID)
+
+
+@asynccontextmanager
+async def served_with_tools(
+    serve: ServeApp, fake: FakeDiscord, model: FakeOpenAI, workspace: Path, **settings: Any
+) -> AsyncIterator[tuple[RunningApp, httpx.AsyncClient]]:
+    """The app serving Discord (`fake`, with `settings`) and the model, whose file tools write
+    in `workspace`, once connected; a client to post interactions with."""
+    async with (
+        serve(
+            channel_settings={"discord": discord_settings(fake, **settings)},
+            **openai_settings(model, workspace_root=str(workspace)),
+        ) as srv,
+        httpx.AsyncClient(timeout=30) as client,
+    ):
+        await connected(fake, srv)
+        yield srv, client
 
 
 async def post_interaction(

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import httpx
 from sqlalchemy import select
 
 from app.db.models import approvals
-from tests.app.agent.test_agent_e2e import openai_settings
-from tests.channels.discord.support import component_press, discord_settings, post_interaction
+from tests.channels.discord.support import (
+    component_press,
+    post_interaction,
+    served_with_tools,
+)
 from tests.channels.support import wait_inbox_done
 from tests.conftest import ServeApp
 from tests.fakes import discord as dc
@@ -27,16 +29,10 @@ async def test_an_approval_button_approves_and_a_press_by_someone_else_is_refuse
 ) -> None:
     async with FakeOpenAI() as model, FakeDiscord() as fake:
         model.enqueue(calls(ToolCall("write_file", {"path": "out.txt", "content": "hi"})), text("Written."))
-        settings = discord_settings(fake, streaming="off", approvers=["3000"])
-        async with (
-            serve(
-                channel_settings={"discord": settings},
-                **openai_settings(model, workspace_root=str(tmp_path)),
-            ) as srv,
-            httpx.AsyncClient(timeout=30) as client,
+        async with served_with_tools(serve, fake, model, tmp_path, streaming="off", approvers=["3000"]) as (
+            srv,
+            client,
         ):
-            await fake.wait_ready()
-            await fake.wait_until(lambda: srv.runtime.adapters["discord"].bot_id == dc.BOT_ID)
             await fake.dispatch("MESSAGE_CREATE", dc.message("write out.txt"))
             [prompt] = await fake.wait_for_messages(1)
             assert "/approve" in prompt.body["content"]  # the typed command is still named
@@ -84,15 +80,9 @@ async def test_an_approval_prompt_that_ends_a_streamed_preview_gets_its_buttons(
             calls(ToolCall("write_file", {"path": "s.txt", "content": "s"}), content=said, chunk_delay=0.15),
             text("Written."),
         )
-        settings = discord_settings(fake, streaming="edit", stream_edit_seconds=0.1, approvers=["3000"])
-        async with (
-            serve(
-                channel_settings={"discord": settings},
-                **openai_settings(model, workspace_root=str(tmp_path)),
-            ) as srv,
-        ):
-            await fake.wait_ready()
-            await fake.wait_until(lambda: srv.runtime.adapters["discord"].bot_id == dc.BOT_ID)
+        async with served_with_tools(
+            serve, fake, model, tmp_path, streaming="edit", stream_edit_seconds=0.1, approvers=["3000"]
+        ) as _served:
             await fake.dispatch("MESSAGE_CREATE", dc.message("write s.txt"))
             await fake.wait_until(lambda: any("components" in c.body for c in fake.calls))
     # The preview became the prompt (its last edit), and that edit carried the buttons.

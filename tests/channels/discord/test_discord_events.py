@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from tests.app.agent.test_agent_e2e import openai_settings
-from tests.channels.discord.support import discord_settings
+from tests.channels.discord.support import connected, discord_settings
 from tests.channels.support import wait_inbox_done
 from tests.conftest import ServeApp
 from tests.fakes import discord as dc
@@ -26,8 +26,7 @@ async def test_a_deleted_message_has_our_answer_deleted_and_edits_and_reactions_
     async with FakeOpenAI(default=echo) as model, FakeDiscord() as fake:
         channel = {"discord": discord_settings(fake, streaming="off")}
         async with serve(channel_settings=channel, **openai_settings(model)) as srv:
-            await fake.wait_ready()
-            await fake.wait_until(lambda: srv.runtime.adapters["discord"].bot_id == dc.BOT_ID)
+            await connected(fake, srv)
             secret = dc.message("the vault code is 7733")
             await fake.dispatch("MESSAGE_CREATE", secret)
             [answer] = await fake.wait_for_messages(1)

@@ -8,7 +8,7 @@ from sqlalchemy import update
 
 from app.connections import fingerprint
 from app.db.models import connection_leases, inbox
-from tests.channels.discord.support import discord_settings
+from tests.channels.discord.support import connected, discord_settings
 from tests.channels.support import count, inbox_keys, wait_outbox_final
 from tests.conftest import ServeApp
 from tests.fakes import discord as dc
@@ -52,8 +52,7 @@ async def test_direct_message_is_answered_once_and_guild_messages_need_a_mention
 async def test_a_dropped_gateway_is_resumed_and_messages_flow_again(serve: ServeApp) -> None:
     async with FakeDiscord() as fake:
         async with serve(channel_settings={"discord": discord_settings(fake)}) as srv:
-            await fake.wait_ready()
-            await fake.wait_until(lambda: srv.runtime.adapters["discord"].bot_id == dc.BOT_ID)
+            await connected(fake, srv)
             await fake.wait_until(lambda: fake.heartbeats >= 1, timeout=10)
             await fake.drop_connections()
             await fake.wait_until(lambda: bool(fake.resumes), timeout=20)
@@ -79,8 +78,7 @@ async def test_a_saved_session_the_gateway_no_longer_knows_falls_back_to_identif
     async with FakeDiscord() as fake:
         async with serve(channel_settings={"discord": discord_settings(fake)}) as srv:
             name = f"discord:{fingerprint(dc.TOKEN)}"
-            await fake.wait_ready()
-            await fake.wait_until(lambda: srv.runtime.adapters["discord"].bot_id == dc.BOT_ID)
+            await connected(fake, srv)
             # The first holder saved its session; what a takeover would RESUME.
             async with asyncio.timeout(10):
                 while (saved := await srv.runtime.connections.load_state(name)) is None:

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
 
 from channels.feishu import FeishuSettings
+from tests.app.agent.test_agent_e2e import openai_settings
+from tests.conftest import ServeApp
 from tests.fakes import feishu as fs
 from tests.fakes.feishu import FakeFeishu
+from tests.fakes.openai_server import FakeOpenAI
+from tests.support.servers import RunningApp
 
 
 def feishu_settings(fake: FakeFeishu, **overrides: Any) -> FeishuSettings:
@@ -29,3 +36,19 @@ async def post_callback(
     """POST an event the way Feishu does: encrypted and signed unless told otherwise."""
     body, headers = fs.callback(payload, **callback)
     return await client.post(f"{base_url}/channels/feishu", content=body, headers=headers)
+
+
+@asynccontextmanager
+async def served_with_tools(
+    serve: ServeApp, fake: FakeFeishu, model: FakeOpenAI, workspace: Path, **settings: Any
+) -> AsyncIterator[tuple[RunningApp, httpx.AsyncClient]]:
+    """The app serving Feishu (`fake`, with `settings`) and the model, whose file tools write
+    in `workspace`; a client to post callbacks with."""
+    async with (
+        serve(
+            channel_settings={"feishu": feishu_settings(fake, **settings)},
+            **openai_settings(model, workspace_root=str(workspace)),
+        ) as srv,
+        httpx.AsyncClient(timeout=30) as client,
+    ):
+        yield srv, client

@@ -10,12 +10,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-import httpx
 from sqlalchemy import select
 
 from app.db.models import approvals
-from tests.app.agent.test_agent_e2e import openai_settings
-from tests.channels.feishu.support import feishu_settings, post_callback
+from tests.channels.feishu.support import post_callback, served_with_tools
 from tests.channels.support import wait_inbox_done
 from tests.conftest import ServeApp
 from tests.fakes import feishu as fs
@@ -35,14 +33,9 @@ async def test_an_approval_card_button_approves_and_a_press_by_someone_else_is_r
 ) -> None:
     async with FakeOpenAI() as model, FakeFeishu() as fake:
         model.enqueue(calls(ToolCall("write_file", {"path": "out.txt", "content": "hi"})), text("Written."))
-        settings = feishu_settings(fake, streaming="off", approvers=["ou_boss"])
-        async with (
-            serve(
-                channel_settings={"feishu": settings},
-                **openai_settings(model, workspace_root=str(tmp_path)),
-            ) as srv,
-            httpx.AsyncClient(timeout=30) as client,
-        ):
+        async with served_with_tools(
+            serve, fake, model, tmp_path, streaming="off", approvers=["ou_boss"]
+        ) as (srv, client):
             await post_callback(client, srv.url, fs.text_event("write out.txt", sender="ou_boss"))
             [prompt] = await fake.wait_for(1, "create")
             assert prompt.body["msg_type"] == "interactive"
@@ -95,14 +88,9 @@ async def test_an_approval_prompt_that_ends_a_streamed_preview_is_followed_by_it
             calls(ToolCall("write_file", {"path": "s.txt", "content": "s"}), content=said, chunk_delay=0.15),
             text("Written."),
         )
-        settings = feishu_settings(fake, streaming="edit", stream_edit_seconds=0.1, approvers=["ou_alice"])
-        async with (
-            serve(
-                channel_settings={"feishu": settings},
-                **openai_settings(model, workspace_root=str(tmp_path)),
-            ) as srv,
-            httpx.AsyncClient(timeout=30) as client,
-        ):
+        async with served_with_tools(
+            serve, fake, model, tmp_path, streaming="edit", stream_edit_seconds=0.1, approvers=["ou_alice"]
+        ) as (srv, client):
             await post_callback(client, srv.url, fs.text_event("write s.txt"))
             await eventually(
                 lambda: any(c.body.get("msg_type") == "interactive" for c in fake.calls_of("create"))
@@ -129,14 +117,9 @@ async def test_a_prompt_longer_than_one_message_is_sent_as_text_then_a_card_with
     async with FakeOpenAI() as model, FakeFeishu() as fake:
         content = "😀" * 400  # 4 bytes a character: the prompt outgrows one message
         model.enqueue(calls(ToolCall("write_file", {"path": "l.txt", "content": content})), text("Written."))
-        settings = feishu_settings(fake, streaming="off", approvers=["ou_alice"], max_message_bytes=1000)
-        async with (
-            serve(
-                channel_settings={"feishu": settings},
-                **openai_settings(model, workspace_root=str(tmp_path)),
-            ) as srv,
-            httpx.AsyncClient(timeout=30) as client,
-        ):
+        async with served_with_tools(
+            serve, fake, model, tmp_path, streaming="off", approvers=["ou_alice"], max_message_bytes=1000
+        ) as (srv, client):
             await post_callback(client, srv.url, fs.text_event("write l.txt"))
             await eventually(
                 lambda: any(c.body.get("msg_type") == "interactive" for c in fake.calls_of("create"))

@@ -18,7 +18,7 @@ from sqlalchemy import select
 
 from app.db.models import approvals, inbox, runs
 from tests.app.agent.test_agent_e2e import openai_settings
-from tests.channels.feishu.support import feishu_settings, post_callback
+from tests.channels.feishu.support import feishu_settings, post_callback, served_with_tools
 from tests.channels.support import count, wait_inbox_done, wait_outbox_final
 from tests.conftest import ServeApp
 from tests.fakes import feishu as fs
@@ -46,14 +46,9 @@ async def test_a_check_mark_on_an_approval_card_approves_once_and_other_reaction
 ) -> None:
     async with FakeOpenAI(default=echo) as model, FakeFeishu() as fake:
         model.enqueue(calls(ToolCall("write_file", {"path": "r.txt", "content": "ok"})), text("Written."))
-        settings = feishu_settings(fake, streaming="off", approvers=["ou_boss"])
-        async with (
-            serve(
-                channel_settings={"feishu": settings},
-                **openai_settings(model, workspace_root=str(tmp_path)),
-            ) as srv,
-            httpx.AsyncClient(timeout=30) as client,
-        ):
+        async with served_with_tools(
+            serve, fake, model, tmp_path, streaming="off", approvers=["ou_boss"]
+        ) as (srv, client):
             await post_callback(client, srv.url, fs.text_event("write r.txt", sender="ou_boss"))
             await fake.wait_for(1, "create")
             await wait_outbox_final(srv.runtime, 1)  # sent, and where the card went recorded
@@ -107,14 +102,9 @@ async def test_a_check_mark_on_the_card_after_a_streamed_prompt_approves(
             calls(ToolCall("write_file", {"path": "p.txt", "content": "p"}), content=said, chunk_delay=0.15),
             text("Written."),
         )
-        settings = feishu_settings(fake, streaming="edit", stream_edit_seconds=0.1, approvers=["ou_alice"])
-        async with (
-            serve(
-                channel_settings={"feishu": settings},
-                **openai_settings(model, workspace_root=str(tmp_path)),
-            ) as srv,
-            httpx.AsyncClient(timeout=30) as client,
-        ):
+        async with served_with_tools(
+            serve, fake, model, tmp_path, streaming="edit", stream_edit_seconds=0.1, approvers=["ou_alice"]
+        ) as (srv, client):
             await post_callback(client, srv.url, fs.text_event("write p.txt"))
             await eventually(lambda: any(i.get("msg_type") == "interactive" for i in fake.messages.values()))
             await wait_outbox_final(srv.runtime, 1)
