@@ -85,14 +85,17 @@ phase() {
   "$VENV/bin/pytest" -p no:xdist -m "$marker" "${ids[@]}"
 }
 
-# Two phases: everything not marked `serial` on several workers (most of the time goes to
+# Three phases: everything not marked `serial` on several workers (most of the time goes to
 # waiting on servers, subprocesses and sleeps, so workers pay even on 2 CPUs); then the
-# `serial` tests alone (timing-sensitive, fixed ports, heavy crash tests). Tests in one
-# `xdist_group` stay on one worker.
+# `serial` tests three at a time (replicas waiting out lease TTLs, restarts: mostly idle,
+# but upset by a machine the parallel phase loads); then the `alone` ones, one at a time
+# (wall-time, memory and flush measurements, CPU-heavy floods). Tests in one `xdist_group`
+# stay on one worker.
 ARGS=("$@")
 rm -f test-artifacts/flaky.txt
 phase "not serial" -n "${TEST_WORKERS:-4}" --dist loadgroup
-phase serial
+phase "serial and not alone" -n "${TEST_SERIAL_WORKERS:-3}" --dist loadgroup
+phase alone
 if [ -f test-artifacts/flaky.txt ]; then
   printf '\n=== passed on a second run alone (flaky, to be mended) ===\n'
   cat test-artifacts/flaky.txt

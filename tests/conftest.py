@@ -29,9 +29,14 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     drop_templates()
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked `long` first: a worker of the parallel phase starts them at once, instead
-    of when the queue reaches them, which would make the phase end minutes later."""
+    of when the queue reaches them, which would make the phase end minutes later. A test
+    marked `alone` is `serial` too: it never runs in the parallel phase."""
+    for item in items:
+        if item.get_closest_marker("alone") and not item.get_closest_marker("serial"):
+            item.add_marker(pytest.mark.serial)
     items.sort(key=lambda item: item.get_closest_marker("long") is None)
 
 

@@ -53,6 +53,7 @@ async def test_a_retry_over_the_quota_is_answered_as_a_duplicate(serve: ServeApp
     assert model.calls == ["one"]  # ran once, and the refused one never
 
 
+@pytest.mark.alone
 @pytest.mark.serial(reason="120 concurrent requests through the server; slow on a shared machine")
 async def test_the_pairing_cap_holds_under_120_concurrent_newcomers(serve: ServeApp) -> None:
     channel = webhook_settings(access="pairing", pairing_max_pending=100)

@@ -26,7 +26,7 @@ from tests.support.servers import serve_in_loop
 from tests.support.webhook import post_webhook
 
 # Serial: it runs two PostgreSQL servers of its own and kills one of them under load.
-pytestmark = pytest.mark.serial
+pytestmark = [pytest.mark.serial, pytest.mark.alone]
 
 EVENTS = 300
 CHATS = 30

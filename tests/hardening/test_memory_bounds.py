@@ -22,7 +22,7 @@ from tests.support.servers import ServerProcess
 
 # serial: floods of oversized bodies and frames measured by the server's peak RSS; other
 # workers' load turns the bounded reads into timeouts.
-pytestmark = pytest.mark.serial
+pytestmark = [pytest.mark.serial, pytest.mark.alone]
 
 MiB = 1024 * 1024
 

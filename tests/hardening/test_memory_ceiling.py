@@ -26,7 +26,7 @@ from tests.support.servers import ServerProcess
 from tests.support.webhook import post_webhook
 
 # serial: measures a server's resident memory under a heavy load; slow: 1,000 agent runs.
-pytestmark = [pytest.mark.serial, pytest.mark.slow]
+pytestmark = [pytest.mark.serial, pytest.mark.alone, pytest.mark.slow]
 
 SESSIONS = 1000
 OUTPUT_BYTES = 2 * 1024 * 1024

@@ -40,6 +40,7 @@ async def test_two_events_for_one_session_run_one_after_the_other(serve: ServeAp
     ]
 
 
+@pytest.mark.alone
 @pytest.mark.serial  # a wall-time bound: other workers' load would eat the parallelism it measures
 async def test_fifty_sessions_run_in_parallel(serve: ServeApp) -> None:
     provider = RecordingProvider(delay=0.2)

@@ -110,6 +110,7 @@ async def test_two_processes_keep_one_sessions_order(pg_url: str) -> None:
     ]
 
 
+@pytest.mark.alone
 @pytest.mark.serial  # a wall-time bound: other workers' load would eat the parallelism it measures
 async def test_two_processes_run_different_sessions_in_parallel(pg_url: str) -> None:
     env = _env(pg_url, OFFLINE_LATENCY_MS=200)

@@ -28,7 +28,7 @@ from tests.support.servers import ServerProcess, start_together
 from tests.support.webhook import post_webhook
 
 # serial: it measures how long work waits around a restart; other workers' load would skew it.
-pytestmark = [pytest.mark.slow, pytest.mark.serial]
+pytestmark = [pytest.mark.slow, pytest.mark.serial, pytest.mark.alone]
 
 TTL = 30.0  # long: a hand-over that relied on the expiry would show as a 30 s wait
 KEYS = 10

@@ -103,6 +103,7 @@ async def test_a_turn_whose_lease_was_taken_over_during_the_model_call_writes_no
             assert [r["outcome"] for r in await rows(srv, runs)] == ["ok", "crashed", "ok"]
 
 
+@pytest.mark.alone
 @pytest.mark.serial  # counts keys queued at one moment: a loaded machine's stalls upset it
 async def test_all_of_a_dead_replicas_sessions_are_reclaimed_in_one_sweep(serve: ServeApp) -> None:
     """A busy survivor frees every expired lease of a dead replica in one poll, not one key

@@ -25,7 +25,7 @@ from tests.support.pipeline import store_for
 
 # serial: a cluster of its own (initdb, start) is heavy on a loaded machine, and the flush
 # counts are a timing measurement.
-pytestmark = pytest.mark.serial
+pytestmark = [pytest.mark.serial, pytest.mark.alone]
 
 COMMITS = 100
 

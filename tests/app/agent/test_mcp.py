@@ -132,6 +132,7 @@ async def test_trusted_server_and_tool_allow_list() -> None:
         await mcp.stop()
 
 
+@pytest.mark.alone
 @pytest.mark.serial  # the server comes back on the same port: another worker could take it meanwhile
 async def test_streamable_http_server_and_reconnect_after_it_died() -> None:
     port = free_port()
@@ -408,6 +409,7 @@ async def test_a_hung_server_is_found_by_the_liveness_probe_and_replaced() -> No
         await mcp.stop()
 
 
+@pytest.mark.alone
 @pytest.mark.serial  # the server comes back on the same port: another worker could take it meanwhile
 async def test_a_vanished_http_server_is_reported_down_without_a_call() -> None:
     port = free_port()
