@@ -5,18 +5,18 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-import migrations
+if TYPE_CHECKING:
+    from alembic.config import Config
+
+# alembic (with Mako and Pygments) is imported where a migration is read or run: a process
+# that never migrates (most CLI commands) does not pay its 0.3 s of import.
 
 log = structlog.get_logger(__name__)
 
@@ -71,6 +71,10 @@ async def wait_for_database(engine: AsyncEngine, timeout: float) -> None:
 def alembic_config(database_url: str, connect_args: Mapping[str, Any] | None = None) -> Config:
     """`connect_args`: the driver's arguments (`app.db.engine.driver_connect_args`), so the
     migrations connect as the pool does (behind PgBouncer: no named statements)."""
+    from alembic.config import Config
+
+    import migrations
+
     cfg = Config()
     cfg.set_main_option("script_location", str(Path(migrations.__file__).parent))
     cfg.set_main_option("sqlalchemy.url", database_url.replace("%", "%%"))
@@ -80,6 +84,8 @@ def alembic_config(database_url: str, connect_args: Mapping[str, Any] | None = N
 
 def upgrade_to_head(database_url: str, connect_args: Mapping[str, Any] | None = None) -> None:
     """Blocking; alembic's env.py runs its own event loop, so call it from a thread."""
+    from alembic import command
+
     command.upgrade(alembic_config(database_url, connect_args), "head")
 
 
@@ -88,10 +94,14 @@ async def upgrade(database_url: str, connect_args: Mapping[str, Any] | None = No
 
 
 def head_revision(database_url: str) -> str | None:
+    from alembic.script import ScriptDirectory
+
     return ScriptDirectory.from_config(alembic_config(database_url)).get_current_head()
 
 
 async def current_revision(engine: AsyncEngine) -> str | None:
+    from alembic.runtime.migration import MigrationContext
+
     async with engine.connect() as conn:
         return await conn.run_sync(
             lambda sync_conn: MigrationContext.configure(sync_conn).get_current_revision()
