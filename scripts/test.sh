@@ -62,7 +62,7 @@ export PYTHONPYCACHEPREFIX="${PYTHONPYCACHEPREFIX:-${XDG_CACHE_HOME:-$HOME/.cach
 "$VENV/bin/ruff" format --check .
 "$VENV/bin/mypy" app channels tests bench
 # A phase whose tests failed runs those tests once more, alone, as CPython's regrtest re-runs
-# its failed tests: on 2 CPUs with four workers a timing test can lose its race to the load.
+# its failed tests: on 2 CPUs with six workers a timing test can lose its race to the load.
 # The phase passes only when each of them passes then; they are named loudly as flaky (and
 # in test-artifacts/flaky.txt) so that they get mended. More than three failures is a
 # breakage, not a flake, and gets no second run. Exit code 5 (nothing collected, e.g. a -k
@@ -93,7 +93,7 @@ phase() {
 # stay on one worker.
 ARGS=("$@")
 rm -f test-artifacts/flaky.txt
-phase "not serial" -n "${TEST_WORKERS:-4}" --dist loadgroup
+phase "not serial" -n "${TEST_WORKERS:-6}" --dist loadgroup
 phase "serial and not alone" -n "${TEST_SERIAL_WORKERS:-3}" --dist loadgroup
 phase alone
 if [ -f test-artifacts/flaky.txt ]; then

@@ -31,9 +31,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked `long` first: a worker of the parallel phase starts them at once, instead
-    of when the queue reaches them, which would make the phase end minutes later. A test
-    marked `alone` is `serial` too: it never runs in the parallel phase."""
+    """Tests marked `long` first: `--dist loadgroup` hands the first tests out one per worker
+    in turn, so each worker starts one long test at once, instead of when the queue reaches
+    it, which would make the phase end minutes later. A test marked `alone` is `serial` too:
+    it never runs in the parallel phase."""
     for item in items:
         if item.get_closest_marker("alone") and not item.get_closest_marker("serial"):
             item.add_marker(pytest.mark.serial)

@@ -23,7 +23,7 @@ from tests.fakes.telegram import FakeTelegram
 from tests.support.servers import ServerProcess, start_together
 
 # serial: replicas take over within a lease TTL: timing that a loaded machine upsets.
-pytestmark = [pytest.mark.slow, pytest.mark.serial]
+pytestmark = [pytest.mark.slow, pytest.mark.serial, pytest.mark.long]  # ~35 s each
 
 TTL = 3.0
 

@@ -28,7 +28,7 @@ from tests.support.servers import start_together
 from tests.support.timing import scaled
 
 # serial: replicas take over within a lease TTL: timing that a loaded machine upsets.
-pytestmark = [pytest.mark.slow, pytest.mark.serial]
+pytestmark = [pytest.mark.slow, pytest.mark.serial, pytest.mark.long]  # ~50 s
 
 TTL = 3.0
 
