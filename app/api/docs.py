@@ -17,6 +17,7 @@ from fastapi.staticfiles import StaticFiles
 
 ASSETS = "/docs-assets"
 
+
 def _package_dir(name: str) -> Path:
     """Where a package's files are, without importing it."""
     spec = importlib.util.find_spec(name)
