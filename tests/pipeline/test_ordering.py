@@ -12,6 +12,7 @@ from sqlalchemy import select
 from app.db.models import runs
 from tests.conftest import WEBHOOK_SECRET, ServeApp, webhook_settings
 from tests.support.providers import RecordingProvider
+from tests.support.timing import scaled
 from tests.support.webhook import post_webhook
 
 
@@ -70,7 +71,10 @@ async def test_fifty_sessions_run_in_parallel(serve: ServeApp) -> None:
 
 
 async def test_semaphore_bounds_concurrent_runs(serve: ServeApp) -> None:
-    provider = RecordingProvider(delay=0.1)
+    # Each run holds until three ran at once (under load twelve posts may arrive too spread
+    # out for 0.1 s runs to overlap): more than three would show, and fewer than three would
+    # be all the semaphore let through.
+    provider = RecordingProvider(delay=0.1, together=3, patience=scaled(10))
     async with (
         serve(provider=provider, max_concurrent_runs=3) as srv,
         httpx.AsyncClient(timeout=60) as client,

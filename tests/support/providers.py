@@ -28,6 +28,11 @@ class RecordingProvider:
 
     delay: float = 0.0
     name: str = "recording"
+    # With `together` set, a call first waits (up to `patience` seconds) until that many
+    # calls have been active at once: a bound on concurrent runs is then reached whatever
+    # the machine's load, instead of only when the runs happen to overlap.
+    together: int = 0
+    patience: float = 10.0
     calls: list[Call] = field(default_factory=list)
     events: list[tuple[str, str]] = field(default_factory=list)
     active: int = 0
@@ -43,6 +48,9 @@ class RecordingProvider:
         self.active += 1
         self.max_active = max(self.max_active, self.active)
         try:
+            deadline = time.monotonic() + self.patience
+            while self.max_active < self.together and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
             await asyncio.sleep(self.delay)
         finally:
             self.active -= 1
