@@ -76,6 +76,30 @@ def url_verification(challenge: str = "ajls384kdjx98XX", token: str = VERIFICATI
     return {"challenge": challenge, "token": token, "type": "url_verification"}
 
 
+def _envelope(
+    n: int,
+    event_type: str,
+    event: dict[str, Any],
+    *,
+    token: str,
+    create_time: str,
+    event_id: str | None = None,
+) -> dict[str, Any]:
+    """A schema 2.0 callback as Feishu posts it: the header, then the event."""
+    return {
+        "schema": "2.0",
+        "header": {
+            "event_id": event_id or f"{n:032x}",
+            "event_type": event_type,
+            "create_time": create_time,
+            "token": token,
+            "app_id": APP_ID,
+            "tenant_key": TENANT_KEY,
+        },
+        "event": event,
+    }
+
+
 def message_event(
     message_type: str,
     content: dict[str, Any],
@@ -110,25 +134,13 @@ def message_event(
     for name, value in (("root_id", root_id), ("parent_id", parent_id), ("thread_id", thread_id)):
         if value:
             message[name] = value
-    return {
-        "schema": "2.0",
-        "header": {
-            "event_id": event_id or f"{n:032x}",
-            "event_type": event_type,
-            "create_time": now_ms,
-            "token": token,
-            "app_id": APP_ID,
-            "tenant_key": TENANT_KEY,
-        },
-        "event": {
-            "sender": {
-                "sender_id": {"union_id": f"on_{sender}", "user_id": f"u_{sender}", "open_id": sender},
-                "sender_type": sender_type,
-                "tenant_key": TENANT_KEY,
-            },
-            "message": message,
-        },
+    sent_by = {
+        "sender_id": {"union_id": f"on_{sender}", "user_id": f"u_{sender}", "open_id": sender},
+        "sender_type": sender_type,
+        "tenant_key": TENANT_KEY,
     }
+    event = {"sender": sent_by, "message": message}
+    return _envelope(n, event_type, event, token=token, create_time=now_ms, event_id=event_id)
 
 
 def text_event(text: str, **kw: Any) -> dict[str, Any]:
@@ -156,23 +168,13 @@ def recall_event(
     """`im.message.recalled_v1`: the message was recalled (Feishu names no author)."""
     n = next(_ids)
     now_ms = str(int(time.time() * 1000))
-    return {
-        "schema": "2.0",
-        "header": {
-            "event_id": f"{n:032x}",
-            "event_type": "im.message.recalled_v1",
-            "create_time": now_ms,
-            "token": token,
-            "app_id": APP_ID,
-            "tenant_key": TENANT_KEY,
-        },
-        "event": {
-            "message_id": message_id,
-            "chat_id": chat_id,
-            "recall_time": now_ms,
-            "recall_type": "message_owner",
-        },
+    event = {
+        "message_id": message_id,
+        "chat_id": chat_id,
+        "recall_time": now_ms,
+        "recall_type": "message_owner",
     }
+    return _envelope(n, "im.message.recalled_v1", event, token=token, create_time=now_ms)
 
 
 def card_action_event(
@@ -187,17 +189,10 @@ def card_action_event(
     message `message_id` (the callback format of Feishu's card JSON 2.0 / new callbacks)."""
     n = next(_ids)
     now_us = str(int(time.time() * 1_000_000))
-    return {
-        "schema": "2.0",
-        "header": {
-            "event_id": f"{n:032x}",
-            "token": token,
-            "create_time": now_us,
-            "event_type": "card.action.trigger",
-            "tenant_key": TENANT_KEY,
-            "app_id": APP_ID,
-        },
-        "event": {
+    return _envelope(
+        n,
+        "card.action.trigger",
+        {
             "operator": {
                 "tenant_key": TENANT_KEY,
                 "user_id": f"u_{operator}",
@@ -209,7 +204,9 @@ def card_action_event(
             "host": "im_message",
             "context": {"open_message_id": message_id, "open_chat_id": chat_id},
         },
-    }
+        token=token,
+        create_time=now_us,
+    )
 
 
 def reaction_event(
@@ -236,15 +233,4 @@ def reaction_event(
     else:
         event["app_id"] = operator
     kind = "deleted" if removed else "created"
-    return {
-        "schema": "2.0",
-        "header": {
-            "event_id": f"{n:032x}",
-            "event_type": f"im.message.reaction.{kind}_v1",
-            "create_time": now_ms,
-            "token": token,
-            "app_id": APP_ID,
-            "tenant_key": TENANT_KEY,
-        },
-        "event": event,
-    }
+    return _envelope(n, f"im.message.reaction.{kind}_v1", event, token=token, create_time=now_ms)
