@@ -69,6 +69,7 @@ async def _sessions(settings: Settings, args: argparse.Namespace) -> int:
                 engine, SessionStore(engine, Lifecycle()), lease_ttl=settings.lease_ttl_seconds
             )
             await store.accept([event])
+            await store.close()
             print(f"reset of {args.key!r} queued; a running server applies it in order")
     finally:
         await engine.dispose()

@@ -223,8 +223,9 @@ class Settings(BaseSettings):
     collect_debounce_seconds: float = Field(0.5, description="Wait of the `collect` busy policy.")
     pipeline_store: Literal["auto", "portable"] = Field(
         "auto",
-        description="auto: PostgreSQL's single-statement store on PostgreSQL; portable: plain "
-        "transactions everywhere (for comparisons; slower on PostgreSQL).",
+        description="auto: PostgreSQL's single-statement store on PostgreSQL, SQLite's "
+        "one-hop-per-transaction store on a SQLite file; portable: plain SQLAlchemy "
+        "transactions everywhere (for comparisons; slower on both).",
     )
     outbox_poll_seconds: float = 0.5
     outbox_max_attempts: int = 8

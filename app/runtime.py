@@ -153,6 +153,7 @@ class Runtime(Parts):
         if self.speech is not None:
             await self.speech.aclose()
         await self.http.aclose()
+        await self.store.close()
         await self.engine.dispose()
         self._started = False
 

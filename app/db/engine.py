@@ -12,6 +12,7 @@ from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from app.config import Settings
+from app.db.lite import PRAGMAS
 
 
 def create_engine(settings: Settings) -> AsyncEngine:
@@ -24,10 +25,8 @@ def create_engine(settings: Settings) -> AsyncEngine:
         @event.listens_for(engine.sync_engine, "connect")
         def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
             cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA busy_timeout=30000")
-            cur.execute("PRAGMA synchronous=NORMAL")
-            cur.execute("PRAGMA foreign_keys=ON")
+            for pragma in PRAGMAS:  # the same on the pipeline store's own connection
+                cur.execute(pragma)
             cur.close()
 
         return engine

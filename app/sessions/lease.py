@@ -33,7 +33,7 @@ class SessionLease:
 
 # The statements are built once (bound parameters only): they run several times per turn.
 _K = session_keys.c
-_MINE = and_(_K.key == bindparam("k"), _K.lease_owner == bindparam("o"), _K.lease_fence == bindparam("f"))
+MINE = and_(_K.key == bindparam("k"), _K.lease_owner == bindparam("o"), _K.lease_fence == bindparam("f"))
 
 
 def _lax(dialect_name: str) -> list[Any]:
@@ -63,30 +63,30 @@ _TAKE = {
     name: Direct(take_free_or_new(name).returning(_K.lease_fence, *_lax(name)))
     for name in ("postgresql", "sqlite")
 }
-_TAKE_EXPIRED = (
+TAKE_EXPIRED = (
     update(session_keys)
     .where(_K.key == bindparam("k"), _K.lease_owner != bindparam("o"), _K.lease_expires_at < bindparam("now"))
     .values(lease_owner=bindparam("o"), lease_fence=_K.lease_fence + 1, lease_expires_at=bindparam("exp"))
     .returning(_K.lease_fence)
 )
-_RENEW = update(session_keys).where(_MINE).values(lease_expires_at=bindparam("exp"))
+_RENEW = update(session_keys).where(MINE).values(lease_expires_at=bindparam("exp"))
 _UNFINISHED = (
     select(inbox.c.id)
     .where(inbox.c.session_key == bindparam("k"), one_of(inbox.c.status, INBOX_UNFINISHED))
     .limit(1)
     .exists()
 )
-_RELEASE = {
+RELEASE = {
     name: Direct(
         update(session_keys)
-        .where(_MINE)
+        .where(MINE)
         .values(lease_owner=None, lease_expires_at=None)
         .returning(_UNFINISHED.label("unfinished"), *_lax(name))
     )
     for name in ("postgresql", "sqlite")
 }
-_ASK_UNFINISHED = select(_UNFINISHED)
-_CHECK = update(session_keys).where(_MINE).values(lease_fence=_K.lease_fence)
+ASK_UNFINISHED = select(_UNFINISHED)
+CHECK = update(session_keys).where(MINE).values(lease_fence=_K.lease_fence)
 
 
 async def ensure_key(conn: AsyncConnection, key: str) -> None:
@@ -129,7 +129,7 @@ async def acquire_reading(
     if taken is not None:
         return SessionLease(key, owner, taken["lease_fence"]), taken
     async with single.connect() as own:
-        fence = (await own.execute(_TAKE_EXPIRED, params)).scalar()
+        fence = (await own.execute(TAKE_EXPIRED, params)).scalar()
     return (SessionLease(key, owner, fence, took_over=True) if fence is not None else None), None
 
 
@@ -152,17 +152,17 @@ async def release(engine: AsyncEngine, lease: SessionLease) -> bool:
     """
     single = autocommit(engine)
     async with direct.connect(single) as conn:
-        released = await _RELEASE[conn.dialect.name].first(conn, _mine(lease))
+        released = await RELEASE[conn.dialect.name].first(conn, _mine(lease))
     if released is not None:
         return bool(released["unfinished"])
     # No longer ours: ask separately.
     async with single.connect() as own:
-        row = (await own.execute(_ASK_UNFINISHED, {"k": lease.key})).first()
+        row = (await own.execute(ASK_UNFINISHED, {"k": lease.key})).first()
     return bool(row is not None and row[0])
 
 
 async def check_fence(conn: AsyncConnection, lease: SessionLease) -> None:
     """Raise `LeaseLost` unless `lease` is still the key's current lease (same tx as the write)."""
-    result = await conn.execute(_CHECK, _mine(lease))
+    result = await conn.execute(CHECK, _mine(lease))
     if result.rowcount != 1:
         raise LeaseLost(lease.key, lease.fence)

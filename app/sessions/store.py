@@ -124,12 +124,12 @@ TAIL_OPEN = (
     )
     .exists()
 )
-_CURRENT = (
+CURRENT = (
     select(sessions, TAIL_OPEN.label("tail_open"))
     .join(session_keys, session_keys.c.current_session_id == sessions.c.id)
     .where(session_keys.c.key == bindparam("k"))
 )
-_BUMP_SEQ = (
+BUMP_SEQ = (
     update(sessions)
     .where(sessions.c.id == bindparam("sid"))
     .values(
@@ -140,7 +140,7 @@ _BUMP_SEQ = (
     .returning(sessions.c.next_seq)
 )
 _INSERT_MESSAGES = messages.insert()
-_WINDOW_ALL = (
+WINDOW_ALL = (
     select(messages)
     .where(
         messages.c.session_id == bindparam("sid"),
@@ -150,7 +150,7 @@ _WINDOW_ALL = (
     )
     .order_by(messages.c.seq.desc())
 )
-_WINDOW = _WINDOW_ALL.limit(bindparam("limit"))
+WINDOW = WINDOW_ALL.limit(bindparam("limit"))
 
 
 class SessionStore:
@@ -246,7 +246,7 @@ class SessionStore:
         return await self._current(conn, key)
 
     async def _current(self, conn: AsyncConnection, key: str) -> SessionState | None:
-        row = (await conn.execute(_CURRENT, {"k": key})).mappings().first()
+        row = (await conn.execute(CURRENT, {"k": key})).mappings().first()
         return SessionState.from_row(row) if row else None
 
     async def _create(
@@ -313,7 +313,7 @@ class SessionStore:
             return []
         now = now or utcnow()
         n = len(new_messages)
-        next_seq = (await conn.execute(_BUMP_SEQ, {"sid": session_id, "n": n, "now": now})).scalar_one()
+        next_seq = (await conn.execute(BUMP_SEQ, {"sid": session_id, "n": n, "now": now})).scalar_one()
         first = next_seq - n
         rows = [
             {**message_values(m, run_id), "session_id": session_id, "seq": first + i, "created_at": now}
@@ -331,9 +331,9 @@ class SessionStore:
     ) -> list[ChatMessage]:
         """The model's view: reads only the newest `max_messages` after `last_consolidated`."""
         query, params = (
-            (_WINDOW_ALL, {"sid": session.id})
+            (WINDOW_ALL, {"sid": session.id})
             if max_messages is None
-            else (_WINDOW, {"sid": session.id, "limit": max_messages})
+            else (WINDOW, {"sid": session.id, "limit": max_messages})
         )
         async with self.reader.connect() as conn:
             rows = (await conn.execute(query, params)).mappings().all()

@@ -1,7 +1,8 @@
 """The pipeline's tests run on every store: SQLite, and PostgreSQL with each implementation.
 
-`backend` is "sqlite" (the portable store), "postgres" (`PostgresStore`, single
-statements) or "postgres-portable" (the portable store on PostgreSQL). `db_url`, `engine`
+`backend` is "sqlite" (`SqliteStore`, one hop per transaction, and the portable code
+where it falls back), "postgres" (`PostgresStore`, single statements) or
+"postgres-portable" (the portable store on PostgreSQL). `db_url`, `engine`
 and `serve` follow it, so every test here that uses them runs three times; `store` is the
 pipeline store alone on a migrated database.
 """
@@ -50,9 +51,11 @@ async def db_url(backend: str, tmp_path: Path) -> AsyncIterator[str]:
 async def store(db_url: str, backend: str) -> AsyncIterator[PipelineStore]:
     await upgrade(db_url)
     engine = create_engine(make_settings(db_url))
+    built = build_store(engine, SessionStore(engine, Lifecycle()), lease_ttl=30.0, kind=store_kind(backend))
     try:
-        yield build_store(engine, SessionStore(engine, Lifecycle()), lease_ttl=30.0, kind=store_kind(backend))
+        yield built
     finally:
+        await built.close()
         await engine.dispose()
 
 

@@ -10,6 +10,11 @@ from app.channel import Reply
 from app.db.models import CANCELED, INBOX_UNFINISHED, inbox, one_of, outbox, session_keys
 from app.events import PRIVATE_NOTICE_KEY
 
+# What a turn needs to know of the rows after it: the next one, and whether one more waits.
+UPCOMING_LIMIT = 2
+# How many of the key's rows the boundary after a group's tool results looks at.
+PENDING_LIMIT = 50
+
 # What an `InboxRow` is made of.
 ROW_COLUMNS = ("id", "event_id", "channel", "session_key", "attempts", "payload", "trace_context")
 

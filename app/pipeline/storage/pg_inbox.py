@@ -40,7 +40,13 @@ from app.db.direct import Direct, rows_as_json
 from app.db.engine import lax_commit
 from app.db.models import inbox, session_keys
 from app.db.upsert import insert_for, insert_ignore_for
-from app.pipeline.storage.inbox_queries import INSERT_VALUES, NEXT_ROWS, ORIGINAL, unfinished_rows
+from app.pipeline.storage.inbox_queries import (
+    INSERT_VALUES,
+    NEXT_ROWS,
+    ORIGINAL,
+    UPCOMING_LIMIT,
+    unfinished_rows,
+)
 from app.pipeline.storage.port import InboxRow
 from app.sessions import lease as leases
 
@@ -49,8 +55,7 @@ _K = session_keys.c
 # that updates or locks the key's row sees it: a watcher marking it is ordered with it.
 WATCHED = func.coalesce(_K.watched_until > func.now(), False).label("watched")
 
-# What a turn needs to know of the rows after it: the next one, and whether one more waits.
-LIMIT = 2
+LIMIT = UPCOMING_LIMIT
 
 
 def upcoming(limit: int, *, exclude: Any = None, key: Any = None) -> Any:

@@ -41,7 +41,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from app.db.direct import Direct
 from app.db.engine import lax_commit
 from app.db.models import INBOX_UNFINISHED, inbox, messages, one_of, outbox, runs, session_keys, sessions
-from app.pipeline.storage.inbox_queries import NOT_CANCELED, unfinished_rows
+from app.pipeline.storage.inbox_queries import NOT_CANCELED, PENDING_LIMIT, unfinished_rows
 from app.pipeline.storage.pg_inbox import (
     LIMIT,
     WATCHED,
@@ -247,10 +247,6 @@ def finish_statement(*, hand_on: bool = False) -> Any:
 
 # By whether it hands the run slot on (`hand_on`).
 FINISH = {hand_on: Direct(finish_statement(hand_on=hand_on)) for hand_on in (False, True)}
-
-
-# How many of the key's rows the boundary after a group's tool results looks at.
-PENDING_LIMIT = 50
 
 
 def _append_statement(lax: bool, pending: bool) -> Any:

@@ -5,6 +5,9 @@ stand behind it, chosen once when the runtime is built (`app.pipeline.storage.bu
 
 - `PortableStore` (`portable.py`): SQLAlchemy transactions, one statement at a time; the
   store on SQLite, and a complete store on PostgreSQL too;
+- `SqliteStore` (`sqlite.py`): on a SQLite file, the common cases are one transaction
+  each, run whole in a thread of its own without a hop per statement; the portable code
+  for everything else;
 - `PostgresStore` (`postgres.py`): the same contract where the common cases are single
   statements (an event's turn starts and ends in one round trip each, events arriving
   together are inserted together, the key's next rows come with the statement that took
@@ -201,6 +204,9 @@ class PipelineStore(Protocol):
     def sessions(self) -> SessionStore:
         """Session generations and history reads (`app.sessions.store`)."""
         ...
+
+    async def close(self) -> None:
+        """Give up what the store holds of its own (before the engine is disposed)."""
 
     # --- ingest ---------------------------------------------------------------------
 

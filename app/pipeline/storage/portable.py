@@ -103,6 +103,9 @@ class PortableStore(Operations):
     def sessions(self) -> SessionStore:
         return self._sessions
 
+    async def close(self) -> None:
+        """Nothing of its own: its connections are the engine's."""
+
     # --- ingest ---------------------------------------------------------------------
 
     async def accept(self, events: Sequence[InboundEvent], *, claim_for: str | None = None) -> Accepted:
