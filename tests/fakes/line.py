@@ -164,6 +164,7 @@ class FakeLine(LocalServer):
         self.access_token = access_token
         self.sent: list[Sent] = []  # accepted replies and pushes, in order
         self.loading: list[dict[str, Any]] = []  # accepted loading animations
+        self.loaded = asyncio.Event()  # set by the first one
         self.refused: list[tuple[str, int]] = []  # (path, status) of every refused call
         self.contents: dict[str, bytes] = {}  # message id → content served by the data API
         self.content_requests: list[str] = []
@@ -289,6 +290,7 @@ class FakeLine(LocalServer):
             return self._refuse(request, 400, "The request body has 1 error(s)")
         async with self._changed:
             self.loading.append(body)
+            self.loaded.set()
             self._changed.notify_all()
         return web.json_response({}, status=202)
 

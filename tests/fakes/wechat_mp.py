@@ -8,6 +8,7 @@ package's own (`tests.fakes.wecom.WeChatPlatformCrypto`), not the adapter's.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
 from dataclasses import dataclass, field
@@ -154,6 +155,7 @@ class FakeWeChatMpApi(TokenApiFake):
     app_secret: str = "app-secret"
     upload_answers_errcode: bool = False
     typing: list[dict[str, Any]] = field(default_factory=list)
+    typed: asyncio.Event = field(default_factory=asyncio.Event)  # set by the first typing call
 
     def routes(self) -> list[web.RouteDef]:
         return [
@@ -172,6 +174,7 @@ class FakeWeChatMpApi(TokenApiFake):
         if refused is not None:
             return refused
         self.typing.append(body)
+        self.typed.set()
         return web.json_response({"errcode": 0, "errmsg": "ok"})
 
     def _check(self, appid: Any, secret: Any) -> dict[str, Any]:

@@ -33,6 +33,8 @@ class RecordingProvider:
     # the machine's load, instead of only when the runs happen to overlap.
     together: int = 0
     patience: float = 10.0
+    # With `hold` set, a call answers only once it is set (what the test waits to see first).
+    hold: asyncio.Event | None = None
     calls: list[Call] = field(default_factory=list)
     events: list[tuple[str, str]] = field(default_factory=list)
     active: int = 0
@@ -52,6 +54,8 @@ class RecordingProvider:
             while self.max_active < self.together and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
             await asyncio.sleep(self.delay)
+            if self.hold is not None:
+                await asyncio.wait_for(self.hold.wait(), self.patience)
         finally:
             self.active -= 1
             call.finished = time.monotonic()

@@ -27,6 +27,7 @@ from tests.fakes.line import (
     text_message,
     webhook_body,
 )
+from tests.support.providers import RecordingProvider
 
 USER = "U4af4980629a0b1c2d3e4f5a6b7c8d9e0"
 GROUP = "Ca56f94637c0b1c2d3e4f5a6b7c8d9e01"
@@ -270,8 +271,11 @@ async def test_a_push_that_fails_is_retried_by_the_outbox_and_delivered_once(ser
 
 async def test_the_loading_animation_shows_in_a_one_to_one_chat(serve: ServeApp) -> None:
     async with FakeLine() as fake:
+        # The answer waits for the animation: a turn quicker than the animation's start
+        # shows none, which is right, and not what this test looks at.
+        model = RecordingProvider(hold=fake.loaded)
         async with (
-            serve(channel_settings={"line": line_settings(fake)}) as srv,
+            serve(channel_settings={"line": line_settings(fake)}, provider=model) as srv,
             httpx.AsyncClient(timeout=30) as client,
         ):
             event = message_event(text_message("think"), user=USER, reply_token=fake.reply_token())

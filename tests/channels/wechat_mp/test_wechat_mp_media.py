@@ -38,7 +38,9 @@ async def test_inbound_image_reaches_the_model_as_its_bytes_and_typing_is_shown(
 ) -> None:
     api.media["IMG1"] = (PIXEL, "image/jpeg")
     async with (
-        FakeOpenAI(default=Reply(content="A tiny pixel.")) as llm,
+        # The answer waits for the typing indicator: a turn quicker than the indicator's
+        # start shows none, which is right, and not what this test looks at.
+        FakeOpenAI(default=Reply(content="A tiny pixel.", hold=api.typed)) as llm,
         serve(
             channel_settings={"wechat-mp": mp_settings(api)},
             llm_provider="openai",
