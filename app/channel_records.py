@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.channel import ChannelRecord
 from app.db.models import channel_records, outbox, utcnow
 from app.db.upsert import insert_ignore
-from app.events import OutboundMessage
+from app.events import OutboundMessage, stored_json
 
 
 def _record(row: Any) -> ChannelRecord:
@@ -118,7 +118,7 @@ class ChannelRecords:
                 event_id=None,
                 channel=self.channel,
                 chat_id=m.chat_id,
-                payload=m.model_dump(mode="json"),
+                payload=stored_json(m),
                 status="pending",
                 attempts=0,
                 next_attempt_at=now,

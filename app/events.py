@@ -337,3 +337,13 @@ class OutboundMessage(BaseModel):
     @property
     def text(self) -> str:
         return "\n".join(p.text for p in self.parts if isinstance(p, TextPart))
+
+
+def stored_json(message: InboundEvent | OutboundMessage) -> dict[str, Any]:
+    """What the inbox or the outbox stores of an event or a reply: its JSON without the
+    fields that are None (each one's default, so reading it back gives the same object).
+
+    Those are a quarter of a text event's bytes, in every row version the table keeps
+    (`bench/RESULTS.md`, "Bytes per event").
+    """
+    return message.model_dump(mode="json", exclude_none=True)

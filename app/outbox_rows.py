@@ -7,7 +7,7 @@ from typing import Any
 
 from app import tracing
 from app.db.models import utcnow
-from app.events import OutboundMessage
+from app.events import OutboundMessage, stored_json
 
 
 def outbox_values(
@@ -29,7 +29,7 @@ def outbox_values(
         event_id=event_id,
         channel=message.channel,
         chat_id=message.chat_id,
-        payload=message.model_dump(mode="json"),
+        payload=stored_json(message),
         status="sent" if sent else "pending",
         attempts=0,
         next_attempt_at=now,

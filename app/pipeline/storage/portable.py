@@ -23,7 +23,7 @@ from app.db.engine import autocommit
 from app.db.models import INBOX_UNFINISHED, inbox, one_of, outbox, runs, session_keys, utcnow
 from app.db.upsert import insert_ignore
 from app.errors import LeaseLost, RowsCanceled
-from app.events import InboundEvent
+from app.events import InboundEvent, stored_json
 from app.pipeline.run_trace import UPDATE_RUN
 from app.pipeline.storage import inbox_queries as q
 from app.pipeline.storage.history import close_open_group
@@ -72,7 +72,7 @@ def inbox_values(event: InboundEvent, now: Any) -> dict[str, Any]:
         channel=event.channel,
         external_id=event.external_id,
         session_key=event.session_key,
-        payload=event.model_dump(mode="json"),
+        payload=stored_json(event),
         status="pending",
         attempts=0,
         created_at=now,
