@@ -201,16 +201,10 @@ async def test_photo_and_document_become_parts(serve: ServeApp) -> None:
     first, second = (p["parts"] for p in payloads)
     assert first[0] == {"type": "text", "text": "look"}
     assert first[1]["type"] == "image" and first[1]["url"] == "telegram-file:big-id"
+    # Stored without the fields that are None (`app.events.stored_json`): no bytes, no
+    # size, and no workspace path (none is kept without a per-session workspace).
     assert second == [
-        {
-            "type": "file",
-            "url": "telegram-file:doc-id",
-            "data_base64": None,
-            "name": "a.pdf",
-            "mime_type": "application/pdf",
-            "size": None,
-            "workspace_path": None,  # not kept: no per-session workspace here
-        }
+        {"type": "file", "url": "telegram-file:doc-id", "name": "a.pdf", "mime_type": "application/pdf"}
     ]
 
 
