@@ -73,11 +73,30 @@ async def connect(engine: AsyncEngine) -> AsyncIterator[DirectConnection]:
 
 
 @dataclass(frozen=True)
-class _Plan:
+class BindPlan:
+    """A statement compiled once for a dialect: its SQL, its parameters' positional order,
+    their defaults and their type processors (`app.db.lite` runs the same on SQLite)."""
+
     sql: str
     names: tuple[str, ...]
     defaults: Mapping[str, Any]
     processors: tuple[Callable[[Any], Any] | None, ...]
+
+    @classmethod
+    def of(cls, compiled: Any, dialect: Dialect) -> BindPlan:
+        names = tuple(compiled.positiontup or ())
+        processors = tuple(
+            compiled.binds[name].type.dialect_impl(dialect).bind_processor(dialect) for name in names
+        )
+        return cls(compiled.string, names, dict(compiled.params), processors)
+
+    def args(self, params: Mapping[str, Any]) -> list[Any]:
+        """The driver's positional arguments for `params` (a default where one is missing)."""
+        args = []
+        for name, process in zip(self.names, self.processors, strict=True):
+            value = params[name] if name in params else self.defaults[name]
+            args.append(process(value) if process is not None else value)
+        return args
 
 
 class Direct:
@@ -85,16 +104,12 @@ class Direct:
 
     def __init__(self, statement: Executable) -> None:
         self.statement = statement
-        self._plan: _Plan | None = None
+        self._plan: BindPlan | None = None
 
-    def _plan_for(self, dialect: Dialect) -> _Plan:
+    def _plan_for(self, dialect: Dialect) -> BindPlan:
         if self._plan is None:
-            compiled = cast(Any, cast(ClauseElement, self.statement).compile(dialect=dialect))
-            names = tuple(compiled.positiontup or ())
-            processors = tuple(
-                compiled.binds[name].type.dialect_impl(dialect).bind_processor(dialect) for name in names
-            )
-            self._plan = _Plan(compiled.string, names, dict(compiled.params), processors)
+            compiled = cast(ClauseElement, self.statement).compile(dialect=dialect)
+            self._plan = BindPlan.of(compiled, dialect)
         return self._plan
 
     async def rows(self, conn: DirectConnection, params: Mapping[str, Any]) -> Sequence[Any]:
@@ -111,10 +126,7 @@ class Direct:
         else:
             fairy = await conn.get_raw_connection()
         plan = self._plan_for(conn.dialect)
-        args = []
-        for name, process in zip(plan.names, plan.processors, strict=True):
-            value = params[name] if name in params else plan.defaults[name]
-            args.append(process(value) if process is not None else value)
+        args = plan.args(params)
         driver = fairy.driver_connection
         assert driver is not None
         try:

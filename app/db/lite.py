@@ -9,11 +9,11 @@ run in the link's thread (`LiteLink.run`): one hop there and back, the statement
 by the `sqlite3` module directly.
 
 A `Lite` statement is a Core statement compiled once for SQLite, as `app.db.direct`'s are
-for asyncpg: the SQL text, the order of its parameters and each one's type processor
-(UTC times, JSON), and the result columns' processors. So the rows written and read are
-exactly the ones SQLAlchemy writes and reads, and the schema stays defined once. An
-"expanding" `IN` parameter (a list) becomes `IN (SELECT value FROM json_each(?))`: one
-prepared statement for any length.
+for asyncpg (the same `BindPlan`: the SQL text, the order of its parameters and each
+one's type processor, UTC times and JSON), with the result columns' processors. So the
+rows written and read are exactly the ones SQLAlchemy writes and reads, and the schema
+stays defined once. An "expanding" `IN` parameter (a list) becomes
+`IN (SELECT value FROM json_each(?))`: one prepared statement for any length.
 
 The link's connection is one more connection to the same file, beside the engine's pool:
 SQLite has one writer at a time, and the writes queue on its lock (`busy_timeout`). Its
@@ -29,13 +29,15 @@ import sqlite3
 import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from queue import Empty, SimpleQueue
 from typing import Any, TypeVar, cast
 
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import ClauseElement, Executable
+
+from app.db.direct import BindPlan
 
 T = TypeVar("T")
 
@@ -53,13 +55,14 @@ Row = dict[str, Any]
 
 @dataclass(frozen=True)
 class _Plan:
-    sql: str
-    names: tuple[str, ...]
-    defaults: Mapping[str, Any]
-    processors: tuple[Callable[[Any], Any] | None, ...]
-    expanding: tuple[bool, ...]
+    binds: BindPlan
     columns: tuple[str, ...] | None  # None: take the names from the cursor
     results: tuple[Callable[[Any], Any] | None, ...]
+
+
+def _json_list(process: Callable[[Any], Any] | None) -> Callable[[Any], Any]:
+    """An expanding parameter's processor: its values, each processed, as one JSON array."""
+    return lambda values: json.dumps([process(v) if process is not None else v for v in values])
 
 
 class Lite:
@@ -72,16 +75,12 @@ class Lite:
     def plan(self) -> _Plan:
         if self._plan is None:
             compiled = cast(Any, cast(ClauseElement, self.statement).compile(dialect=_DIALECT))
-            names = tuple(compiled.positiontup or ())
-            sql = compiled.string
-            processors = []
-            expanding = []
-            for name in names:
-                bind = compiled.binds[name]
-                processors.append(bind.type.dialect_impl(_DIALECT).bind_processor(_DIALECT))
-                expanding.append(bool(bind.expanding))
-                if bind.expanding:
+            binds = BindPlan.of(compiled, _DIALECT)
+            sql, processors = binds.sql, list(binds.processors)
+            for i, name in enumerate(binds.names):
+                if compiled.binds[name].expanding:
                     sql = sql.replace(f"__[POSTCOMPILE_{name}]", "SELECT value FROM json_each(?)")
+                    processors[i] = _json_list(processors[i])
             columns = None
             results: list[Callable[[Any], Any] | None] = []
             if compiled._result_columns:
@@ -90,32 +89,14 @@ class Lite:
                     entry.type.dialect_impl(_DIALECT).result_processor(_DIALECT, None)
                     for entry in compiled._result_columns
                 ]
-            self._plan = _Plan(
-                sql,
-                names,
-                dict(compiled.params),
-                tuple(processors),
-                tuple(expanding),
-                columns,
-                tuple(results),
-            )
+            binds = replace(binds, sql=sql, processors=tuple(processors))
+            self._plan = _Plan(binds, columns, tuple(results))
         return self._plan
-
-    def _args(self, plan: _Plan, params: Mapping[str, Any]) -> list[Any]:
-        args = []
-        for name, process, expanding in zip(plan.names, plan.processors, plan.expanding, strict=True):
-            value = params[name] if name in params else plan.defaults[name]
-            if expanding:
-                value = json.dumps([process(v) if process is not None else v for v in value])
-            elif process is not None:
-                value = process(value)
-            args.append(value)
-        return args
 
     def rows(self, conn: sqlite3.Connection, params: Mapping[str, Any]) -> list[Row]:
         """Run it; the result rows as dicts by column name (none for a statement without)."""
         plan = self.plan()
-        cursor = conn.execute(plan.sql, self._args(plan, params))
+        cursor = conn.execute(plan.binds.sql, plan.binds.args(params))
         fetched = cursor.fetchall()
         if not fetched:
             return []
@@ -139,12 +120,12 @@ class Lite:
     def count(self, conn: sqlite3.Connection, params: Mapping[str, Any]) -> int:
         """Run a statement without result rows; the number of rows it changed."""
         plan = self.plan()
-        return conn.execute(plan.sql, self._args(plan, params)).rowcount
+        return conn.execute(plan.binds.sql, plan.binds.args(params)).rowcount
 
     def many(self, conn: sqlite3.Connection, params: Sequence[Mapping[str, Any]]) -> None:
         """Run a statement without result rows once per parameter set."""
         plan = self.plan()
-        conn.executemany(plan.sql, [self._args(plan, p) for p in params])
+        conn.executemany(plan.binds.sql, [plan.binds.args(p) for p in params])
 
 
 def transaction(work: Callable[[sqlite3.Connection], T]) -> Callable[[sqlite3.Connection], T]:

@@ -41,20 +41,23 @@ def _lax(dialect_name: str) -> list[Any]:
     return [lax_commit()] if dialect_name == "postgresql" else []
 
 
-def take_free_or_new(dialect_name: str) -> Any:
+def take_free_or_new(dialect_name: str, *, ours: bool = True) -> Any:
     """Create the key's row holding our lease, or take the existing row's free lease: one statement.
 
+    `ours`: a lease held by this owner already is taken too (a new fence); without it, only
+    a free one (another worker of this owner holds it, and a new fence would fence it out).
     Without RETURNING: `app.pipeline.storage.pg_inbox` reads more in the same statement.
     """
     owner: Any = bindparam("o")
     expires: Any = bindparam("exp")
+    free = _K.lease_owner.is_(None)
     return (
         insert_for(dialect_name, session_keys)
         .values(key=bindparam("k"), lease_owner=owner, lease_fence=1, lease_expires_at=expires)
         .on_conflict_do_update(
             index_elements=["key"],
             set_={"lease_owner": owner, "lease_fence": _K.lease_fence + 1, "lease_expires_at": expires},
-            where=or_(_K.lease_owner.is_(None), _K.lease_owner == owner),
+            where=or_(free, _K.lease_owner == owner) if ours else free,
         )
     )
 
@@ -76,13 +79,9 @@ _UNFINISHED = (
     .limit(1)
     .exists()
 )
+LET_GO = update(session_keys).where(MINE).values(lease_owner=None, lease_expires_at=None)
 RELEASE = {
-    name: Direct(
-        update(session_keys)
-        .where(MINE)
-        .values(lease_owner=None, lease_expires_at=None)
-        .returning(_UNFINISHED.label("unfinished"), *_lax(name))
-    )
+    name: Direct(LET_GO.returning(_UNFINISHED.label("unfinished"), *_lax(name)))
     for name in ("postgresql", "sqlite")
 }
 ASK_UNFINISHED = select(_UNFINISHED)
@@ -133,13 +132,14 @@ async def acquire_reading(
     return (SessionLease(key, owner, fence, took_over=True) if fence is not None else None), None
 
 
-def _mine(lease: SessionLease) -> dict[str, Any]:
+def mine(lease: SessionLease) -> dict[str, Any]:
+    """The parameters `k`, `o`, `f` of the statements fenced by `lease` (`MINE`)."""
     return {"k": lease.key, "o": lease.owner, "f": lease.fence}
 
 
 async def renew(engine: AsyncEngine, lease: SessionLease, ttl: float) -> bool:
     async with autocommit(engine).connect() as conn:
-        result = await conn.execute(_RENEW, {**_mine(lease), "exp": utcnow() + timedelta(seconds=ttl)})
+        result = await conn.execute(_RENEW, {**mine(lease), "exp": utcnow() + timedelta(seconds=ttl)})
     return result.rowcount == 1
 
 
@@ -152,7 +152,7 @@ async def release(engine: AsyncEngine, lease: SessionLease) -> bool:
     """
     single = autocommit(engine)
     async with direct.connect(single) as conn:
-        released = await RELEASE[conn.dialect.name].first(conn, _mine(lease))
+        released = await RELEASE[conn.dialect.name].first(conn, mine(lease))
     if released is not None:
         return bool(released["unfinished"])
     # No longer ours: ask separately.
@@ -163,6 +163,6 @@ async def release(engine: AsyncEngine, lease: SessionLease) -> bool:
 
 async def check_fence(conn: AsyncConnection, lease: SessionLease) -> None:
     """Raise `LeaseLost` unless `lease` is still the key's current lease (same tx as the write)."""
-    result = await conn.execute(CHECK, _mine(lease))
+    result = await conn.execute(CHECK, mine(lease))
     if result.rowcount != 1:
         raise LeaseLost(lease.key, lease.fence)

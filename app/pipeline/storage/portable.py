@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
+from datetime import datetime, timedelta
 from typing import Any
 
 import structlog
@@ -20,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from app import tracing
 from app.channel import AcceptResult, WaitResult
 from app.db.engine import autocommit
-from app.db.models import INBOX_UNFINISHED, inbox, one_of, outbox, runs, session_keys, utcnow
+from app.db.models import INBOX_UNFINISHED, inbox, one_of, outbox, runs, utcnow
 from app.db.upsert import insert_ignore
 from app.errors import LeaseLost, RowsCanceled
 from app.events import InboundEvent, stored_json
@@ -53,15 +54,6 @@ _UNFINISHED_LEFT = (
     select(inbox.c.id)
     .where(inbox.c.session_key == bindparam("k"), one_of(inbox.c.status, INBOX_UNFINISHED))
     .limit(1)
-)
-_LET_GO = (
-    update(session_keys)
-    .where(
-        session_keys.c.key == bindparam("k"),
-        session_keys.c.lease_owner == bindparam("o"),
-        session_keys.c.lease_fence == bindparam("f"),
-    )
-    .values(lease_owner=None, lease_expires_at=None)
 )
 
 
@@ -102,6 +94,10 @@ class PortableStore(Operations):
     @property
     def sessions(self) -> SessionStore:
         return self._sessions
+
+    def _expires(self, now: datetime) -> datetime:
+        """When a lease taken at `now` runs out."""
+        return now + timedelta(seconds=self.lease_ttl)
 
     async def close(self) -> None:
         """Nothing of its own: its connections are the engine's."""
@@ -293,7 +289,7 @@ class PortableStore(Operations):
             await conn.execute(q.MARK, done)
             await conn.execute(UPDATE_RUN, {**end.trace, "run_id_": end.run_id})
             if end.release and (await conn.execute(_UNFINISHED_LEFT, {"k": lease.key})).first() is None:
-                await conn.execute(_LET_GO, {"k": lease.key, "o": lease.owner, "f": lease.fence})
+                await conn.execute(leases.LET_GO, leases.mine(lease))
                 released = True
         return Finished(seq, released=released)
 

@@ -63,9 +63,6 @@ class PostgresStore(PortableStore):
         self._starts = StartGroup(self.reader)
         self._ends = FinishGroup(self.reader)
 
-    def _expires(self, now: datetime) -> datetime:
-        return now + timedelta(seconds=self.lease_ttl)
-
     # --- ingest ---------------------------------------------------------------------
 
     async def accept(self, events: Sequence[InboundEvent], *, claim_for: str | None = None) -> Accepted:

@@ -16,7 +16,7 @@ session) and for everything else, the portable code runs, as on PostgreSQL.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import timedelta
 from functools import partial
 from typing import Any
 
@@ -39,7 +39,7 @@ from app.pipeline.storage.port import (
     TurnPlan,
 )
 from app.pipeline.storage.portable import PortableStore, inbox_values
-from app.sessions.lease import SessionLease
+from app.sessions.lease import SessionLease, mine
 from app.sessions.messages import ChatMessage
 from app.sessions.store import SessionState, SessionStore, message_from_row, message_values
 
@@ -64,9 +64,6 @@ class SqliteStore(PortableStore):
 
     async def close(self) -> None:
         await self.link.close()
-
-    def _expires(self, now: datetime) -> datetime:
-        return now + timedelta(seconds=self.lease_ttl)
 
     # --- ingest ---------------------------------------------------------------------
 
@@ -120,8 +117,7 @@ class SqliteStore(PortableStore):
         return Claim(lease, None if rows is None else [InboxRow.of(r) for r in rows])
 
     async def release(self, lease: SessionLease) -> bool:
-        params = {"k": lease.key, "o": lease.owner, "f": lease.fence}
-        return await self.link.run(transaction(partial(lite.release, params=params)))
+        return await self.link.run(transaction(partial(lite.release, params=mine(lease))))
 
     async def next_rows(self, key: str, limit: int) -> list[InboxRow]:
         rows = await self.link.run(partial(lite.next_rows, key=key, limit=limit))
@@ -129,12 +125,8 @@ class SqliteStore(PortableStore):
 
     # --- a turn ---------------------------------------------------------------------
 
-    @staticmethod
-    def _mine(lease: SessionLease) -> dict[str, Any]:
-        return {"k": lease.key, "o": lease.owner, "f": lease.fence}
-
     async def count_attempt(self, lease: SessionLease, row_ids: Sequence[int]) -> list[int]:
-        params = {**self._mine(lease), "ids": list(row_ids), "now": utcnow()}
+        params = {**mine(lease), "ids": list(row_ids), "now": utcnow()}
         return await self.link.run(transaction(partial(lite.count_attempt, params=params)))
 
     async def begin(self, lease: SessionLease, plan: TurnPlan) -> Started:
@@ -143,7 +135,7 @@ class SqliteStore(PortableStore):
             return await super().begin(lease, plan)
         user = plan.user_messages[0]
         params = {
-            **self._mine(lease),
+            **mine(lease),
             "chan": plan.channel,
             "cutoff": plan.now - timedelta(seconds=plan.expire_after),
             "now": plan.now,
@@ -179,7 +171,7 @@ class SqliteStore(PortableStore):
     ) -> Appended:
         if not new:
             return await super().append(lease, session_id, new, run_id=run_id, handled=handled)
-        params = {**self._mine(lease), "sid": session_id, "now": utcnow()}
+        params = {**mine(lease), "sid": session_id, "now": utcnow()}
         rows = [message_values(m, run_id) for m in new]
         seqs, pending = await self.link.run(
             transaction(partial(lite.append, p=params, rows=rows, handled=handled))
@@ -188,7 +180,7 @@ class SqliteStore(PortableStore):
 
     async def finish(self, lease: SessionLease, end: TurnEnd) -> Finished:
         params: dict[str, Any] = {
-            **self._mine(lease),
+            **mine(lease),
             "release": end.release,
             "sid": end.session_id,
             "now": end.now,

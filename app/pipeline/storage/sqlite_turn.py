@@ -26,13 +26,13 @@ from sqlalchemy import Table, bindparam, func, insert, select, update
 
 from app.db.lite import Lite, Row
 from app.db.models import INBOX_UNFINISHED, inbox, messages, one_of, outbox, runs, session_keys, sessions
-from app.db.upsert import insert_for, insert_ignore_for
+from app.db.upsert import insert_ignore_for
 from app.errors import LeaseLost, RowsCanceled
 from app.memory.recall import recall_query
 from app.pipeline.run_trace import UPDATE_RUN
 from app.pipeline.storage import inbox_queries as q
 from app.sessions import lease as leases
-from app.sessions.store import CURRENT, OPEN_STATUSES, WINDOW, WINDOW_ALL
+from app.sessions.store import BUMP_SEQ, CURRENT, OPEN_STATUSES, WINDOW, WINDOW_ALL
 
 _K = session_keys.c
 
@@ -61,22 +61,9 @@ def _run_trace(names: tuple[str, ...]) -> Lite:
 _FENCE = Lite(leases.CHECK)
 _TAKE = Lite(leases.take_free_or_new("sqlite").returning(_K.lease_fence))
 _TAKE_EXPIRED = Lite(leases.TAKE_EXPIRED)
-# The free lease only (no owner); a lease that is ours already is some other worker's.
-_TAKE_FREE = Lite(
-    insert_for("sqlite", session_keys)
-    .values(key=bindparam("k"), lease_owner=bindparam("o"), lease_fence=1, lease_expires_at=bindparam("exp"))
-    .on_conflict_do_update(
-        index_elements=["key"],
-        set_={
-            "lease_owner": bindparam("o"),
-            "lease_fence": _K.lease_fence + 1,
-            "lease_expires_at": bindparam("exp"),
-        },
-        where=_K.lease_owner.is_(None),
-    )
-    .returning(_K.lease_fence)
-)
-_LET_GO = Lite(update(session_keys).where(leases.MINE).values(lease_owner=None, lease_expires_at=None))
+# The free lease only: a lease that is ours already is some other worker's.
+_TAKE_FREE = Lite(leases.take_free_or_new("sqlite", ours=False).returning(_K.lease_fence))
+_LET_GO = Lite(leases.LET_GO)
 _RELEASE = Lite(leases.RELEASE["sqlite"].statement)
 _ASK_UNFINISHED = Lite(leases.ASK_UNFINISHED)
 _NEXT = Lite(q.NEXT_ROWS)
@@ -177,14 +164,7 @@ _CONTINUE = Lite(
     )
     .returning(*_S)
 )
-_BUMP = Lite(
-    update(sessions)
-    .where(_S.id == bindparam("sid"))
-    .values(
-        next_seq=_S.next_seq + bindparam("n"), last_active_at=bindparam("now"), updated_at=bindparam("now")
-    )
-    .returning(_S.next_seq)
-)
+_BUMP = Lite(BUMP_SEQ)
 _EXPIRE = Lite(
     update(sessions)
     .where(_S.id == bindparam("sid"))
@@ -216,13 +196,8 @@ _WINDOW = Lite(WINDOW)
 _WINDOW_ALL = Lite(WINDOW_ALL)
 _RECALL = {with_user: Lite(recall_query(with_user)) for with_user in (False, True)}
 _UNFINISHED_BUT = Lite(
-    select(*(inbox.c[name] for name in q.ROW_COLUMNS))
-    .where(
-        inbox.c.session_key == bindparam("k"),
-        one_of(inbox.c.status, INBOX_UNFINISHED),
-        inbox.c.id.not_in(bindparam("handled", expanding=True)),
-    )
-    .order_by(inbox.c.id)
+    q.unfinished_rows()
+    .where(inbox.c.id.not_in(bindparam("handled", expanding=True)))
     .limit(bindparam("limit"))
 )
 
