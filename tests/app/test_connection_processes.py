@@ -20,7 +20,7 @@ from app.db.models import inbox
 from tests.conftest import ADMIN_TOKEN
 from tests.fakes import telegram as tg
 from tests.fakes.telegram import FakeTelegram
-from tests.support.servers import ServerProcess, start_together
+from tests.support.servers import ServerProcess, start_together, stop_all
 
 # serial: replicas take over within a lease TTL: timing that a loaded machine upsets.
 pytestmark = [pytest.mark.slow, pytest.mark.serial, pytest.mark.long]  # ~35 s each
@@ -111,8 +111,7 @@ async def test_one_replica_polls_and_the_other_takes_over_after_sigkill(pg_url: 
             async with engine.connect() as conn:
                 stored = (await conn.execute(select(func.count()).select_from(inbox))).scalar_one()
         finally:
-            for server in servers.values():
-                server.stop()
+            await stop_all(*servers.values())
             await engine.dispose()
     texts = [f"before {i}" for i in range(5)] + [f"{w} {i}" for w in ("around", "after") for i in range(5)]
     assert Counter(fake.sent_texts()) == Counter(f"You said: {t}" for t in texts)  # each exactly once
@@ -155,8 +154,7 @@ async def test_sigterm_hands_the_poll_over_at_once_and_never_two_poll_together(p
             await asyncio.sleep(1.0)  # a duplicate answer would arrive now
             [hold] = await list_holds(engine)
         finally:
-            for server in servers.values():
-                server.stop()
+            await stop_all(*servers.values())
             await engine.dispose()
     assert status == 0
     assert took < 2 + 2, f"handed over after {took:.1f} s (the poll in flight ends within 2 s)"

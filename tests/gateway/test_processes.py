@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import ADMIN_TOKEN, WEBHOOK_SECRET
 from tests.gateway.conftest import ALICE_TOKEN, STATIC_TOKENS, gateway_client
-from tests.support.servers import ServerProcess
+from tests.support.servers import ServerProcess, stop_all
 
 pytestmark = pytest.mark.slow
 
@@ -70,5 +70,4 @@ async def test_connections_on_two_processes_share_one_session(pg_url: str) -> No
             metrics = (await http.get(f"{one.url}/metrics")).text
         assert 'chatgate_events_accepted_total{channel="browser"}' in metrics
     finally:
-        for p in procs:
-            p.stop()
+        await stop_all(*procs)

@@ -19,7 +19,7 @@ from app.db.models import inbox, messages, outbox, runs, sessions
 from tests.conftest import ADMIN_TOKEN, WEBHOOK_SECRET
 from tests.fakes.http_receiver import HttpReceiver
 from tests.pipeline.conftest import store_kind
-from tests.support.servers import ServerProcess, start_together
+from tests.support.servers import ServerProcess, start_together, stop_all
 from tests.support.timing import scaled
 from tests.support.webhook import post_webhook
 
@@ -101,8 +101,7 @@ async def test_two_processes_keep_one_sessions_order(pg_url: str) -> None:
         await _wait_all_done(engine, 10)
         history = await _history(engine, "webhook:one")
     finally:
-        first.stop()
-        second.stop()
+        await stop_all(first, second)
         await engine.dispose()
     # History order equals acceptance order, each answer right after its question.
     assert [(m["role"], m["content"]) for m in history] == [
@@ -135,8 +134,7 @@ async def test_two_processes_run_different_sessions_in_parallel(pg_url: str) -> 
         async with engine.connect() as conn:
             spans = (await conn.execute(select(runs.c.started_at, runs.c.finished_at))).all()
     finally:
-        for server in servers:
-            server.stop()
+        await stop_all(*servers)
         await engine.dispose()
     assert all(r.status_code == 200 and r.json()["replies"] for r in replies)
     assert elapsed < 40 * 0.2 * 0.75, f"{elapsed:.1f}s for 40 sessions (serial: 8 s)"
@@ -190,7 +188,7 @@ async def test_sigkill_mid_run_loses_nothing(db_url: str, backend: str, kill_aft
                     lambda got: {json.loads(r.body)["event_id"] for r in got} >= set(events), timeout=60
                 )
             finally:
-                restarted.stop()
+                await stop_all(restarted)
 
             by_event = Counter(json.loads(r.body)["event_id"] for r in received)
             assert set(by_event) == set(events), "a reply was lost"

@@ -24,7 +24,7 @@ from app.db.models import inbox, outbox
 from tests.conftest import WEBHOOK_SECRET
 from tests.fakes.http_receiver import HttpReceiver, Received
 from tests.pipeline.test_processes import _assert_legal_history, _env, _history, _wait_all_done
-from tests.support.servers import ServerProcess, start_together
+from tests.support.servers import ServerProcess, start_together, stop_all
 from tests.support.webhook import post_webhook
 
 # serial: it measures how long work waits around a restart; other workers' load would skew it.
@@ -122,9 +122,7 @@ async def test_sigterm_mid_load_hands_everything_over_and_loses_nothing(pg_url: 
                 ).scalar_one()
             histories = {key: await _history(engine, key) for key in sent}
         finally:
-            for server in (first, second, restarted):
-                if server is not None:
-                    server.stop()
+            await stop_all(*(server for server in (first, second, restarted) if server is not None))
             await engine.dispose()
 
     assert len(events) == KEYS * PER_KEY  # the refused "late" event was never stored
@@ -192,7 +190,7 @@ async def test_sigkill_is_taken_over_within_the_lease_ttl_claims_included(pg_url
                 rows = (await conn.execute(select(outbox.c.event_id, outbox.c.status))).all()
         finally:
             first.kill()
-            second.stop()
+            await stop_all(second)
             await engine.dispose()
     assert {json.loads(r.body)["event_id"] for r in received} == set(events), "a reply was lost"
     # A delivery in flight at the kill may arrive twice (at least once), with its one id.

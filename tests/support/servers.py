@@ -106,6 +106,14 @@ async def start_together(envs: Mapping[str, Mapping[str, str]]) -> dict[str, Ser
     return dict(zip(envs, started, strict=True))
 
 
+async def stop_all(*servers: ServerProcess) -> None:
+    """SIGTERM every server and wait for them together, off the event loop: a server's
+    hand-over may still be talking to a fake platform served by this loop (a long poll to
+    end, a stream to close), which a blocking `stop()` here would leave unanswered until
+    the server is killed."""
+    await asyncio.gather(*(asyncio.to_thread(server.stop) for server in servers))
+
+
 class ServerProcess:
     """`python -m app serve` in its own process, for multi-process and crash tests."""
 
@@ -117,6 +125,10 @@ class ServerProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = {**os.environ, **env}
         self.env.setdefault("LOG_LEVEL", "WARNING")
+        # As `make_settings` for the servers in the test's own process: the platforms' limits
+        # (Telegram's one message a second per chat, DingTalk's twenty a minute) would turn a
+        # replica test's dozen answers into a dozen seconds. A test about pacing turns it on.
+        self.env.setdefault("PACING_ENABLED", "false")
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path: Path | None = None
 

@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from app.db.models import messages, outbox, sessions
 from tests.channels.a2a.test_a2a import TOKEN_A, TOKEN_B, only_task, sdk_client, user_message, wait_state
-from tests.support.servers import ServerProcess, start_together
+from tests.support.servers import ServerProcess, start_together, stop_all
 
 # serial: SIGKILL and restart of server processes: start-up under load outruns the ready timeout.
 pytestmark = [pytest.mark.slow, pytest.mark.serial]
@@ -39,7 +39,7 @@ async def test_task_survives_sigkill_of_the_server(db_url: str) -> None:
             await wait_state(client, task.id, {TaskState.TASK_STATE_WORKING})
         server.kill()  # mid-turn: the model call is still sleeping
     finally:
-        server.stop()
+        await stop_all(server)
 
     restarted = ServerProcess(env).start()
     engine = create_async_engine(db_url)
@@ -67,7 +67,7 @@ async def test_task_survives_sigkill_of_the_server(db_url: str) -> None:
         assert len(replies) == 1  # answered exactly once
         assert [a[0] for a in answers] == ["You said: survive this"]
     finally:
-        restarted.stop()
+        await stop_all(restarted)
         await engine.dispose()
 
 
@@ -89,5 +89,4 @@ async def test_a_task_accepted_by_one_replica_is_read_and_canceled_on_another(pg
             assert done.status.state == TaskState.TASK_STATE_COMPLETED
             assert [p.text for a in done.artifacts for p in a.parts] == ["You said: quick now"]
     finally:
-        first.stop()
-        second.stop()
+        await stop_all(first, second)

@@ -24,7 +24,7 @@ from app.db.models import inbox, outbox
 from tests.conftest import ADMIN_TOKEN
 from tests.fakes import dingtalk as dt
 from tests.fakes.dingtalk import FakeDingTalk
-from tests.support.servers import start_together
+from tests.support.servers import start_together, stop_all
 from tests.support.timing import scaled
 
 # serial: replicas take over within a lease TTL: timing that a loaded machine upsets.
@@ -112,8 +112,7 @@ async def test_one_replica_holds_the_stream_and_the_other_takes_it_over_after_si
             async with engine.connect() as conn:
                 stored = [r[0]["parts"][0]["text"] for r in await conn.execute(select(inbox.c.payload))]
         finally:
-            for server in servers.values():
-                server.stop()
+            await stop_all(*servers.values())
             await engine.dispose()
     words = ("before", "around", "during", "after")
     assert Counter(stored) == Counter(f"{w} {i}" for w in words for i in range(3))  # each once

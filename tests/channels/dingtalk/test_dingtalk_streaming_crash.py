@@ -28,6 +28,7 @@ async def test_sigkill_mid_stream_leaves_one_finalized_card(db_url: str) -> None
                 "DINGTALK_STREAMING": "native",
                 "DINGTALK_CARD_TEMPLATE_ID": "tpl-ai-card.schema",
                 "DINGTALK_STREAM_EDIT_SECONDS": "0.3",
+                "PACING_ENABLED": "true",
                 # Pacing is on: the card's updates take the `dingtalk.card` bucket (20 a
                 # second), not the chat's 20 messages a minute (docs/operations.md).
             },

@@ -13,7 +13,7 @@ from app.connection_leases import list_holds
 from tests.conftest import ADMIN_TOKEN
 from tests.fakes import discord as dc
 from tests.fakes.discord import FakeDiscord
-from tests.support.servers import start_together
+from tests.support.servers import start_together, stop_all
 
 # serial: replicas take over within a lease TTL: timing that a loaded machine upsets.
 pytestmark = [pytest.mark.slow, pytest.mark.serial]
@@ -74,8 +74,7 @@ async def test_one_replica_holds_the_gateway_and_the_other_takes_it_over(pg_url:
                 await fake.dispatch("MESSAGE_CREATE", dc.message(f"after {i}", channel_id="2100"))
             await fake.wait_for_messages(9, timeout=30)
         finally:
-            for server in servers.values():
-                server.stop()
+            await stop_all(*servers.values())
             await engine.dispose()
     texts = [f"You said: {w} {i}" for w in ("before", "during", "after") for i in range(3)]
     assert Counter(c.body["content"] for c in fake.messages()) == Counter(texts)  # each once

@@ -15,7 +15,7 @@ from tests.channels.email.support import email_env, mail, message_id_of, saved_p
 from tests.conftest import ADMIN_TOKEN
 from tests.fakes.smtp_sink import SmtpSink
 from tests.support.dovecot import Dovecot
-from tests.support.servers import start_together
+from tests.support.servers import start_together, stop_all
 from tests.support.timing import eventually
 
 # serial: replicas take over within a lease TTL: timing that a loaded machine upsets.
@@ -85,8 +85,7 @@ async def test_one_replica_holds_the_mailbox_and_the_other_resumes_from_its_uid(
 
         await eventually(saved_nine, 10)
     finally:
-        for server in servers.values():
-            server.stop()
+        await stop_all(*servers.values())
         await engine.dispose()
     answered = Counter(str(r.message["In-Reply-To"]).strip("<>") for r in smtp.received)
     assert answered == Counter(asked)  # each mail answered, once

@@ -15,7 +15,7 @@ from app.connection_leases import list_holds
 from app.db.models import outbox
 from tests.channels.matrix.support import MatrixAccounts, saved_next_batch, wait_synced
 from tests.conftest import ADMIN_TOKEN
-from tests.support.servers import start_together
+from tests.support.servers import start_together, stop_all
 
 # serial: replicas take over within a lease TTL: timing that a loaded machine upsets.
 pytestmark = [pytest.mark.slow, pytest.mark.serial]
@@ -78,8 +78,7 @@ async def test_one_replica_syncs_and_the_other_resumes_from_its_next_batch(
         async with engine.connect() as conn:
             sent = (await conn.execute(select(func.count()).select_from(outbox))).scalar_one()
     finally:
-        for server in servers.values():
-            server.stop()
+        await stop_all(*servers.values())
         await engine.dispose()
     texts = [f"You said: {w} {i}" for w in ("before", "during", "after") for i in range(3)]
     assert Counter(answers) == Counter(texts)  # each once

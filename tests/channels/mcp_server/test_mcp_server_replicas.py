@@ -8,7 +8,7 @@ import json
 import pytest
 
 from tests.channels.mcp_server.test_mcp_server import TEAM, mcp_client, structured, text_of
-from tests.support.servers import ServerProcess
+from tests.support.servers import ServerProcess, stop_all
 
 # serial: two server processes start; start-up under load outruns the ready timeout.
 pytestmark = [pytest.mark.slow, pytest.mark.serial]
@@ -34,5 +34,4 @@ async def test_an_ask_session_continues_on_the_other_replica(pg_url: str) -> Non
         assert (text_of(a), text_of(b)) == ("You said: on one", "You said: on two")
         assert [m["content"] for m in history] == ["on one", "You said: on one", "on two", "You said: on two"]
     finally:
-        first.stop()
-        second.stop()
+        await stop_all(first, second)

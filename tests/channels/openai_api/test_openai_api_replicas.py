@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from app.db.models import messages, sessions
 from tests.channels.openai_api.test_openai_api import TOKEN_A, TOKEN_B
-from tests.support.servers import ServerProcess
+from tests.support.servers import ServerProcess, stop_all
 
 # serial: two server processes start; start-up under load outruns the ready timeout.
 pytestmark = [pytest.mark.slow, pytest.mark.serial]
@@ -63,6 +63,5 @@ async def test_a_session_continues_on_the_other_replica(pg_url: str) -> None:
             ("assistant", "You said: on two"),
         ]
     finally:
-        first.stop()
-        second.stop()
+        await stop_all(first, second)
         await engine.dispose()

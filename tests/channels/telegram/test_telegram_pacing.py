@@ -24,7 +24,7 @@ from app.outbox_rows import outbox_values
 from tests.conftest import ADMIN_TOKEN
 from tests.fakes import telegram as tg
 from tests.fakes.telegram import Call, FakeTelegram
-from tests.support.servers import ServerProcess
+from tests.support.servers import ServerProcess, stop_all
 from tests.support.timing import eventually
 
 from .support import SECRET
@@ -58,6 +58,7 @@ def _env(db_url: str, fake: FakeTelegram, worker: str) -> dict[str, str]:
         "TELEGRAM_FILE_BASE_URL": fake.file_url,
         "TELEGRAM_BOT_ID": str(fake.bot_id),
         "TELEGRAM_BOT_USERNAME": fake.username,
+        "PACING_ENABLED": "true",
         "PACING_LIMITS": f"telegram.group={count}/{seconds:g},telegram.chat=1/{CHAT_GAP:g}",
         "OUTBOX_POLL_SECONDS": "0.1",
         "LOG_LEVEL": "WARNING",
@@ -102,8 +103,7 @@ async def test_300_replies_from_two_replicas_keep_telegrams_limits_and_retry_aft
             took = time.monotonic() - started
             await asyncio.sleep(1)  # a duplicate would come now
         finally:
-            for server in servers:
-                server.stop()
+            await stop_all(*servers)
             await engine.dispose()
 
     sends = sorted(fake.calls_of("sendMessage"), key=lambda c: c.at)

@@ -14,7 +14,7 @@ from tests.channels.weixin.support import saved_cursor
 from tests.conftest import ADMIN_TOKEN
 from tests.fakes import weixin as wx
 from tests.fakes.weixin import FakeILink
-from tests.support.servers import start_together
+from tests.support.servers import start_together, stop_all
 
 # serial: replicas take over within a lease TTL: timing that a loaded machine upsets.
 pytestmark = [pytest.mark.slow, pytest.mark.serial]
@@ -77,8 +77,7 @@ async def test_one_replica_polls_and_the_other_resumes_from_its_cursor(pg_url: s
                 await fake.push(wx.text_message(f"after {i}"))
             await fake.wait_until(lambda: len(fake.sent()) >= 9, timeout=30)
         finally:
-            for server in servers.values():
-                server.stop()
+            await stop_all(*servers.values())
             await engine.dispose()
     texts = [f"You said: {w} {i}" for w in ("before", "during", "after") for i in range(3)]
     assert Counter(fake.sent_texts()) == Counter(texts)  # each once
