@@ -102,9 +102,24 @@ class BindPlan:
 class Direct:
     """A Core statement compiled once for asyncpg; `rows()` runs it (see the module)."""
 
-    def __init__(self, statement: Executable) -> None:
-        self.statement = statement
+    def __init__(
+        self, statement: Executable | None = None, *, build: Callable[[], Executable] | None = None
+    ) -> None:
+        """`statement`, or `build`: a function that makes it when it first runs (the grouped
+        statements of `pg_start_group` and `pg_finish_group`, N renamed copies of a large
+        statement, took half a second of every process's start to build, used or not)."""
+        if (statement is None) == (build is None):
+            raise TypeError("Direct takes a statement or a function that builds one")
+        self._statement = statement
+        self._build = build
         self._plan: BindPlan | None = None
+
+    @property
+    def statement(self) -> Executable:
+        if self._statement is None:
+            assert self._build is not None
+            self._statement = self._build()
+        return self._statement
 
     def _plan_for(self, dialect: Dialect) -> BindPlan:
         if self._plan is None:

@@ -27,7 +27,8 @@ grouping and retrying are `pg_batcher.StatementBatcher`'s.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from functools import partial
+from typing import Any, cast
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -45,9 +46,12 @@ def _grouped(turns: int, hand_on: bool) -> Any:
     return grouped_statement([renamed(finish_statement(hand_on=hand_on), f"_{i}") for i in range(turns)])
 
 
-_GROUPED = {(n, hand_on): direct.Direct(_grouped(n, hand_on)) for n in SIZES for hand_on in _KINDS}
+# Built when a group of that size and kind first ends (`direct.Direct`'s `build`).
+_GROUPED = {
+    (n, hand_on): direct.Direct(build=partial(_grouped, n, hand_on)) for n in SIZES for hand_on in _KINDS
+}
 # The columns of one turn's end, by kind.
-_COLUMNS = {kind: [c.name for c in finish_statement(hand_on=kind).selected_columns] for kind in _KINDS}
+_COLUMNS = {kind: [c.name for c in cast(Any, FINISH[kind].statement).selected_columns] for kind in _KINDS}
 
 
 class FinishGroup(KindBatcher):

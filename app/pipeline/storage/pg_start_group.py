@@ -21,7 +21,8 @@ the other order) is redone one start per statement; any other failure fails the 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from functools import partial
+from typing import Any, cast
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -41,9 +42,12 @@ def _grouped(turns: int, recall: bool | None) -> Any:
     )
 
 
-_GROUPED = {(n, recall): direct.Direct(_grouped(n, recall)) for n in SIZES for recall in _KINDS}
+# Built when a group of that size and kind first starts (`direct.Direct`'s `build`).
+_GROUPED = {
+    (n, recall): direct.Direct(build=partial(_grouped, n, recall)) for n in SIZES for recall in _KINDS
+}
 # The columns of one turn's start, by kind.
-_COLUMNS = {kind: [c.name for c in start_statement(kind).selected_columns] for kind in _KINDS}
+_COLUMNS = {kind: [c.name for c in cast(Any, START[kind].statement).selected_columns] for kind in _KINDS}
 
 
 class StartGroup(KindBatcher):
