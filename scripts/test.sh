@@ -60,7 +60,12 @@ export PYTHONPYCACHEPREFIX="${PYTHONPYCACHEPREFIX:-${XDG_CACHE_HOME:-$HOME/.cach
 
 "$VENV/bin/ruff" check .
 "$VENV/bin/ruff" format --check .
-"$VENV/bin/mypy" app channels tests bench
+# The type check runs beside the first phase (that phase is bound by the CPU anyway, so mypy's
+# minute costs it half a minute) and is waited for after it; a type error still fails the run.
+mkdir -p test-artifacts
+"$VENV/bin/mypy" app channels tests bench >test-artifacts/mypy.txt 2>&1 &
+mypy_pid=$!
+trap 'kill "$mypy_pid" 2>/dev/null || true' EXIT
 # A phase whose tests failed runs those tests once more, alone, as CPython's regrtest re-runs
 # its failed tests: on 2 CPUs with six workers a timing test can lose its race to the load.
 # The phase passes only when each of them passes then; they are named loudly as flaky (and
@@ -93,7 +98,19 @@ phase() {
 # stay on one worker.
 ARGS=("$@")
 rm -f test-artifacts/flaky.txt
-phase "not serial" -n "${TEST_WORKERS:-6}" --dist loadgroup
+# The first phase collects the whole suite and notes which files hold `serial` tests
+# (tests/conftest.py); the later phases collect only those. With arguments of one's own
+# (a path, -k) they collect as the arguments say.
+serial_files=test-artifacts/serial-files.txt
+rm -f "$serial_files"
+TEST_SERIAL_FILES=$serial_files phase "not serial" -n "${TEST_WORKERS:-6}" --dist loadgroup
+status=0
+wait "$mypy_pid" || status=$?
+cat test-artifacts/mypy.txt
+[ "$status" -eq 0 ] || { echo "mypy failed"; exit "$status"; }
+if [ ${#ARGS[@]} -eq 0 ] && [ -s "$serial_files" ]; then
+  mapfile -t ARGS <"$serial_files"
+fi
 phase "serial and not alone" -n "${TEST_SERIAL_WORKERS:-3}" --dist loadgroup
 phase alone
 if [ -f test-artifacts/flaky.txt ]; then

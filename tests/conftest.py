@@ -39,6 +39,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if item.get_closest_marker("alone") and not item.get_closest_marker("serial"):
             item.add_marker(pytest.mark.serial)
     items.sort(key=lambda item: item.get_closest_marker("long") is None)
+    _note_serial_files(items)
+
+
+def _note_serial_files(items: list[pytest.Item]) -> None:
+    """With `TEST_SERIAL_FILES` set (scripts/test.sh sets it for its first phase), write the
+    test files that hold `serial` tests there, one per line: the later phases collect those
+    files only, instead of the whole suite again (9 CPU-s a process, on the way of each
+    phase). Every xdist worker collects the same items and writes the same list."""
+    target = os.environ.get("TEST_SERIAL_FILES")
+    if not target:
+        return
+    files = sorted({item.nodeid.split("::", 1)[0] for item in items if item.get_closest_marker("serial")})
+    partial = Path(f"{target}.{os.getpid()}")
+    partial.write_text("".join(f"{name}\n" for name in files))
+    partial.replace(target)
 
 
 WEBHOOK_SECRET = "test-webhook-secret"

@@ -111,6 +111,8 @@ async def test_sigterm_mid_load_hands_everything_over_and_loses_nothing(pg_url: 
                 await load
             await _wait_all_done(engine, len(events), timeout=60)
             received = await receiver.wait_for(len(events), timeout=60)
+            # A reply's row is marked sent after the callback answered: wait for the marks.
+            await _all_sent(engine, len(events))
             async with engine.connect() as conn:
                 rows = (await conn.execute(select(outbox.c.event_id, outbox.c.status))).all()
                 waited = (
