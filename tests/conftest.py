@@ -20,6 +20,32 @@ from channels.webhook import WebhookSettings
 from tests.support.db import database, drop_templates
 from tests.support.servers import RunningApp, serve_in_loop
 
+
+def _share_one_tls_context() -> None:
+    """httpx makes a new SSL context for every client and loads certifi's CA bundle into it:
+    18 ms of CPU a client. The suite makes thousands of clients (most of them for the http://
+    URLs of its local fakes and servers), so that was a fifth of the test workers' CPU.
+    Here the clients that ask for the default verification share one context per set of
+    the settings it is made from (`trust_env`, `SSL_CERT_FILE`, `SSL_CERT_DIR`); any other
+    `verify` or a client certificate goes through as before."""
+    from httpx._transports import default
+
+    make = default.create_ssl_context
+    made: dict[tuple[Any, ...], Any] = {}
+
+    def create_ssl_context(verify: Any = True, cert: Any = None, trust_env: bool = True) -> Any:
+        if verify is not True or cert is not None:
+            return make(verify=verify, cert=cert, trust_env=trust_env)
+        key = (trust_env, os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
+        if key not in made:
+            made[key] = make(verify=verify, cert=cert, trust_env=trust_env)
+        return made[key]
+
+    default.create_ssl_context = create_ssl_context
+
+
+_share_one_tls_context()
+
 # Server processes the tests start inherit this: the offline model streams its pieces
 # without the demo's pauses (a test that wants them sets the setting itself).
 os.environ.setdefault("OFFLINE_STREAM_DELAY_MS", "0")
