@@ -6,13 +6,20 @@ from __future__ import annotations
 
 import asyncio
 
+from sqlalchemy import select, text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
 from app.db.engine import create_engine
+from app.db.models import pacing_buckets
+from app.migrate import upgrade
 from app.pipeline.storage import build_store
 from app.pipeline.storage.port import PipelineStore
+from app.pipeline.storage.postgres import PostgresStore
 from app.pipeline.storage.records import PaceBucket, PaceGrant, PaceTake
 from app.sessions.store import Lifecycle, SessionStore
 from tests.conftest import make_settings
 from tests.pipeline.conftest import store_kind
+from tests.support.timing import eventually
 
 T0 = 1_800_000_000.0  # unix seconds: the tests give the clock, so nothing here sleeps
 CHAT = PaceBucket("telegram:chat:-100", 1.0)
@@ -141,3 +148,51 @@ async def test_a_chat_has_one_final_answer_in_flight_until_it_is_answered(store:
     assert (await store.take_pace(send(T0 + 31.5))).busy
     await store.release_pace([chat.name], third.held_until)
     assert (await store.take_pace(send(T0 + 31.5))).granted
+
+
+async def test_a_release_and_a_take_of_the_same_chat_on_two_replicas_both_go_through(pg_url: str) -> None:
+    """One replica releases a chat's exclusive buckets (its answer came) while the other
+    takes them for the next answer, both queued behind a third transaction holding the
+    first of them. When it ends both must go through: PostgreSQL aborted one of them as a
+    deadlock while the release locked the rows in the order it met them, not by name."""
+    await upgrade(pg_url)
+    engines = [create_engine(make_settings(pg_url)) for _ in range(3)]
+    first, second = (PostgresStore(e, SessionStore(e, Lifecycle()), lease_ttl=30) for e in engines[:2])
+    chat = PaceBucket("telegram:chat:-300", 0.05, exclusive=True)
+    group = PaceBucket("telegram:group:-300", 0.05, exclusive=True)
+    try:
+        held = await first.take_pace(PaceTake((chat, group), now=T0, within=1.0, hold=30.0))
+        assert held.granted
+        # The chat's row written last: a scan of the table meets the group's row first.
+        await first.pause_pace([chat.name], T0 + 0.01)
+        async with engines[2].connect() as blocker:
+            await blocker.execute(
+                select(pacing_buckets.c.name).where(pacing_buckets.c.name == chat.name).with_for_update()
+            )
+            take = asyncio.create_task(
+                second.take_pace(PaceTake((chat, group), now=T0 + 31, within=1.0, hold=30.0))
+            )
+            await _waiting_for_locks(engines[2], 1)
+            release = asyncio.create_task(first.release_pace([chat.name, group.name], held.held_until))
+            await _waiting_for_locks(engines[2], 2)
+            await blocker.rollback()
+        granted = await take
+        await release
+    finally:
+        for engine in engines:
+            await engine.dispose()
+    assert granted.granted
+
+
+async def _waiting_for_locks(engine: AsyncEngine, count: int) -> None:
+    """Until `count` other sessions of this database wait for a lock."""
+    query = text(
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    )
+
+    async def waiting() -> bool:
+        async with engine.connect() as conn:
+            return bool((await conn.execute(query)).scalar_one() >= count)
+
+    await eventually(waiting, timeout=10)

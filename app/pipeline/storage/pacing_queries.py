@@ -3,7 +3,8 @@
 Each bucket is a row (`pacing_buckets`) every replica reads and writes: a send takes the
 first time all its buckets allow, in one transaction that first makes sure the rows
 exist and then locks them in name order (PostgreSQL: `FOR UPDATE`; SQLite: the insert
-took the database's write lock), so two replicas never take the same slot and never
+took the database's write lock), so two replicas never take the same slot; every statement
+that locks several of them (a pause, a release) goes in the same order, so they never
 deadlock. A bucket spaces sends by its interval (no bursts): at most N sends fall in
 any window of N intervals, which is how the platforms state their limits. An exclusive
 bucket (a chat) also has one final answer in flight at most (`sending_until`), so the
@@ -13,6 +14,7 @@ platform's answer to one send, a `retry_after` above all, is known before the ne
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from sqlalchemy import bindparam, case, delete, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -32,6 +34,13 @@ _SET = (
         sending_until=bindparam("sending_"),
     )
 )
+
+
+def _in_name_order(conn: AsyncConnection) -> Any:
+    """The order every statement here locks rows in: the names' code points, as Python's
+    `sorted` orders them (PostgreSQL's ORDER BY would follow the database's collation, which
+    may order them otherwise). SQLite locks the whole database: any order."""
+    return buckets.c.name.collate("C") if conn.dialect.name == "postgresql" else buckets.c.name
 
 
 async def _ensure(conn: AsyncConnection, names: Sequence[str]) -> None:
@@ -55,7 +64,7 @@ async def take(conn: AsyncConnection, request: PaceTake) -> PaceGrant:
     await _ensure(conn, names)
     rows = (
         await conn.execute(
-            select(buckets).where(buckets.c.name.in_(names)).order_by(buckets.c.name).with_for_update()
+            select(buckets).where(buckets.c.name.in_(names)).order_by(_in_name_order(conn)).with_for_update()
         )
     ).all()
     start = max([now, *(r.next_free for r in rows), *(r.paused_until for r in rows)])
@@ -104,10 +113,13 @@ async def release(conn: AsyncConnection, names: Sequence[str], held_until: float
     where the hold is still its own; a lapsed one may have been taken since)."""
     if not names or not held_until:
         return
+    # A row at a time, in name order: one UPDATE of several rows locks them in the order it
+    # meets them, and deadlocked with a `take` of another replica locking the same rows.
     await conn.execute(
         update(buckets)
-        .where(buckets.c.name.in_(list(names)), buckets.c.sending_until == held_until)
-        .values(sending_until=0.0)
+        .where(buckets.c.name == bindparam("name_"), buckets.c.sending_until == held_until)
+        .values(sending_until=0.0),
+        [{"name_": name} for name in sorted(names)],
     )
 
 
