@@ -48,8 +48,11 @@ if ! command -v promtool >/dev/null 2>&1; then
 fi
 
 # Synapse for the Matrix tests (a real homeserver): from PyPI into its own virtualenv
-# (CHATGATE_SYNAPSE_VENV, default ~/.cache/chatgate-test/synapse-venv), not ours.
-"$VENV/bin/python" -m tests.support.synapse >/dev/null
+# (CHATGATE_SYNAPSE_VENV, default ~/.cache/chatgate-test/synapse-venv), not ours. On a new
+# machine that takes ~25 s: it goes on in the background while lint and the first tests
+# run; the Matrix tests' fixture waits for it on the installer's lock (tests/support/synapse.py)
+# and installs it itself if this failed.
+"$VENV/bin/python" -m tests.support.synapse >/dev/null 2>&1 &
 
 # Cache compiled bytecode for the run, outside the tree. The suite starts a few hundred
 # Python processes (`chatgate serve`, the CLI) and every pytest worker rewrites the asserts of
