@@ -5,13 +5,10 @@ PYTHON ?= python3
 
 .PHONY: run test install lint
 
-# --no-compile: pip would compile every installed module to bytecode (15 s of a fresh
-# install); Python compiles what it imports on first use instead (`make test` keeps its
-# bytecode outside the tree, PYTHONPYCACHEPREFIX, where pip's would not be read anyway).
 $(VENV)/.installed: pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet --no-compile -e '.[dev]'
+	$(VENV)/bin/pip install --quiet -e '.[dev]'
 	touch $@
 
 install: $(VENV)/.installed
