@@ -23,7 +23,7 @@ from app.events import OutboundMessage, TextPart
 from app.migrate import upgrade
 from app.outbox_rows import outbox_values
 from tests.fakes.http_receiver import HttpReceiver
-from tests.support.servers import ServerProcess
+from tests.support.servers import ServerProcess, stop_all
 
 SECRET = "alert-secret-0123456789"
 
@@ -168,5 +168,5 @@ async def test_the_server_alerts_through_its_settings(tmp_path: Path) -> None:
             # Once each: shown check by check in the tests above, without timing.
             assert [_verified(r.body, r.headers)["state"] for r in received] == ["firing", "resolved"]
         finally:
-            await asyncio.to_thread(server.stop)
+            await stop_all(server)
     await engine.dispose()

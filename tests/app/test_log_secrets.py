@@ -11,7 +11,7 @@ import pytest
 from app.logs import secret_values
 from channels.telegram.settings import TelegramSettings
 from tests.fakes.telegram import FakeTelegram
-from tests.support.servers import ServerProcess
+from tests.support.servers import ServerProcess, stop_all
 from tests.support.timing import scaled
 
 pytestmark = pytest.mark.slow
@@ -37,7 +37,7 @@ async def test_a_rejected_telegram_token_is_not_echoed_into_the_log(tmp_path: Pa
                 await asyncio.sleep(0.1)  # the log file is the observable: nothing to wait on
             log = server.log()
         finally:
-            await asyncio.to_thread(server.stop)
+            await stop_all(server)
     assert "rejected by the server" in log, log  # python-telegram-bot's InvalidToken message
     assert WRONG not in log
     assert "The token `[redacted]` was rejected by the server." in log
@@ -67,7 +67,7 @@ async def test_the_banner_names_each_channel_with_its_credentials_and_connection
                 await asyncio.sleep(0.1)  # printed once the server listens
             log = server.log()
         finally:
-            await asyncio.to_thread(server.stop)
+            await stop_all(server)
         bad = {**env, "DATABASE_URL": f"sqlite:///{tmp_path / 'banner2.db'}", "TELEGRAM_BOT_TOKEN": WRONG}
         refused = await asyncio.to_thread(ServerProcess(bad).start)
         try:
@@ -76,7 +76,7 @@ async def test_the_banner_names_each_channel_with_its_credentials_and_connection
                 await asyncio.sleep(0.1)
             refused_log = refused.log()
         finally:
-            await asyncio.to_thread(refused.stop)
+            await stop_all(refused)
     line = next(li for li in log.splitlines() if li.startswith("    telegram:"))
     assert f"credentials accepted (getMe: @{fake.username})" in line, log
     assert "cron:" in log and "settings only" in log

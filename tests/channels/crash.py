@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from app.db.models import messages, outbox
 from tests.conftest import ADMIN_TOKEN
 from tests.fakes.openai_server import FakeOpenAI, Reply
-from tests.support.servers import ServerProcess
+from tests.support.servers import ServerProcess, stop_all
 
 ANSWER = " ".join(f"word{i}" for i in range(80))
 
@@ -84,7 +84,7 @@ async def kill_mid_stream(
                 await asyncio.sleep(0.1)
             await asyncio.sleep(0.5)  # anything late would land now
         finally:
-            await asyncio.to_thread(restarted.stop)
+            await stop_all(restarted)
         async with engine.connect() as conn:
             answers = [
                 r[0]

@@ -22,7 +22,7 @@ from app.db.models import inbox, messages
 from tests.conftest import ADMIN_TOKEN, WEBHOOK_SECRET
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall, calls, text
 from tests.hardening.test_memory_bounds import rss_mib
-from tests.support.servers import ServerProcess
+from tests.support.servers import ServerProcess, stop_all
 from tests.support.webhook import post_webhook
 
 # serial: measures a server's resident memory under a heavy load; slow: 1,000 agent runs.
@@ -117,7 +117,7 @@ async def test_a_thousand_sessions_with_2_mb_tool_outputs_stay_under_the_bound(
             peak = rss_mib(pid, "VmHWM") - before
             after = rss_mib(pid) - before
         finally:
-            server.stop()
+            await stop_all(server)
     engine = create_async_engine(pg_url)
     try:
         async with engine.connect() as conn:

@@ -11,7 +11,7 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 
 from tests.conftest import ADMIN_TOKEN
-from tests.support.servers import ServerProcess
+from tests.support.servers import ServerProcess, stop_all
 
 EXAMPLES_PER_OPERATION = 25
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}", "X-Requested-With": "fuzz"}
@@ -64,4 +64,4 @@ async def test_no_operation_answers_5xx(db_url: str) -> None:
         assert calls > 200, calls
         print(f"fuzz: {calls} requests in {elapsed:.1f} s")  # speed is a benchmark's business, not a test's
     finally:
-        await asyncio.to_thread(srv.stop)
+        await stop_all(srv)

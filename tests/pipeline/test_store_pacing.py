@@ -11,7 +11,6 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db.engine import create_engine
 from app.db.models import pacing_buckets
-from app.migrate import upgrade
 from app.pipeline.storage import build_store
 from app.pipeline.storage.port import PipelineStore
 from app.pipeline.storage.postgres import PostgresStore
@@ -150,14 +149,16 @@ async def test_a_chat_has_one_final_answer_in_flight_until_it_is_answered(store:
     assert (await store.take_pace(send(T0 + 31.5))).granted
 
 
-async def test_a_release_and_a_take_of_the_same_chat_on_two_replicas_both_go_through(pg_url: str) -> None:
+async def test_a_release_and_a_take_of_the_same_chat_on_two_replicas_both_go_through(
+    pg_store: PostgresStore, pg_url: str
+) -> None:
     """One replica releases a chat's exclusive buckets (its answer came) while the other
     takes them for the next answer, both queued behind a third transaction holding the
     first of them. When it ends both must go through: PostgreSQL aborted one of them as a
     deadlock while the release locked the rows in the order it met them, not by name."""
-    await upgrade(pg_url)
-    engines = [create_engine(make_settings(pg_url)) for _ in range(3)]
-    first, second = (PostgresStore(e, SessionStore(e, Lifecycle()), lease_ttl=30) for e in engines[:2])
+    first = pg_store
+    engines = [create_engine(make_settings(pg_url)) for _ in range(2)]  # the other replica, a blocker
+    second = PostgresStore(engines[0], SessionStore(engines[0], Lifecycle()), lease_ttl=30)
     chat = PaceBucket("telegram:chat:-300", 0.05, exclusive=True)
     group = PaceBucket("telegram:group:-300", 0.05, exclusive=True)
     try:
@@ -165,16 +166,16 @@ async def test_a_release_and_a_take_of_the_same_chat_on_two_replicas_both_go_thr
         assert held.granted
         # The chat's row written last: a scan of the table meets the group's row first.
         await first.pause_pace([chat.name], T0 + 0.01)
-        async with engines[2].connect() as blocker:
+        async with engines[1].connect() as blocker:
             await blocker.execute(
                 select(pacing_buckets.c.name).where(pacing_buckets.c.name == chat.name).with_for_update()
             )
             take = asyncio.create_task(
                 second.take_pace(PaceTake((chat, group), now=T0 + 31, within=1.0, hold=30.0))
             )
-            await _waiting_for_locks(engines[2], 1)
+            await _waiting_for_locks(engines[1], 1)
             release = asyncio.create_task(first.release_pace([chat.name, group.name], held.held_until))
-            await _waiting_for_locks(engines[2], 2)
+            await _waiting_for_locks(engines[1], 2)
             await blocker.rollback()
         granted = await take
         await release

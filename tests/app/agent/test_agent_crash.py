@@ -22,7 +22,7 @@ from app.sessions.store import message_from_row
 from app.sessions.window import is_legal_provider_input
 from tests.conftest import WEBHOOK_SECRET
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall, calls, text
-from tests.support.servers import ServerProcess
+from tests.support.servers import ServerProcess, stop_all
 from tests.support.timing import scaled
 from tests.support.webhook import post_webhook
 
@@ -93,7 +93,7 @@ async def test_sigkill_mid_run_then_resume_keeps_history_legal(pg_url: str) -> N
             await engine.dispose()
         finally:
             hold.set()
-            await asyncio.to_thread(second.stop)
+            await stop_all(second)
         resumed: list[dict[str, Any]] = fake.requests[2].messages
     history = [message_from_row(r) for r in rows]
     assert is_legal_provider_input(history)
