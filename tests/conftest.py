@@ -18,7 +18,7 @@ from app.db.engine import create_engine
 from app.migrate import upgrade
 from channels.webhook import WebhookSettings
 from tests.support.db import database, drop_templates
-from tests.support.servers import RunningApp, serve_in_loop
+from tests.support.servers import RunningApp, forget_started, serve_in_loop, started_logs
 
 
 def _share_one_tls_context() -> None:
@@ -53,6 +53,21 @@ os.environ.setdefault("OFFLINE_STREAM_DELAY_MS", "0")
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     drop_templates()
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    forget_started()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A failed test's report carries the log of each server process it started: a flaky
+    failure in a loaded full run is diagnosed from that run's output, not from a rerun."""
+    report = yield
+    if report.failed:
+        for name, text in started_logs():
+            report.sections.append((f"Captured log of {name}", text or "(empty)"))
+    return report
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects

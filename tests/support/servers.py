@@ -86,6 +86,9 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+_STARTED: list[ServerProcess] = []  # by the running test (one at a time per worker process)
+
+
 class _PortTaken(Exception):
     """The server process could not bind its port: someone else took it first."""
 
@@ -112,6 +115,19 @@ async def stop_all(*servers: ServerProcess) -> None:
     end, a stream to close), which a blocking `stop()` here would leave unanswered until
     the server is killed."""
     await asyncio.gather(*(asyncio.to_thread(server.stop) for server in servers))
+
+
+def started_logs() -> list[tuple[str, str]]:
+    """(name, log tail) of each server process started by the running test, for its report."""
+    return [(f"server :{server.port}", server.log()) for server in _STARTED]
+
+
+def forget_started() -> None:
+    """A test begins: the servers of earlier tests are not its concern."""
+    for server in _STARTED:
+        if server.log_path is not None and (server.proc is None or server.proc.poll() is not None):
+            server.log_path.unlink(missing_ok=True)
+    _STARTED.clear()
 
 
 class ServerProcess:
@@ -147,6 +163,7 @@ class ServerProcess:
         fd, name = tempfile.mkstemp(prefix="chatgate-server-", suffix=".log")
         os.close(fd)
         self.log_path = Path(name)
+        _STARTED.append(self)
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "app", "serve", "--host", "127.0.0.1", "--port", str(self.port)],
