@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import pytest
 from pydantic import ValidationError
 
@@ -87,6 +89,43 @@ async def test_a_send_leaving_late_holds_the_next_one_a_whole_interval(store: Pi
     await pacer.sent(chat, nxt)
     after = await pacer.final(chat)
     assert after.at >= now[0] + 1.0  # a second after it really left, not after its slot
+
+
+class _SlowPauses:
+    """The port, whose pause writes take `seconds` of the pacer's clock (a cold connection)."""
+
+    def __init__(self, store: PipelineStore, now: list[float], seconds: float) -> None:
+        self._store, self._now, self._seconds = store, now, seconds
+        self.pauses = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def pause_pace(self, names: list[str], until: float) -> None:
+        await self._store.pause_pace(names, until)
+        self.pauses += 1
+        self._now[0] += self._seconds if self.pauses == 1 else 0.001
+
+
+async def test_a_late_send_whose_hold_took_long_to_write_is_held_from_when_it_left(
+    store: PipelineStore,
+) -> None:
+    """The send leaves after the hold is written: a slow write must not eat the interval
+    (it did: the next answer reached Telegram 0.3 s after this one on a busy machine)."""
+    now = [1_800_000_000.0]
+    slow = _SlowPauses(store, now, seconds=0.3)
+    pacer = Pacer(
+        cast(PipelineStore, slow), limits_with("telegram.bot=off,telegram.group=off"), clock=lambda: now[0]
+    )
+    chat = _message("telegram", "9")  # one per second
+    first = await pacer.final(chat)
+    now[0] = first.at + 0.5  # late
+    await pacer.leaving(chat, first.at)
+    left = now[0]  # the send leaves when `leaving` returns
+    assert slow.pauses == 2
+    await pacer.sent(chat, first)
+    after = await pacer.final(chat)
+    assert after.at >= left + 1.0
 
 
 async def test_card_edits_take_the_card_bucket_and_final_answers_keep_the_chat_limits(
