@@ -15,7 +15,8 @@ import asyncio
 import contextlib
 import socket
 import time
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 import asyncpg
 import structlog
@@ -24,6 +25,8 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
 
 # SQLSTATE classes and codes of a server that is not (or no longer) there to answer:
 # 08 connection exceptions, 57P01-57P03 shutdown and start-up, 25006 a read-only
@@ -144,3 +147,24 @@ def log_failure(logger: Any, event: str, exc: BaseException, **kw: Any) -> None:
 
 def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+
+
+def shielded(work: Awaitable[T]) -> asyncio.Future[T]:
+    """`asyncio.shield(work)` whose work, left going when the caller is cancelled, still
+    has its failure seen: `shield` stops watching the inner task once the outer future is
+    cancelled, and a statement that then failed (the database went away mid-read) ended
+    as asyncio's "Task exception was never retrieved" with a traceback. Logged here as a
+    background loop's failure is (one line while the database is away)."""
+    inner = asyncio.ensure_future(work)
+    outer = asyncio.shield(inner)
+
+    def _seen(task: asyncio.Future[T]) -> None:
+        if task.cancelled():
+            return
+        exc = task.exception()  # retrieved: asyncio does not report it again
+        if exc is not None and outer.cancelled():
+            name = getattr(task.get_coro(), "__qualname__", "?") if isinstance(task, asyncio.Task) else "?"
+            log_failure(log, "shielded_work_failed", exc, work=name)
+
+    inner.add_done_callback(_seen)
+    return outer

@@ -11,12 +11,12 @@ hung up): an event that was stored is always handed on.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from app import tracing
 from app.access import AccessGate, Verdict
 from app.channel import AcceptResult, ChannelSettings
+from app.db.outage import shielded
 from app.events import InboundEvent
 from app.pipeline.scheduler import Scheduler
 from app.pipeline.storage.port import PipelineStore
@@ -61,7 +61,7 @@ class Ingest:
         Shielded as a whole: a caller that goes away mid-way (a platform hanging up) does not
         stop an accept that began — its events are stored and answered, and a pairing code
         or a lease taken on the way is never left half done."""
-        return await asyncio.shield(self._traced_accept(channel, events))
+        return await shielded(self._traced_accept(channel, events))
 
     async def _traced_accept(self, channel: str, events: Sequence[InboundEvent]) -> list[AcceptResult]:
         with tracing.ingest(channel, len(events), replica=self.scheduler.owner):
@@ -131,7 +131,7 @@ class Ingest:
     async def submit(self, events: Sequence[InboundEvent]) -> list[AcceptResult]:
         """Store events the gateway itself made (no channel policy) and hand them on
         (shielded like `accept`)."""
-        return await asyncio.shield(self._assign_and_store(events))
+        return await shielded(self._assign_and_store(events))
 
     async def _assign_and_store(self, events: Sequence[InboundEvent]) -> list[AcceptResult]:
         if self.assign is not None:

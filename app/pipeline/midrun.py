@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from app.agent.loop import StopRequest
+from app.db.outage import shielded
 from app.pipeline.busy import BusyPolicies
 from app.pipeline.commands import CommandRegistry
 from app.pipeline.storage.port import InboxRow, PipelineStore
@@ -97,7 +98,6 @@ class MidRun:
             signal.clear()
             # The run loop cancels this watcher when the model answers, maybe mid-read:
             # shielded, the read finishes and returns its pooled connection regardless.
-            read = asyncio.ensure_future(self.pending(key, handled))
-            stop = self.stop_in(await asyncio.shield(read))
+            stop = self.stop_in(await shielded(self.pending(key, handled)))
             if stop is not None:
                 return stop

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 import structlog
 
 from app.channel import AcceptResult
-from app.db.outage import log_failure
+from app.db.outage import log_failure, shielded
 from app.errors import LeaseLost
 from app.pipeline.handling import Handler
 from app.pipeline.midrun import MidRun
@@ -314,7 +314,7 @@ class Scheduler:
             try:
                 # Cancelled when the drain ends, maybe mid-statement: shielded, the renewal
                 # finishes and returns its pooled connection regardless.
-                held = await asyncio.shield(self.store.renew(lease))
+                held = await shielded(self.store.renew(lease))
             except Exception as exc:
                 log_failure(log, "lease_renew_failed", exc)
                 continue

@@ -25,6 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.agent.loop import BudgetReached
 from app.agent.provider import ProviderReply
 from app.db.models import usage_records, utcnow
+from app.db.outage import log_failure
 from app.events import DEFAULT_AGENT, InboundEvent, agent_in_key, escape_key_component
 from app.memory.identity import identity_of
 from app.speech import SpeechToText, Transcript
@@ -108,7 +109,7 @@ class UsageMeter:
     async def record(self, payer: Payer, reply: ProviderReply, model: str | None) -> None:
         usage = reply.usage
         name = reply.model or model or "unknown"
-        cost = self.prices.cost(name, usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens)
+        cost = await self.prices.cost(name, usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens)
         row = self._row(
             payer, name, usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens, 0.0, cost
         )
@@ -130,7 +131,7 @@ class UsageMeter:
 
     async def record_speech(self, payer: Payer, transcript: Transcript, model: str) -> None:
         if transcript.input_tokens or transcript.output_tokens:
-            cost = self.prices.cost(model, transcript.input_tokens, transcript.output_tokens, 0)
+            cost = await self.prices.cost(model, transcript.input_tokens, transcript.output_tokens, 0)
         else:
             cost = self.prices.audio_cost(model, transcript.seconds)
         tokens = (transcript.input_tokens, transcript.output_tokens, 0)
@@ -218,8 +219,8 @@ class UsageMeter:
         try:
             async with self.engine.begin() as conn:
                 await conn.execute(insert(usage_records), rows)
-        except Exception:
-            log.exception("usage_flush_failed", rows=len(rows))
+        except Exception as exc:
+            log_failure(log, "usage_flush_failed", exc, rows=len(rows))
             self._pending[:0] = rows[-10 * FLUSH_ROWS :]  # kept for the next try, bounded
 
     async def _run(self) -> None:
