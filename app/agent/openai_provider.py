@@ -258,6 +258,15 @@ class OpenAIProvider:
         self.client = openai.AsyncOpenAI(
             base_url=base_url, api_key=api_key or "not-needed", timeout=timeout, max_retries=0
         )
+        self._chat: Any = None
+
+    async def _completions(self) -> Any:
+        """The SDK's chat-completions resource. Its first use imports the SDK's chat modules
+        (~0.2 s of CPU): in a thread, so the event loop (other sessions, lease renewals)
+        goes on meanwhile."""
+        if self._chat is None:
+            self._chat = await asyncio.to_thread(lambda: self.client.chat.completions)
+        return self._chat
 
     @classmethod
     def from_settings(cls, settings: Settings) -> OpenAIProvider:
@@ -373,7 +382,7 @@ class OpenAIProvider:
         return min(self.backoff_max, exp * (0.75 + random.random() / 2))
 
     async def _whole(self, request: dict[str, Any]) -> ProviderReply:
-        resp = await self.client.chat.completions.create(**request, extra_headers=tracing.headers())
+        resp = await (await self._completions()).create(**request, extra_headers=tracing.headers())
         if not resp.choices:
             raise ProviderError("the model API answered without a choice", retryable=True)
         msg = resp.choices[0].message
@@ -402,7 +411,7 @@ class OpenAIProvider:
         acc = _StreamAccumulator()
         extra: dict[str, Any] = {"stream_options": {"include_usage": True}} if with_usage else {}
         extra["extra_headers"] = tracing.headers()  # W3C traceparent of the model-call span
-        stream = await self.client.chat.completions.create(**request, stream=True, **extra)
+        stream = await (await self._completions()).create(**request, stream=True, **extra)
         async with stream:
             async for chunk in stream:
                 text = acc.add(chunk)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from functools import lru_cache
 
 import structlog
@@ -18,8 +19,14 @@ class Prices:
         self.settings = settings
         self.currency = settings.currency
 
-    def cost(self, model: str, input_tokens: int, output_tokens: int, cached_tokens: int) -> float | None:
-        """The call's cost in `currency`, or None when no price of the model is known."""
+    async def cost(
+        self, model: str, input_tokens: int, output_tokens: int, cached_tokens: int
+    ) -> float | None:
+        """The call's cost in `currency`, or None when no price of the model is known.
+
+        The table's first look at a model (importing it the first time: ~0.5 s of CPU) runs
+        in a thread: on the event loop it held up every session of the replica, and the
+        renewal of the leases it holds, in the middle of a turn."""
         own = self.settings.prices.get(model)
         if own is not None:
             cached_price = own.cached if own.cached is not None else own.input
@@ -27,6 +34,11 @@ class Prices:
             return (fresh * own.input + cached_tokens * cached_price + output_tokens * own.output) / MILLION
         if self.currency != "USD":
             return None  # the table is in USD: no guessing at an exchange rate
+        if model not in _ASKED:
+            await asyncio.to_thread(_known, model)
+            if len(_ASKED) >= _KNOWN_MODELS:
+                _ASKED.clear()  # a hint only: a model not in it is asked in a thread again
+            _ASKED.add(model)
         return _table_cost(model, input_tokens, output_tokens, cached_tokens)
 
     def audio_cost(self, model: str, seconds: float) -> float | None:
@@ -47,7 +59,11 @@ def _table_cost(model: str, input_tokens: int, output_tokens: int, cached_tokens
     return float(calc_price(usage, model_ref=model).total_price)
 
 
-@lru_cache(maxsize=256)
+_KNOWN_MODELS = 256
+_ASKED: set[str] = set()  # models `_known` has answered for (its cache holds the answer)
+
+
+@lru_cache(maxsize=_KNOWN_MODELS)
 def _known(model: str) -> bool:
     """Whether the table prices `model` (asked once per model: an unknown one raises)."""
     from genai_prices import Usage, calc_price
