@@ -185,7 +185,10 @@ async def test_discord_slash_commands_carry_the_members_permissions(serve: Serve
     key = "discord:2000"
     async with FakeDiscord() as fake:
         settings = discord_settings(fake, gateway=False)
-        async with serve(channel_settings={"discord": settings}) as srv, httpx.AsyncClient() as client:
+        async with (
+            serve(channel_settings={"discord": settings}) as srv,
+            httpx.AsyncClient(timeout=30) as client,
+        ):
             await post_interaction(client, srv.url, command("help", interaction_id="5100"))
             await fake.wait_for_messages(1)
             assert await _statuses(srv.runtime, key) == []

@@ -10,7 +10,10 @@ from tests.conftest import ADMIN_TOKEN, ServeApp
 
 
 async def test_wrong_admin_tokens_lock_the_address_out_then_it_recovers(serve: ServeApp) -> None:
-    async with serve(admin_max_failures=3, admin_lockout_seconds=1.5) as srv, httpx.AsyncClient() as http:
+    async with (
+        serve(admin_max_failures=3, admin_lockout_seconds=1.5) as srv,
+        httpx.AsyncClient(timeout=30) as http,
+    ):
         api = f"{srv.url}/admin/api/sessions"
         good = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
         # No token at all is not a guess: it never counts.

@@ -10,7 +10,7 @@ from tests.conftest import ServeApp
 
 
 async def test_swagger_ui_loads_only_local_assets(serve: ServeApp) -> None:
-    async with serve() as srv, httpx.AsyncClient(base_url=srv.url) as http:
+    async with serve() as srv, httpx.AsyncClient(timeout=30, base_url=srv.url) as http:
         page = await http.get("/docs")
         assert page.status_code == 200
         urls = re.findall(r"""(?:src|href)=["']([^"']+)["']""", page.text)

@@ -73,7 +73,7 @@ async def test_a_failed_event_is_listed_then_retried_exactly_once(serve: ServeAp
     model = BrokenWhile({"boom"})
     async with (
         serve(provider=model, max_event_attempts=2) as srv,
-        httpx.AsyncClient(base_url=srv.url) as http,
+        httpx.AsyncClient(timeout=30, base_url=srv.url) as http,
     ):
         [boom] = await _fail_events(srv.runtime, "boom")
         assert model.calls.count("boom") == 2
@@ -110,7 +110,7 @@ async def test_a_retry_that_fails_again_is_a_dead_letter_again(serve: ServeApp) 
     model = BrokenWhile({"boom"})
     async with (
         serve(provider=model, max_event_attempts=3) as srv,
-        httpx.AsyncClient(base_url=srv.url) as http,
+        httpx.AsyncClient(timeout=30, base_url=srv.url) as http,
     ):
         [boom] = await _fail_events(srv.runtime, "boom")
         resp = await http.post(API + "/retry", json={"session_key": "webhook:c"}, headers=AUTH)
@@ -135,7 +135,7 @@ async def test_a_failed_delivery_is_retried_once_through_the_sender(serve: Serve
         channel = {"webhook": webhook_settings(callback_url=receiver.url)}
         async with (
             serve(channel_settings=channel, outbox_max_attempts=2) as srv,
-            httpx.AsyncClient(base_url=srv.url) as http,
+            httpx.AsyncClient(timeout=30, base_url=srv.url) as http,
         ):
             sent = await post_webhook(
                 http, srv.url, WEBHOOK_SECRET, {"chat_id": "d", "sender_id": "u", "text": "hi"}
@@ -164,7 +164,7 @@ async def test_discard_by_filter_and_retention_keeps_unresolved_ones(serve: Serv
     model = BrokenWhile({"a", "b", "c"})
     async with (
         serve(provider=model, max_event_attempts=1) as srv,
-        httpx.AsyncClient(base_url=srv.url) as http,
+        httpx.AsyncClient(timeout=30, base_url=srv.url) as http,
     ):
         a, b = await _fail_events(srv.runtime, "a", "b", chat="one")
         [c] = await _fail_events(srv.runtime, "c", chat="two")

@@ -19,7 +19,7 @@ Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
 async def scrape(base_url: str) -> Samples:
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(timeout=30) as http:
         resp = await http.get(f"{base_url}/metrics")
     assert resp.status_code == 200
     out: Samples = {}
@@ -76,7 +76,7 @@ async def test_metrics_follow_the_gateway_and_the_pipeline(gateway_serve: Gatewa
             assert await bad.closed_with() == 4001
         await wait_for_value(srv.url, "chatgate_ws_closed_total", 1, reason="unauthorized")
 
-        async with httpx.AsyncClient() as http:
+        async with httpx.AsyncClient(timeout=30) as http:
             bad_sig = await post_webhook(
                 http, srv.url, "not-the-secret", {"chat_id": "c", "sender_id": "u", "text": "hi"}
             )

@@ -66,7 +66,7 @@ async def test_connections_on_two_processes_share_one_session(pg_url: str) -> No
                 (8, "You said: third"),
             ]
 
-        async with httpx.AsyncClient() as http:
+        async with httpx.AsyncClient(timeout=30) as http:
             metrics = (await http.get(f"{one.url}/metrics")).text
         assert 'chatgate_events_accepted_total{channel="browser"}' in metrics
     finally:

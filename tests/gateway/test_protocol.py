@@ -164,12 +164,12 @@ async def test_bad_frames_are_answered_and_the_connection_stays(gateway_serve: G
             assert await c.closed_with() == 1009
         async with srv.runtime.engine.connect() as conn:
             assert (await conn.execute(select(inbox.c.id))).all() == []
-        async with httpx.AsyncClient() as http:
+        async with httpx.AsyncClient(timeout=30) as http:
             assert (await http.get(f"{srv.url}/healthz")).status_code == 200
 
 
 async def test_signed_tokens_from_the_admin_api(gateway_serve: GatewayServe) -> None:
-    async with gateway_serve() as srv, httpx.AsyncClient(base_url=srv.url) as http:
+    async with gateway_serve() as srv, httpx.AsyncClient(timeout=30, base_url=srv.url) as http:
         auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
         body = {"subject": "carol", "session_keys": ["web:carol"], "ttl_seconds": 60}
         assert (await http.post("/admin/api/gateway-tokens", json=body)).status_code == 401
@@ -228,7 +228,7 @@ async def test_gateway_needs_the_browser_channel(serve) -> None:  # type: ignore
 
 
 async def test_a_fresh_token_on_an_open_connection(gateway_serve: GatewayServe) -> None:
-    async with gateway_serve() as srv, httpx.AsyncClient(base_url=srv.url) as http:
+    async with gateway_serve() as srv, httpx.AsyncClient(timeout=30, base_url=srv.url) as http:
         auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
         async def issue(**body: object) -> str:

@@ -11,7 +11,10 @@ GOOD = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 
 async def test_rotating_forwarded_for_does_not_dodge_the_lockout(serve: ServeApp) -> None:
-    async with serve(admin_max_failures=3, admin_lockout_seconds=30) as srv, httpx.AsyncClient() as http:
+    async with (
+        serve(admin_max_failures=3, admin_lockout_seconds=30) as srv,
+        httpx.AsyncClient(timeout=30) as http,
+    ):
         api = f"{srv.url}/admin/api/sessions"
         for i in range(3):
             wrong = {"Authorization": f"Bearer nope-{i}", "X-Forwarded-For": f"203.0.113.{i}"}
@@ -25,7 +28,7 @@ async def test_rotating_forwarded_for_does_not_dodge_the_lockout(serve: ServeApp
 
 async def test_behind_a_named_proxy_each_client_is_counted_and_others_are_not_locked(serve: ServeApp) -> None:
     settings = dict(admin_max_failures=3, admin_lockout_seconds=30, trusted_proxies=["127.0.0.1"])
-    async with serve(**settings) as srv, httpx.AsyncClient() as http:
+    async with serve(**settings) as srv, httpx.AsyncClient(timeout=30) as http:
         api = f"{srv.url}/admin/api/sessions"
         attacker = {"X-Forwarded-For": "203.0.113.5"}
         for i in range(3):
@@ -41,7 +44,7 @@ async def test_behind_a_named_proxy_each_client_is_counted_and_others_are_not_lo
 
 async def test_replicas_share_one_count(serve: ServeApp) -> None:
     settings = dict(admin_max_failures=3, admin_lockout_seconds=30)
-    async with serve(**settings) as one, serve(**settings) as two, httpx.AsyncClient() as http:
+    async with serve(**settings) as one, serve(**settings) as two, httpx.AsyncClient(timeout=30) as http:
         wrong = {"Authorization": "Bearer nope"}
         assert (await http.get(f"{one.url}/admin/api/sessions", headers=wrong)).status_code == 401
         assert (await http.get(f"{two.url}/admin/api/sessions", headers=wrong)).status_code == 401

@@ -100,7 +100,7 @@ async def test_every_json_parser_answers_2xx_or_4xx(serve: ServeApp) -> None:
         await asyncio.to_thread(run)
         assert {name for name, _ in seen} == {c.name for c in JSON_CHANNELS}
         assert all(status < 500 for _, status in seen)
-        async with httpx.AsyncClient() as http:
+        async with httpx.AsyncClient(timeout=30) as http:
             assert (await http.get(f"{srv.url}/healthz")).status_code == 200
 
 
@@ -209,5 +209,5 @@ async def test_wecom_and_wechat_mp_parsers_answer_2xx_or_4xx(serve: ServeApp) ->
 
             await asyncio.to_thread(run)
             assert len(seen) >= 2 * EXAMPLES // 2
-            async with httpx.AsyncClient() as http:
+            async with httpx.AsyncClient(timeout=30) as http:
                 assert (await http.get(f"{srv.url}/healthz")).status_code == 200

@@ -15,7 +15,7 @@ from tests.conftest import ServeApp
 
 
 async def _gauges(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(timeout=30) as http:
         resp = await http.get(f"{url}/metrics")
     assert resp.status_code == 200
     return {

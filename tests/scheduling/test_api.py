@@ -22,7 +22,7 @@ def channels() -> dict[str, Any]:
 async def test_crud(serve: ServeApp) -> None:
     async with (
         serve(channel_settings=channels()) as srv,
-        httpx.AsyncClient(base_url=srv.url, headers=ADMIN) as c,
+        httpx.AsyncClient(timeout=30, base_url=srv.url, headers=ADMIN) as c,
     ):
         created = await c.post(
             "/admin/api/cron-jobs",
@@ -79,7 +79,10 @@ async def test_crud(serve: ServeApp) -> None:
 
 async def test_auth_and_bad_input(serve: ServeApp) -> None:
     good = {"prompt": "p", "schedule": "*/5 * * * *", "target": {"channel": "webhook", "chat_id": "c"}}
-    async with serve(channel_settings=channels()) as srv, httpx.AsyncClient(base_url=srv.url) as c:
+    async with (
+        serve(channel_settings=channels()) as srv,
+        httpx.AsyncClient(timeout=30, base_url=srv.url) as c,
+    ):
         assert (await c.get("/admin/api/cron-jobs")).status_code == 401
         assert (await c.post("/admin/api/cron-jobs", json=good)).status_code == 401
         wrong = {"Authorization": "Bearer nope"}
@@ -114,7 +117,10 @@ async def test_auth_and_bad_input(serve: ServeApp) -> None:
 
 
 async def test_routes_are_documented_in_openapi(serve: ServeApp) -> None:
-    async with serve(channel_settings=channels()) as srv, httpx.AsyncClient(base_url=srv.url) as c:
+    async with (
+        serve(channel_settings=channels()) as srv,
+        httpx.AsyncClient(timeout=30, base_url=srv.url) as c,
+    ):
         schema = (await c.get("/openapi.json")).json()
     ops = schema["paths"]["/admin/api/cron-jobs"]
     assert set(ops) == {"get", "post"}
@@ -126,7 +132,7 @@ async def test_a_job_is_refused_while_the_cron_channel_is_not_served(serve: Serv
     """Stored with a 201, such a job would never run: refused with the reason instead."""
     async with (
         serve(channel_settings={"webhook": webhook_settings()}) as srv,
-        httpx.AsyncClient(base_url=srv.url, headers=ADMIN) as c,
+        httpx.AsyncClient(timeout=30, base_url=srv.url, headers=ADMIN) as c,
     ):
         job = {"prompt": "hi", "schedule": "0 9 * * *", "target": {"channel": "webhook", "chat_id": "team"}}
         refused = await c.post("/admin/api/cron-jobs", json=job)

@@ -172,7 +172,7 @@ async def test_a_reminder_asked_for_in_a_chat_comes_back_to_that_chat(serve: Ser
         channels = webhook_and_cron(receiver.url)
         async with (
             serve(channel_settings=channels, provider=ReminderModel()) as srv,
-            httpx.AsyncClient() as client,
+            httpx.AsyncClient(timeout=30) as client,
         ):
             asked = await post_webhook(
                 client,
@@ -203,7 +203,7 @@ async def test_a_reminder_firing_after_the_conversation_ended_opens_it_on_its_ow
         channels = webhook_and_cron(receiver.url)
         async with (
             serve(channel_settings=channels, provider=ReminderModel()) as srv,
-            httpx.AsyncClient() as client,
+            httpx.AsyncClient(timeout=30) as client,
         ):
             for text in ("remind me in 2s: stretch", "/end"):
                 sent = await post_webhook(

@@ -122,7 +122,7 @@ async def history_texts(runtime: Any, key: str) -> list[str]:
 
 async def test_card_is_discovered_with_bearer_scheme_and_public_urls(serve: ServeApp) -> None:
     settings = channels(public_base_url="https://agents.example.com/gw")
-    async with serve(channel_settings=settings) as srv, httpx.AsyncClient() as http:
+    async with serve(channel_settings=settings) as srv, httpx.AsyncClient(timeout=30) as http:
         card = await A2ACardResolver(http, srv.url).get_agent_card()
     assert card.name == "chatgate"
     assert card.capabilities.streaming
@@ -290,7 +290,7 @@ async def test_wrong_or_missing_token_is_refused_with_401(serve: ServeApp) -> No
         "method": "SendMessage",
         "params": {"message": {"messageId": "m", "role": "ROLE_USER", "parts": [{"text": "hi"}]}},
     }
-    async with serve(channel_settings=channels()) as srv, httpx.AsyncClient() as http:
+    async with serve(channel_settings=channels()) as srv, httpx.AsyncClient(timeout=30) as http:
         wrong = await http.post(f"{srv.url}/a2a", json=body, headers={"Authorization": "Bearer nope"})
         missing = await http.post(f"{srv.url}/a2a", json=body)
         assert wrong.status_code == 401 and missing.status_code == 401
@@ -310,7 +310,7 @@ async def test_bad_messages_are_refused_and_nothing_is_stored(serve: ServeApp) -
             await send(client, user_message("hi", "c", task_id="no-such-task"))
         with pytest.raises(InvalidParamsError, match="characters"):
             await send(client, user_message("hi", "c" * 300))
-        async with httpx.AsyncClient() as http:
+        async with httpx.AsyncClient(timeout=30) as http:
             garbage = await http.post(
                 f"{srv.url}/a2a",
                 content=b"{not json",
@@ -354,7 +354,7 @@ async def test_v03_method_names_are_served_too(serve: ServeApp) -> None:
 
 
 async def test_a2a_is_absent_when_not_enabled(serve: ServeApp) -> None:
-    async with serve() as srv, httpx.AsyncClient() as http:
+    async with serve() as srv, httpx.AsyncClient(timeout=30) as http:
         assert (await http.get(f"{srv.url}/.well-known/agent-card.json")).status_code == 404
         assert (await http.post(f"{srv.url}/a2a", json={})).status_code == 404
 

@@ -53,7 +53,10 @@ async def test_each_agent_has_its_card_and_url_and_its_own_sessions(serve: Serve
     async with FakeOpenAI() as fake:
         fake.default = text("ok")
         settings = openai_settings(fake, agents_file=agents_file(tmp_path))
-        async with serve(channel_settings=channels(), **settings) as srv, httpx.AsyncClient() as http:
+        async with (
+            serve(channel_settings=channels(), **settings) as srv,
+            httpx.AsyncClient(timeout=30) as http,
+        ):
             default_card = await A2ACardResolver(http, srv.url).get_agent_card()
             support_card = await A2ACardResolver(http, f"{srv.url}/a2a/agents/support").get_agent_card()
             missing = await http.get(f"{srv.url}/a2a/agents/nobody/.well-known/agent-card.json")

@@ -151,7 +151,7 @@ async def test_version_negotiation(serve: ServeApp) -> None:
 
 
 async def test_the_public_card_names_no_server_setting(serve: ServeApp) -> None:
-    async with serve(channel_settings=channels()) as srv, httpx.AsyncClient() as http:
+    async with serve(channel_settings=channels()) as srv, httpx.AsyncClient(timeout=30) as http:
         card = (await http.get(f"{srv.url}/.well-known/agent-card.json")).text
     json.loads(card)
     for setting in ("A2A_TOKENS", "A2A_", "PUBLIC_BASE_URL", "AGENTS_FILE", "_TOKENS"):

@@ -48,7 +48,7 @@ async def test_task_survives_sigkill_of_the_server(db_url: str) -> None:
             done = await wait_state(client, task.id, {TaskState.TASK_STATE_COMPLETED}, timeout=60)
             assert [p.text for a in done.artifacts for p in a.parts] == ["You said: survive this"]
             assert done.context_id == "crash"
-        async with sdk_client(restarted.url, TOKEN_B) as other, httpx.AsyncClient() as http:
+        async with sdk_client(restarted.url, TOKEN_B) as other, httpx.AsyncClient(timeout=30) as http:
             card = await http.get(f"{restarted.url}/.well-known/agent-card.json")
             assert card.status_code == 200
             with pytest.raises(TaskNotFoundError):

@@ -76,7 +76,7 @@ async def test_state_changes_are_pushed_signed_with_the_config_token_and_retried
             ) as srv,
             sdk_client(srv.url, TOKEN_A) as client,
         ):
-            async with httpx.AsyncClient() as http:
+            async with httpx.AsyncClient(timeout=30) as http:
                 card = await A2ACardResolver(http, srv.url).get_agent_card()
             assert card.capabilities.push_notifications
             request = SendMessageRequest(

@@ -18,7 +18,10 @@ from tests.fakes.discord import FakeDiscord
 async def test_ping_is_answered_and_forged_or_stale_requests_are_refused(serve: ServeApp) -> None:
     async with FakeDiscord() as fake:
         settings = discord_settings(fake, gateway=False)
-        async with serve(channel_settings={"discord": settings}) as srv, httpx.AsyncClient() as client:
+        async with (
+            serve(channel_settings={"discord": settings}) as srv,
+            httpx.AsyncClient(timeout=30) as client,
+        ):
             resp = await post_interaction(
                 client, srv.url, {"id": "1", "type": 1, "application_id": dc.APP_ID}
             )
@@ -45,7 +48,10 @@ async def test_a_slash_command_is_deferred_then_answered_through_the_interaction
 ) -> None:
     async with FakeDiscord() as fake:
         settings = discord_settings(fake, gateway=False)
-        async with serve(channel_settings={"discord": settings}) as srv, httpx.AsyncClient() as client:
+        async with (
+            serve(channel_settings={"discord": settings}) as srv,
+            httpx.AsyncClient(timeout=30) as client,
+        ):
             resp = await post_interaction(client, srv.url, command("new", interaction_id="5001"))
             assert (resp.status_code, resp.json()) == (200, {"type": 5})
             redelivered = await post_interaction(client, srv.url, command("new", interaction_id="5001"))
@@ -64,7 +70,7 @@ async def test_rate_limited_reply_is_retried_and_an_outage_ends_failed(serve: Se
         fake.script = [dc.RATE_LIMITED, None]
         settings = discord_settings(fake, gateway=False)
         async with serve(channel_settings={"discord": settings}, outbox_max_attempts=3) as srv:
-            async with httpx.AsyncClient() as client:
+            async with httpx.AsyncClient(timeout=30) as client:
                 await post_interaction(client, srv.url, command("new", interaction_id="5002"))
             [row] = await wait_outbox_final(srv.runtime)
             assert (row["status"], row["attempts"]) == ("sent", 2)
@@ -72,7 +78,7 @@ async def test_rate_limited_reply_is_retried_and_an_outage_ends_failed(serve: Se
             assert [c.ok for c in attempts] == [False, True]
 
             fake.script = [dc.SERVER_ERROR] * 3
-            async with httpx.AsyncClient() as client:
+            async with httpx.AsyncClient(timeout=30) as client:
                 await post_interaction(
                     client, srv.url, command("new", interaction_id="5003", channel_id="2009")
                 )

@@ -61,7 +61,7 @@ async def test_an_answer_carries_its_files_and_a_dkim_signature_that_verifies(
     bot, _ = imap_server.add_user()
     pem, record = _key_pair()
     settings = email_settings(imap_server, bot, smtp, dkim_private_key=pem, dkim_selector="s1")
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(timeout=30) as http:
         channel = EmailChannel(settings, send_only_context(http))
         result = await channel.send(
             _answer(
@@ -95,7 +95,7 @@ async def test_an_answer_to_a_thread_nobody_knows_is_refused_not_guessed(
     imap_server: Dovecot, smtp: SmtpSink
 ) -> None:
     bot, _ = imap_server.add_user()
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(timeout=30) as http:
         channel = EmailChannel(email_settings(imap_server, bot, smtp), send_only_context(http))
         with pytest.raises(ChannelRejected, match="no address known"):
             await channel.send(_answer())  # no records at all: refused, nothing sent
@@ -122,7 +122,7 @@ async def test_chatgate_doctor_checks_the_mailbox_live(
 
 async def test_doctor_probe_logs_in_to_imap_and_smtp(imap_server: Dovecot, smtp: SmtpSink) -> None:
     bot, _ = imap_server.add_user()
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(timeout=30) as http:
         learnt = await probe(email_settings(imap_server, bot, smtp), http)
         assert bot in learnt and "IDLE" in learnt and f"auth {smtp.user}" in learnt
         assert smtp.logins == [smtp.user]

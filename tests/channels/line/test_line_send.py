@@ -38,7 +38,7 @@ def _channel(fake: FakeLine, http: httpx.AsyncClient, **values: Any) -> LineChan
 
 
 async def test_the_loading_animation_is_shown_once_per_period_and_only_to_users() -> None:
-    async with FakeLine() as fake, httpx.AsyncClient() as http:
+    async with FakeLine() as fake, httpx.AsyncClient(timeout=30) as http:
         channel = _channel(fake, http, loading_seconds=30)
         streamer = channel.streamer()
         assert streamer is not None
@@ -57,7 +57,7 @@ async def test_the_loading_animation_is_shown_once_per_period_and_only_to_users(
 
 
 async def test_an_answer_with_media_sends_images_links_and_a_note() -> None:
-    async with FakeLine() as fake, httpx.AsyncClient() as http:
+    async with FakeLine() as fake, httpx.AsyncClient(timeout=30) as http:
         settings = LineSettings(  # type: ignore[call-arg]
             _env_file=None, channel_secret=SECRET, channel_access_token=ACCESS_TOKEN, api_base_url=fake.url
         )

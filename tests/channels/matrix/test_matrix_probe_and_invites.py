@@ -60,7 +60,7 @@ async def test_invitations_follow_the_policy(
 ) -> None:
     senders = [matrix.human.user_id] if allowed == "human" else [allowed] if allowed else []
     settings = matrix.settings(invites=policy, allowed_senders=senders)
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(timeout=30) as http:
         channel = MatrixChannel(settings, send_only_context(http))
         await channel.start()
         try:
@@ -78,7 +78,7 @@ async def test_invitations_follow_the_policy(
 
 
 async def test_a_refused_token_is_the_channels_problem(matrix: MatrixAccounts) -> None:
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(timeout=30) as http:
         channel = MatrixChannel(matrix.settings(access_token="syt_wrong"), send_only_context(http))
         await channel.start()
         try:

@@ -193,7 +193,7 @@ async def test_an_image_comes_from_the_content_repository_and_answers_upload_the
     images = [p for p in parts if p.get("type") == "image"]
     assert [p["data_base64"] for p in images] == [base64.b64encode(PIXEL).decode()]
     # Sending: the file is uploaded, the message points at it.
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(timeout=30) as http:
         channel = MatrixChannel(matrix.settings(), send_only_context(http))
         try:
             picture = ImagePart(data_base64=base64.b64encode(PIXEL).decode(), mime_type="image/png")

@@ -68,7 +68,7 @@ async def test_tools_are_listed_and_a_wrong_token_is_refused(serve: ServeApp) ->
             templates = [t.uri_template for t in (await client.list_resource_templates()).resource_templates]
         assert {"ask", "send_message", "list_sessions", "get_history"} <= tools
         assert templates == ["chatgate://sessions/{key}/history"]
-        async with httpx.AsyncClient() as http:
+        async with httpx.AsyncClient(timeout=30) as http:
             wrong = await http.post(
                 f"{srv.url}/mcp",
                 headers={"Authorization": "Bearer not-a-known-token-at-all"},

@@ -108,7 +108,7 @@ async def test_an_unsigned_http_post_reports_file_is_not_fetched(serve: ServeApp
         channel = onebot_settings(secret=None, http_api_url=api.url)
         async with (
             serve(**LOCAL_MEDIA, channel_settings={"onebot": channel}, **settings) as srv,
-            httpx.AsyncClient() as client,
+            httpx.AsyncClient(timeout=30) as client,
         ):
             event = private_message(BOT, 557, [_segment("file", media, "report.pdf", len(REPORT))])
             resp = await _post(client, srv, event)

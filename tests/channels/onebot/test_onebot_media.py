@@ -154,7 +154,7 @@ async def test_http_post_reports_are_fetched_only_when_signed(serve: ServeApp) -
             settings = onebot_settings(secret=secret, http_api_url=api.url)
             async with (
                 serve(**LOCAL_MEDIA, channel_settings={"onebot": settings}) as srv,
-                httpx.AsyncClient() as client,
+                httpx.AsyncClient(timeout=30) as client,
             ):
                 event = private_message(BOT, 560, [_image(media, "a.png")])
                 resp = await _post(client, srv, event, **({"sign": secret} if secret else {}))

@@ -127,7 +127,7 @@ async def test_wrong_or_missing_token_is_401_in_openai_shape_and_never_echoed(se
         assert caught.value.status_code == 401
         assert wrong not in str(caught.value.body) and wrong not in caught.value.message
         assert isinstance(caught.value.body, dict) and caught.value.body["type"] == "invalid_request_error"
-        async with httpx.AsyncClient() as http:
+        async with httpx.AsyncClient(timeout=30) as http:
             bare = await http.post(f"{srv.url}/v1/chat/completions", json={"model": "chatgate"})
         assert bare.status_code == 401
         assert set(bare.json()["error"]) == {"message", "type", "param", "code"}

@@ -148,7 +148,7 @@ async def test_outbound_image_upload_is_retried_after_an_outage(serve: ServeApp)
 
 
 async def test_attachment_urls_without_a_scheme_get_https() -> None:
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(timeout=30) as http:
         channel = QQChannel(qq_settings(), send_only_context(http))
         picture = {"content_type": "image/jpeg", "url": "multimedia.nt.qq.com.cn/download?fileid=abc"}
         voice = {"content_type": "voice", "url": "x", "voice_wav_url": "//cdn.example/v.wav"}

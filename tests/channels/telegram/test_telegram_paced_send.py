@@ -115,6 +115,9 @@ async def test_a_chat_over_budget_loses_its_previews_first_and_keeps_its_answers
                     [outbox_values(r, session_id=None, run_id=None, event_id=None) for r in fillers],
                 )
             srv.runtime.sender.notify()
+            # The chat is over budget once its first filler went (on a slow machine the
+            # sender may not have claimed them yet when the answer's first preview is due).
+            await fake.wait_for("sendMessage", 1)
             await post_update(client, srv.url, tg.update(600, tg.message("tell me a story")))
             rows = await wait_outbox_final(srv.runtime, 11, timeout=30)
     assert {r["status"] for r in rows} == {"sent"}

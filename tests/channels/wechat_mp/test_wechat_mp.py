@@ -55,7 +55,7 @@ async def test_url_verification_returns_echostr_as_is(
     # URL verification is plaintext in every mode, so check it with safe mode configured.
     async with (
         serve(channel_settings={"wechat-mp": mp_settings(api, safe=True)}) as srv,
-        httpx.AsyncClient() as client,
+        httpx.AsyncClient(timeout=30) as client,
     ):
         resp = await client.get(srv.url + URL, params=wechat.verify_url("4857219873452"))
         assert resp.status_code == 200, resp.text
@@ -74,7 +74,7 @@ async def test_plaintext_message_reaches_its_session_and_reply_uses_customer_ser
 ) -> None:
     async with (
         serve(channel_settings={"wechat-mp": mp_settings(api)}) as srv,
-        httpx.AsyncClient() as client,
+        httpx.AsyncClient(timeout=30) as client,
     ):
         resp = await _post(
             client, srv.url, wechat.plaintext(wechat.text("openid-1", "早上好", 11), openid="openid-1")
@@ -108,7 +108,10 @@ async def test_safe_mode_message_is_decrypted_and_plaintext_is_then_refused(
     serve: ServeApp, api: FakeWeChatMpApi, wechat: WeChatMpCallbacks
 ) -> None:
     settings = mp_settings(api, safe=True, token_endpoint="classic")
-    async with serve(channel_settings={"wechat-mp": settings}) as srv, httpx.AsyncClient() as client:
+    async with (
+        serve(channel_settings={"wechat-mp": settings}) as srv,
+        httpx.AsyncClient(timeout=30) as client,
+    ):
         resp = await _post(client, srv.url, wechat.encrypted(wechat.text("openid-2", "secret hello", 21)))
         assert resp.status_code == 200, resp.text
         assert resp.text == "success"
@@ -135,7 +138,7 @@ async def test_redelivered_message_is_processed_once(
     inner = wechat.text("openid-3", "once", 31)
     async with (
         serve(channel_settings={"wechat-mp": mp_settings(api, safe=True)}) as srv,
-        httpx.AsyncClient() as client,
+        httpx.AsyncClient(timeout=30) as client,
     ):
         for _ in range(3):  # WeChat retries up to three times when we are slow
             assert (await _post(client, srv.url, wechat.encrypted(inner))).status_code == 200
@@ -185,7 +188,10 @@ async def test_forged_stale_or_malformed_callbacks_get_4xx_and_store_nothing(
         (mp_settings(api), plain_cases),
     ):
         # Both rounds share one database: the first round's good message stays stored.
-        async with serve(channel_settings={"wechat-mp": settings}) as srv, httpx.AsyncClient() as client:
+        async with (
+            serve(channel_settings={"wechat-mp": settings}) as srv,
+            httpx.AsyncClient(timeout=30) as client,
+        ):
             before = await count(srv.runtime, inbox)
             for reason, callback, status in cases:
                 resp = await _post(client, srv.url, callback)
@@ -203,7 +209,7 @@ async def test_platform_outage_on_send_is_retried_then_recorded_failed(
     api.outage = True
     async with (
         serve(channel_settings={"wechat-mp": mp_settings(api)}, outbox_max_attempts=3) as srv,
-        httpx.AsyncClient() as client,
+        httpx.AsyncClient(timeout=30) as client,
     ):
         await _post(client, srv.url, wechat.plaintext(wechat.text("openid-5", "hello?", 51)))
         [row] = await settled_outbox(srv.runtime)
@@ -222,7 +228,7 @@ async def test_expired_or_invalid_access_token_is_refreshed_and_the_send_retried
     settings = mp_settings(api, streaming=StreamingMode.OFF)
     async with (
         serve(channel_settings={"wechat-mp": settings}) as srv,
-        httpx.AsyncClient() as client,
+        httpx.AsyncClient(timeout=30) as client,
     ):
         await _post(client, srv.url, wechat.plaintext(wechat.text("openid-6", "one", 61)))
         await api.wait_for_sent(1)
@@ -243,7 +249,7 @@ async def test_subscribe_is_a_silent_join_and_menu_click_is_a_message(
     now = int(time.time())
     async with (
         serve(channel_settings={"wechat-mp": mp_settings(api)}) as srv,
-        httpx.AsyncClient() as client,
+        httpx.AsyncClient(timeout=30) as client,
     ):
         sub = await _post(client, srv.url, wechat.plaintext(wechat.event("openid-7", "subscribe", now)))
         assert (sub.status_code, sub.text) == (200, "success")
@@ -273,7 +279,10 @@ async def test_plaintext_allowed_explicitly_and_the_previous_key_after_a_rotatio
         rotated.encrypted(rotated.text("openid-8", "new key", 82)),
         wechat.plaintext(wechat.text("openid-8", "plain", 83)),  # allowed explicitly
     ]
-    async with serve(channel_settings={"wechat-mp": settings}) as srv, httpx.AsyncClient() as client:
+    async with (
+        serve(channel_settings={"wechat-mp": settings}) as srv,
+        httpx.AsyncClient(timeout=30) as client,
+    ):
         for n, callback in enumerate(callbacks, start=1):
             assert (await _post(client, srv.url, callback)).status_code == 200
             await api.wait_for_sent(n)

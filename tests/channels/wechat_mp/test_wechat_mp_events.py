@@ -28,7 +28,10 @@ async def test_a_follow_is_welcomed_once_and_an_unfollow_says_nothing(
     now = int(time.time())
     settings = mp_settings(api, safe=True, welcome_text="欢迎 {name}!")
     follow = wechat.event("openid-1", "subscribe", now, event_key="qrscene_42")
-    async with serve(channel_settings={"wechat-mp": settings}) as srv, httpx.AsyncClient() as client:
+    async with (
+        serve(channel_settings={"wechat-mp": settings}) as srv,
+        httpx.AsyncClient(timeout=30) as client,
+    ):
         for _ in range(2):  # WeChat retries the event (same OpenID and CreateTime)
             resp = await _post(client, srv.url, wechat.encrypted(follow))
             assert (resp.status_code, resp.text) == (200, "success")

@@ -70,7 +70,7 @@ async def test_voice_with_recognition_is_stored_as_the_users_text_without_a_down
 ) -> None:
     async with (
         serve(channel_settings={"wechat-mp": mp_settings(api, streaming="off")}) as srv,
-        httpx.AsyncClient() as client,
+        httpx.AsyncClient(timeout=30) as client,
     ):
         resp = await _post(client, srv.url, wechat.plaintext(wechat.voice("openid-2", "明天会下雨吗", 22)))
         assert resp.status_code == 200, resp.text
@@ -89,7 +89,10 @@ async def test_too_large_image_gets_a_polite_reply_and_nothing_is_stored(
 ) -> None:
     api.media["BIG"] = (b"x" * 5000, "image/jpeg")
     settings = mp_settings(api, media_max_bytes=1000)
-    async with serve(channel_settings={"wechat-mp": settings}) as srv, httpx.AsyncClient() as client:
+    async with (
+        serve(channel_settings={"wechat-mp": settings}) as srv,
+        httpx.AsyncClient(timeout=30) as client,
+    ):
         resp = await _post(client, srv.url, wechat.plaintext(wechat.image("openid-3", "BIG", 23)))
         assert resp.status_code == 200, resp.text
         [sent] = await api.wait_for_sent(1)

@@ -49,7 +49,7 @@ async def test_errcodes_become_typed_delivery_errors(
     api: FakeWeChatMpApi, errcode: int, error: type[Exception]
 ) -> None:
     api.send_errcode = errcode
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(timeout=30) as http:
         channel = await _channel(api, http, rate_limit_retry_seconds=9)
         with pytest.raises(error, match=str(errcode)) as caught:
             await channel.send(_reply("hi"))
@@ -59,7 +59,7 @@ async def test_errcodes_become_typed_delivery_errors(
 
 @pytest.mark.parametrize("endpoint", ["stable", "classic"])
 async def test_wrong_secret_is_an_auth_error(api: FakeWeChatMpApi, endpoint: str) -> None:
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(timeout=30) as http:
         channel = await _channel(api, http, app_secret="wrong", token_endpoint=endpoint)
         with pytest.raises(ChannelSendAuthError, match="40125"):
             await channel.send(_reply("hi"))
@@ -67,7 +67,7 @@ async def test_wrong_secret_is_an_auth_error(api: FakeWeChatMpApi, endpoint: str
 
 async def test_a_long_reply_is_split_and_capped_at_the_reply_quota(api: FakeWeChatMpApi) -> None:
     text = "段落。" * 3000  # 27,000 bytes: more than five 2048-byte messages
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(timeout=30) as http:
         channel = await _channel(api, http)
         await channel.send(_reply(text))
     pieces = [c.body["text"]["content"] for c in api.sent]

@@ -59,7 +59,10 @@ async def _post(client: httpx.AsyncClient, base: str, callback: Any) -> httpx.Re
 async def test_url_verification_answers_the_decrypted_echostr(
     serve: ServeApp, api: FakeWeComApi, wecom: WeComCallbacks
 ) -> None:
-    async with serve(channel_settings={"wecom": wecom_settings(api)}) as srv, httpx.AsyncClient() as client:
+    async with (
+        serve(channel_settings={"wecom": wecom_settings(api)}) as srv,
+        httpx.AsyncClient(timeout=30) as client,
+    ):
         url = f"{srv.url}/channels/wecom"
         resp = await client.get(url, params=wecom.verify_url("1616140317555161061"))
         assert resp.status_code == 200, resp.text
@@ -79,7 +82,10 @@ async def test_url_verification_answers_the_decrypted_echostr(
 async def test_message_reaches_its_session_and_the_reply_goes_through_the_api(
     serve: ServeApp, api: FakeWeComApi, wecom: WeComCallbacks
 ) -> None:
-    async with serve(channel_settings={"wecom": wecom_settings(api)}) as srv, httpx.AsyncClient() as client:
+    async with (
+        serve(channel_settings={"wecom": wecom_settings(api)}) as srv,
+        httpx.AsyncClient(timeout=30) as client,
+    ):
         resp = await _post(client, srv.url, wecom.post(wecom.text("zhangsan", "你好 & hello", 1001)))
         assert resp.status_code == 200, resp.text
         assert resp.content == b""  # "no passive reply": the answer comes through the API
@@ -110,7 +116,10 @@ async def test_redelivered_message_is_processed_once(
     serve: ServeApp, api: FakeWeComApi, wecom: WeComCallbacks
 ) -> None:
     inner = wecom.text("lisi", "only once", 2001)
-    async with serve(channel_settings={"wecom": wecom_settings(api)}) as srv, httpx.AsyncClient() as client:
+    async with (
+        serve(channel_settings={"wecom": wecom_settings(api)}) as srv,
+        httpx.AsyncClient(timeout=30) as client,
+    ):
         # WeCom retries the same message (same MsgId) up to three times, each one signed anew.
         for _ in range(3):
             resp = await _post(client, srv.url, wecom.post(inner))
@@ -158,7 +167,10 @@ async def test_forged_stale_or_malformed_callbacks_get_4xx_and_store_nothing(
         ("undecryptable Encrypt", wecom.post(good, encrypt=base64.b64encode(b"x" * 32).decode()), 400),
         ("Encrypt not base64", wecom.post(good, encrypt="not base64!"), 400),
     ]
-    async with serve(channel_settings={"wecom": wecom_settings(api)}) as srv, httpx.AsyncClient() as client:
+    async with (
+        serve(channel_settings={"wecom": wecom_settings(api)}) as srv,
+        httpx.AsyncClient(timeout=30) as client,
+    ):
         for reason, callback, status in cases:
             resp = await _post(client, srv.url, callback)
             assert resp.status_code == status, (reason, resp.status_code, resp.text)
@@ -179,7 +191,7 @@ async def test_platform_outage_on_send_is_retried_then_recorded_failed(
     api.outage = True
     async with (
         serve(channel_settings={"wecom": wecom_settings(api)}, outbox_max_attempts=3) as srv,
-        httpx.AsyncClient() as client,
+        httpx.AsyncClient(timeout=30) as client,
     ):
         await _post(client, srv.url, wecom.post(wecom.text("zhaoliu", "anyone there?", 4001)))
         [row] = await settled_outbox(srv.runtime)
@@ -193,7 +205,10 @@ async def test_platform_outage_on_send_is_retried_then_recorded_failed(
 async def test_expired_or_invalid_access_token_is_refreshed_and_the_send_retried(
     serve: ServeApp, api: FakeWeComApi, wecom: WeComCallbacks
 ) -> None:
-    async with serve(channel_settings={"wecom": wecom_settings(api)}) as srv, httpx.AsyncClient() as client:
+    async with (
+        serve(channel_settings={"wecom": wecom_settings(api)}) as srv,
+        httpx.AsyncClient(timeout=30) as client,
+    ):
         await _post(client, srv.url, wecom.post(wecom.text("sunqi", "one", 5001)))
         await api.wait_for_sent(1)
         api.revoke_tokens(42001)  # WeCom expired the token early
@@ -212,7 +227,10 @@ async def test_long_reply_is_split_within_2048_bytes(
     serve: ServeApp, api: FakeWeComApi, wecom: WeComCallbacks
 ) -> None:
     text = "长" * 1500  # 4500 UTF-8 bytes
-    async with serve(channel_settings={"wecom": wecom_settings(api)}) as srv, httpx.AsyncClient() as client:
+    async with (
+        serve(channel_settings={"wecom": wecom_settings(api)}) as srv,
+        httpx.AsyncClient(timeout=30) as client,
+    ):
         await _post(client, srv.url, wecom.post(wecom.text("qianba", text, 6001)))
         sent = await api.wait_for_sent(3)
     pieces = [c.body["text"]["content"] for c in sent]
@@ -224,7 +242,10 @@ async def test_image_and_menu_click_become_parts_and_notifications_are_ignored(
     serve: ServeApp, api: FakeWeComApi, wecom: WeComCallbacks
 ) -> None:
     now = int(time.time())
-    async with serve(channel_settings={"wecom": wecom_settings(api)}) as srv, httpx.AsyncClient() as client:
+    async with (
+        serve(channel_settings={"wecom": wecom_settings(api)}) as srv,
+        httpx.AsyncClient(timeout=30) as client,
+    ):
         steps = [
             (wecom.event("zhouj", "enter_agent", now), 0),  # a notification: acknowledged, not stored
             (wecom.image("zhouj", "https://wework.qpic.cn/pic.jpg", 7001), 1),
@@ -245,7 +266,7 @@ async def test_image_and_menu_click_become_parts_and_notifications_are_ignored(
 
 async def test_unconfigured_channel_answers_503(serve: ServeApp, wecom: WeComCallbacks) -> None:
     settings = WeComSettings(_env_file=None)  # type: ignore[call-arg]
-    async with serve(channel_settings={"wecom": settings}) as srv, httpx.AsyncClient() as client:
+    async with serve(channel_settings={"wecom": settings}) as srv, httpx.AsyncClient(timeout=30) as client:
         resp = await _post(client, srv.url, wecom.post(wecom.text("u", "hi", 1)))
         assert resp.status_code == 503
         assert "WECOM_TOKEN" in resp.json()["detail"]

@@ -68,7 +68,7 @@ async def test_too_large_image_gets_a_polite_reply_and_nothing_is_stored(
 ) -> None:
     api.media["BIG"] = (b"x" * 5000, "image/jpeg")
     settings = wecom_settings(api, media_max_bytes=1000, locale="zh")
-    async with serve(channel_settings={"wecom": settings}) as srv, httpx.AsyncClient() as client:
+    async with serve(channel_settings={"wecom": settings}) as srv, httpx.AsyncClient(timeout=30) as client:
         inner = wecom.image("zhouj", "https://wework.qpic.cn/big.jpg", 8002, media_id="BIG")
         resp = await _post(client, srv.url, wecom.post(inner))
         assert resp.status_code == 200, resp.text

@@ -51,7 +51,7 @@ async def test_errcodes_become_typed_delivery_errors(
     api: FakeWeComApi, errcode: int, error: type[Exception]
 ) -> None:
     api.send_errcode = errcode
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(timeout=30) as http:
         channel = await _channel(api, http, rate_limit_retry_seconds=7)
         with pytest.raises(error) as caught:
             await channel.send(_reply("hi"))
@@ -62,7 +62,7 @@ async def test_errcodes_become_typed_delivery_errors(
 
 
 async def test_bad_secret_is_an_auth_error_and_an_unreachable_api_is_retryable(api: FakeWeComApi) -> None:
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(timeout=30) as http:
         channel = await _channel(api, http, corp_secret="wrong")
         with pytest.raises(ChannelSendAuthError, match="40001"):
             await channel.send(_reply("hi"))
@@ -76,7 +76,7 @@ async def test_bad_secret_is_an_auth_error_and_an_unreachable_api_is_retryable(a
 
 async def test_a_split_message_resumes_after_the_pieces_already_delivered(api: FakeWeComApi) -> None:
     text = "\n".join(f"line {i:02d} " + "字" * 20 for i in range(12))
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(timeout=30) as http:
         channel = await _channel(api, http, max_text_bytes=200)
         api.outage_after = 2
         with pytest.raises(ChannelUnavailable):
@@ -97,7 +97,7 @@ async def test_app_chat_targets_and_images_as_links(api: FakeWeComApi) -> None:
         chat_id="appchat:chat-42",
         parts=(TextPart(text="see"), ImagePart(url="https://example.com/a.png")),
     )
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(timeout=30) as http:
         channel = await _channel(api, http)
         result = await channel.send(message)
         assert (await channel.send(_reply("   "))).platform_message_id is None  # nothing to send

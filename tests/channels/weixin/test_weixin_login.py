@@ -93,7 +93,7 @@ async def test_an_expired_session_pauses_polling_until_a_new_login(serve: ServeA
             ok, detail = await check(make_settings(db_url), settings)
             assert not ok and "expired" in detail and "chatgate channels weixin login" in detail
             assert len(fake.calls_of("getupdates")) == polls  # paused: no spinning on -14
-            async with httpx.AsyncClient(base_url=srv.url, headers=ADMIN) as admin:
+            async with httpx.AsyncClient(timeout=30, base_url=srv.url, headers=ADMIN) as admin:
                 listed = (await admin.get("/admin/api/channels")).json()["channels"]
                 [shown] = [c for c in listed if c["name"] == "weixin"]
                 assert shown["health"] == "degraded" and "-14" in shown["last_error"]
@@ -101,7 +101,7 @@ async def test_an_expired_session_pauses_polling_until_a_new_login(serve: ServeA
                 assert status["stored"]["status"] == "expired" and "-14" in status["paused"]
 
             # A new QR login (as the CLI or the dashboard runs it) resumes the poll.
-            async with httpx.AsyncClient() as http:
+            async with httpx.AsyncClient(timeout=30) as http:
                 client = ILinkClient(http, fake.url, None, Identity())
                 result = await login.run_login(
                     client,
@@ -138,7 +138,10 @@ async def test_without_a_login_nothing_polls_and_doctor_says_how_to_log_in(
 async def test_dashboard_login_shows_the_qr_and_the_poll_starts(serve: ServeApp) -> None:
     async with FakeILink() as fake:
         settings = wx_settings(fake, bot_token=None)
-        async with serve(channel_settings={"weixin": settings}) as srv, httpx.AsyncClient() as client:
+        async with (
+            serve(channel_settings={"weixin": settings}) as srv,
+            httpx.AsyncClient(timeout=30) as client,
+        ):
             url = f"{srv.url}/admin/api/channels/weixin/login"
             assert (await client.post(url)).status_code == 401
             resp = await client.post(url, headers=ADMIN)

@@ -135,7 +135,7 @@ async def test_an_image_over_the_limit_is_refused_politely_and_not_stored(serve:
 
 async def test_images_and_files_out_are_encrypted_and_uploaded() -> None:
     doc = b"%PDF-1.4 " + os.urandom(100)
-    async with FakeILink() as fake, httpx.AsyncClient() as http:
+    async with FakeILink() as fake, httpx.AsyncClient(timeout=30) as http:
         channel = WeixinChannel(wx_settings(fake), send_only_context(http))
         try:
             message = OutboundMessage(
@@ -200,7 +200,7 @@ def _silk_pcm(silk: bytes, rate: int = 24_000) -> bytes:
 async def test_audio_out_is_a_silk_voice_note() -> None:
     tone = _wav(1.5, 16_000, channels=2)
     mp3 = b"ID3" + os.urandom(200)
-    async with FakeILink() as fake, httpx.AsyncClient() as http:
+    async with FakeILink() as fake, httpx.AsyncClient(timeout=30) as http:
         channel = WeixinChannel(wx_settings(fake), send_only_context(http))
         try:
             message = OutboundMessage(
@@ -242,7 +242,7 @@ async def test_silk_audio_out_is_sent_as_it_is() -> None:
     silk = io.BytesIO()
     pcm = array.array("h", _wav(0.6, 24_000)[44:]).tobytes()  # the WAV's samples, header skipped
     pysilk.encode(io.BytesIO(pcm), silk, 24_000, 24_000, tencent=True)
-    async with FakeILink() as fake, httpx.AsyncClient() as http:
+    async with FakeILink() as fake, httpx.AsyncClient(timeout=30) as http:
         channel = WeixinChannel(wx_settings(fake), send_only_context(http))
         try:
             part = FilePart(data_base64=base64.b64encode(silk.getvalue()).decode(), mime_type="audio/silk")

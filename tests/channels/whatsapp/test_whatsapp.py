@@ -139,7 +139,7 @@ async def test_the_typing_indicator_shows_while_the_turn_runs(serve: ServeApp) -
 
 
 async def test_with_streaming_off_there_is_no_typing_indicator() -> None:
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(timeout=30) as http:
         off = WhatsAppChannel(wa_settings(streaming="off"), send_only_context(http))
         assert off.streamer() is None  # the preview hub then never asks for typing
         noticed = WhatsAppChannel(
