@@ -249,7 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
     weixin.add_argument("action", choices=["login", "status"])
     channels.set_defaults(func=cmd_channels)
 
-    from app.memory.__main__ import add_subcommands
+    from app.memory_cli import add_subcommands
 
     memory = sub.add_parser("memory", help="identity links, operator facts, user memory")
     add_subcommands(memory)
@@ -262,20 +262,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     a closed pipe end it with one line, never a traceback."""
     from pydantic import ValidationError
 
-    from app.doctor import format_validation_error
-    from app.migrate import DatabaseUnusable
+    from app.errors import DatabaseUnusable
+
+    def config_error(exc: ValidationError) -> int:
+        from app.doctor import format_validation_error  # HTTP and SQL modules: only when needed
+
+        print(f"chatgate: configuration error: {format_validation_error(exc)}", file=sys.stderr)
+        return 2
 
     args = build_parser().parse_args(argv)
     try:
         try:
             settings = Settings()
         except ValidationError as exc:
-            print(f"chatgate: configuration error: {format_validation_error(exc)}", file=sys.stderr)
-            return 2
+            return config_error(exc)
         return int(args.func(settings, args))
     except ValidationError as exc:
-        print(f"chatgate: configuration error: {format_validation_error(exc)}", file=sys.stderr)
-        return 2
+        return config_error(exc)
     except DatabaseUnusable as exc:
         print(f"chatgate: database unusable: {exc}", file=sys.stderr)
         return 2

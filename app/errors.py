@@ -11,6 +11,11 @@ class ChatgateError(Exception):
     """Base of every error chatgate raises on purpose."""
 
 
+class DatabaseUnusable(Exception):
+    """Connecting failed in a way waiting does not cure; the message says why (raised by
+    `app.migrate`; here so that the CLI can catch it without importing SQLAlchemy)."""
+
+
 # --- inbound: a request a channel refuses --------------------------------------------
 
 

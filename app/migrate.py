@@ -12,6 +12,8 @@ from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.errors import DatabaseUnusable
+
 if TYPE_CHECKING:
     from alembic.config import Config
 
@@ -19,10 +21,6 @@ if TYPE_CHECKING:
 # that never migrates (most CLI commands) does not pay its 0.3 s of import.
 
 log = structlog.get_logger(__name__)
-
-
-class DatabaseUnusable(Exception):
-    """Connecting failed in a way waiting does not cure; the message says why."""
 
 
 # SQLSTATEs a retry does not fix: the database does not exist, the login was refused.

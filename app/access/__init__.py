@@ -6,10 +6,38 @@ database (`AccessStore`), then the quotas (`QuotaCounters`, shared by every repl
 Nothing here imports the pipeline: ingest calls down into this package.
 """
 
-from app.access.counters import QuotaCounters
-from app.access.gate import AccessGate, AgentLimits, Verdict, access_mode
-from app.access.limits import QuotaLimits
-from app.access.store import AccessStore, Approved, BadAccessInput
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from app.access.counters import QuotaCounters
+    from app.access.gate import AccessGate, AgentLimits, Verdict, access_mode
+    from app.access.limits import QuotaLimits
+    from app.access.store import AccessStore, Approved, BadAccessInput
+
+# Loaded on first use (PEP 562): `chatgate` imports this package for its command's parser
+# on every start, and the names' modules pull in SQLAlchemy and more.
+_EXPORTS = {
+    "QuotaCounters": "app.access.counters",
+    "AccessGate": "app.access.gate",
+    "AgentLimits": "app.access.gate",
+    "Verdict": "app.access.gate",
+    "access_mode": "app.access.gate",
+    "QuotaLimits": "app.access.limits",
+    "AccessStore": "app.access.store",
+    "Approved": "app.access.store",
+    "BadAccessInput": "app.access.store",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "AccessGate",

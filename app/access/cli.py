@@ -13,9 +13,7 @@ import json
 import sys
 from typing import Any
 
-from app.access.store import AccessStore, BadAccessInput
 from app.config import Settings
-from app.db.engine import create_engine
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -58,6 +56,11 @@ def _operator() -> str:
 
 
 async def run(settings: Settings, args: argparse.Namespace) -> int:
+    # Here, not at the top: `chatgate` builds every command's parser on each start, and
+    # only this command needs the gate's modules.
+    from app.access.store import AccessStore, BadAccessInput
+    from app.db.engine import create_engine
+
     engine = create_engine(settings)
     store = AccessStore(engine)
     try:

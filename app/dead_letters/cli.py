@@ -10,11 +10,12 @@ import argparse
 import json
 import sys
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.config import Settings
-from app.db.engine import create_engine
-from app.dead_letters.store import BadDeadLetterId, DeadLetterFilter, DeadLetters, parse_id
+
+if TYPE_CHECKING:
+    from app.dead_letters.store import DeadLetterFilter
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -44,6 +45,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def _filter(args: argparse.Namespace) -> DeadLetterFilter:
+    from app.dead_letters.store import DeadLetterFilter
+
     return DeadLetterFilter(
         kind=args.kind,
         ids=tuple(getattr(args, "ids", ()) or ()),
@@ -60,6 +63,10 @@ def _print(data: Any) -> None:
 
 
 async def run(settings: Settings, args: argparse.Namespace) -> int:
+    # Imported here: every `chatgate` start builds this parser, few run the command.
+    from app.db.engine import create_engine
+    from app.dead_letters.store import BadDeadLetterId, DeadLetters, parse_id
+
     f = _filter(args)
     try:
         for one in f.ids:

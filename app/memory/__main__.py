@@ -23,12 +23,15 @@ import sys
 from collections.abc import Sequence
 
 from app.config import Settings
-from app.db.engine import create_engine
-from app.memory.identity import IdentityLinks, parse_identity, resolve_owner
-from app.memory.store import GLOBAL_OWNER, MemoryStore, OwnerFilter, Scope
+from app.memory_cli import add_subcommands
 
 
 async def run(args: argparse.Namespace, settings: Settings) -> int:
+    # Imported here: `chatgate` builds this parser on every start, few run the command.
+    from app.db.engine import create_engine
+    from app.memory.identity import IdentityLinks, parse_identity, resolve_owner
+    from app.memory.store import GLOBAL_OWNER, MemoryStore, OwnerFilter, Scope
+
     engine = create_engine(settings)
     store = MemoryStore(engine)
     links = IdentityLinks(engine)
@@ -66,22 +69,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m app.memory", description="chatgate memory admin")
     add_subcommands(parser)
     return parser
-
-
-def add_subcommands(parser: argparse.ArgumentParser) -> None:
-    """The memory commands, here and as `chatgate memory …`."""
-    sub = parser.add_subparsers(dest="memory_command", required=True)
-    link = sub.add_parser("link", help="link a channel identity to a person id")
-    link.add_argument("identity")
-    link.add_argument("person")
-    sub.add_parser("unlink", help="remove an identity's link").add_argument("identity")
-    sub.add_parser("links", help="list links").add_argument("person", nargs="?")
-    glob = sub.add_parser("global", help="operator facts for every session")
-    gsub = glob.add_subparsers(dest="action", required=True)
-    gsub.add_parser("add").add_argument("text")
-    gsub.add_parser("list")
-    gsub.add_parser("remove").add_argument("id", type=int)
-    sub.add_parser("show", help="user memory of an identity").add_argument("identity")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

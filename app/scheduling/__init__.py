@@ -4,8 +4,36 @@ The core may depend on this package; it never imports a channel. The cron channe
 (`channels/cron`) fires due jobs into the pipeline.
 """
 
-from app.scheduling.schedule import InvalidSchedule, check_cron, next_cron_fire, parse_at, zone
-from app.scheduling.store import CronJob, JobStore, Target, UsesJobStore
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from app.scheduling.schedule import InvalidSchedule, check_cron, next_cron_fire, parse_at, zone
+    from app.scheduling.store import CronJob, JobStore, Target, UsesJobStore
+
+# Loaded on first use (PEP 562): `chatgate` imports this package for its command's parser
+# on every start, and the names' modules pull in SQLAlchemy and more.
+_EXPORTS = {
+    "InvalidSchedule": "app.scheduling.schedule",
+    "check_cron": "app.scheduling.schedule",
+    "next_cron_fire": "app.scheduling.schedule",
+    "parse_at": "app.scheduling.schedule",
+    "zone": "app.scheduling.schedule",
+    "CronJob": "app.scheduling.store",
+    "JobStore": "app.scheduling.store",
+    "Target": "app.scheduling.store",
+    "UsesJobStore": "app.scheduling.store",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "CronJob",

@@ -11,12 +11,13 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.config import Settings
 from app.events import SessionScope, build_session_key
-from app.scheduling.schedule import InvalidSchedule
-from app.scheduling.store import JobStore, Target
+
+if TYPE_CHECKING:
+    from app.scheduling.store import JobStore
 
 ScopeOf = Callable[[str], SessionScope | None]
 """The session scope of a channel by name, or None if there is no such channel."""
@@ -61,8 +62,11 @@ def _print(data: Any) -> None:
 
 
 async def run(settings: Settings, args: argparse.Namespace, scope_of: ScopeOf) -> int:
+    # Imported here: every `chatgate` start builds this parser, few run the command.
     from app.db.engine import create_engine
     from app.migrate import upgrade
+    from app.scheduling.schedule import InvalidSchedule
+    from app.scheduling.store import JobStore
 
     if settings.auto_migrate:
         await upgrade(settings.database_url)
@@ -77,6 +81,8 @@ async def run(settings: Settings, args: argparse.Namespace, scope_of: ScopeOf) -
 
 
 async def _run(jobs: JobStore, args: argparse.Namespace, scope_of: ScopeOf) -> int:
+    from app.scheduling.store import Target
+
     if args.action == "list":
         found = await jobs.list_jobs(
             source_session_key=args.session, enabled=True if args.enabled else None, limit=args.limit

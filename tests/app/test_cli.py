@@ -38,6 +38,27 @@ def _run(args: list[str], db: Path, stdin: str | None = None) -> subprocess.Comp
     )
 
 
+def test_help_lists_every_command_without_loading_the_database_layer(tmp_path: Path) -> None:
+    """Every `chatgate` start builds all commands' parsers: that must not import what only
+    some commands use (SQLAlchemy, the access gate, the memory package: 430 modules and a
+    second of CPU on a slow machine, before the command had done anything)."""
+    env = {**os.environ, "DATABASE_URL": f"sqlite:///{tmp_path / 'x.db'}", "PYTHONPROFILEIMPORTTIME": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "app", "--help"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    for command in ("serve", "migrate", "sessions", "cron", "dead-letters", "access", "memory", "doctor"):
+        assert command in done.stdout
+    imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if "|" in line}
+    assert "app.cli" in imported
+    assert not {"sqlalchemy", "app.access.gate", "app.memory.store", "httpx"} & imported
+
+
 def test_migrate_chat_and_sessions(tmp_path: Path) -> None:
     db = tmp_path / "cli.db"
     migrated = _run(["migrate"], db)
