@@ -72,10 +72,30 @@ trap 'kill "$mypy_pid" 2>/dev/null || true' EXIT
 # A phase whose tests failed runs those tests once more, alone, as CPython's regrtest re-runs
 # its failed tests: on 2 CPUs with six workers a timing test can lose its race to the load.
 # The phase passes only when each of them passes then; they are named loudly as flaky (and
-# in test-artifacts/flaky.txt) so that they get mended. More than three failures is a
-# breakage, not a flake, and gets no second run. Exit code 5 (nothing collected, e.g. a -k
+# in test-artifacts/flaky.txt) so that they get mended. More than eight failures is a
+# breakage, not a flake, and gets no second run (on a host 2.5x slower than usual, four
+# timing tests of 2,000 once lost their races in one run). Exit code 5 (nothing collected, e.g. a -k
 # that matches no serial test) is not a failure.
 lastfailed=.pytest_cache/v/cache/lastfailed
+
+# The tests' fixed deadlines (tests/support/timing.py) scale with this host's speed unless
+# TEST_TIME_SCALE is set: the same pure-Python loop as bench/ab_webhook.py's calibration,
+# against the 70 ms it takes on the machines the deadlines were set on (at least 1, at
+# most 3). A deadline bounds how long a correct system may take: a longer one costs a
+# passing run nothing, and a slow host (seen: 2.5x) no longer fails on the clock.
+if [ -z "${TEST_TIME_SCALE:-}" ]; then
+  TEST_TIME_SCALE=$("$VENV/bin/python" -c '
+import time
+def loop():
+    started, total = time.perf_counter(), 0
+    for i in range(2_000_000):
+        total += i & 7
+    return time.perf_counter() - started
+print(round(min(3.0, max(1.0, min(loop() for _ in range(3)) * 1000 / 70)), 1))')
+  export TEST_TIME_SCALE
+  echo "TEST_TIME_SCALE=$TEST_TIME_SCALE (this host's speed)"
+fi
+
 phase() {
   local marker=$1 status=0 failed
   shift
@@ -84,7 +104,7 @@ phase() {
   [ "$status" -eq 1 ] && [ -f "$lastfailed" ] || return "$status"
   # Test ids as pytest-xdist recorded them: `--dist loadgroup` adds "@group" to a grouped one.
   failed=$("$VENV/bin/python" -c 'import json, re, sys; print("\n".join(sorted({re.sub(r"@[^@\]]*$", "", k) for k in json.load(open(sys.argv[1]))})))' "$lastfailed")
-  if [ -z "$failed" ] || [ "$(wc -l <<<"$failed")" -gt 3 ]; then return 1; fi
+  if [ -z "$failed" ] || [ "$(wc -l <<<"$failed")" -gt 8 ]; then return 1; fi
   mkdir -p test-artifacts
   printf '%s\n' "$failed" >>test-artifacts/flaky.txt
   printf '\n=== FLAKY: failed once, running again alone ===\n%s\n\n' "$failed"

@@ -91,6 +91,28 @@ async def test_a_send_leaving_late_holds_the_next_one_a_whole_interval(store: Pi
     assert after.at >= now[0] + 1.0  # a second after it really left, not after its slot
 
 
+async def test_previews_keep_off_a_handed_back_answers_slot_until_it_is_back(store: PipelineStore) -> None:
+    """An answer whose slot is further than `max_wait` goes back to the outbox until then;
+    a sender late to claim it again (a busy machine) must not find the chat idle and let a
+    preview take the answer's place (it did, in a full run on a slow host)."""
+    now = [1_800_000_000.0]
+    pacer = Pacer(
+        store, limits_with("telegram.bot=off,telegram.group=off"), max_wait=0.2, clock=lambda: now[0]
+    )
+    chat = _message("telegram", "9")  # one per second
+    first = await pacer.final(chat)
+    await pacer.sent(chat, first)
+    later = await pacer.final(chat)
+    assert not later.granted and later.at == first.at + 1.0  # handed back until its slot
+    now[0] = later.at + 1.5  # the sender comes back for it late
+    assert not await pacer.preview(chat)
+    back = await pacer.final(chat)
+    assert back.granted and back.at == now[0]
+    await pacer.sent(chat, back)
+    now[0] += 5.0
+    assert await pacer.preview(chat)  # idle again once the answers are out
+
+
 class _SlowPauses:
     """The port, whose pause writes take `seconds` of the pacer's clock (a cold connection)."""
 

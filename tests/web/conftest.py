@@ -11,11 +11,13 @@ from pathlib import Path
 import pytest
 from playwright.async_api import Browser, Page, async_playwright, expect
 
+from tests.support.timing import scaled
+
 CHROMIUM = "/usr/bin/chromium"
 # An assertion waits up to 15 s for the page to reach what it expects (Playwright's default is
 # 5 s): on a 2-CPU machine running four test workers and Chromium, one dashboard round trip
 # (click, API call, redraw) has taken longer than 5 s. A page that never gets there still fails.
-expect.set_options(timeout=15_000)
+expect.set_options(timeout=scaled(15) * 1000)
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "web"
 LAUNCH_ARGS = [
     "--headless=new",

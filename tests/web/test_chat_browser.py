@@ -14,6 +14,7 @@ from app.agent.tools import Risk, ToolContext
 from app.sessions.messages import ChatMessage, tool_call
 from channels.browser.adapter import BrowserSettings
 from tests.conftest import ADMIN_TOKEN, ServeApp, webhook_settings
+from tests.support.timing import scaled
 from tests.web.conftest import ignore_expected, shot
 
 pytestmark = pytest.mark.slow
@@ -111,7 +112,7 @@ async def test_chat_streams_reply_shows_tool_call_then_dashboard_resets_it(
         )
         await shot(page, "chat-session-in-dashboard")
         await page.click("#action-reset")
-        await expect(page.locator("#session-status")).to_have_text("expired", timeout=10_000)
+        await expect(page.locator("#session-status")).to_have_text("expired", timeout=scaled(10) * 1000)
 
         errors = ignore_expected(page.errors, r"401", r"Failed to load resource")  # type: ignore[attr-defined]
         assert errors == []
@@ -192,9 +193,11 @@ async def test_chat_reconnects_and_resumes_from_last_seq(serve: ServeApp, page: 
         await expect(page.locator(".msg.user.pending")).to_have_text("typed while offline")
 
         gateway.offline = False
-        await expect(page.locator("#conn")).to_have_attribute("data-state", "connected", timeout=15_000)
+        await expect(page.locator("#conn")).to_have_attribute(
+            "data-state", "connected", timeout=scaled(15) * 1000
+        )
         await expect(page.locator(".msg.user")).to_have_text(
-            ["first", "from the other tab", "typed while offline"], timeout=10_000
+            ["first", "from the other tab", "typed while offline"], timeout=scaled(10) * 1000
         )
         await expect(page.locator(".msg.assistant")).to_have_text(
             ["You said: first", "You said: from the other tab", "You said: typed while offline"]

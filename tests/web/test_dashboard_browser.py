@@ -8,6 +8,7 @@ from playwright.async_api import Page, expect
 
 from channels.cron import CronSettings
 from tests.conftest import ADMIN_TOKEN, WEBHOOK_SECRET, ServeApp, webhook_settings
+from tests.support.timing import scaled
 from tests.support.webhook import post_webhook
 from tests.web.conftest import ignore_expected, shot
 
@@ -70,7 +71,7 @@ async def test_dashboard_login_history_tool_group_and_reset(serve: ServeApp, pag
         await page.set_viewport_size({"width": 1280, "height": 860})
 
         await page.click("#action-reset")
-        await expect(page.locator("#session-status")).to_have_text("expired", timeout=10_000)
+        await expect(page.locator("#session-status")).to_have_text("expired", timeout=scaled(10) * 1000)
         await shot(page, "dashboard-session-reset")
 
         # The next message opens generation 2; generation 1 can be read and reopened.

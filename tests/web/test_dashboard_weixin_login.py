@@ -11,6 +11,7 @@ from tests.channels.weixin.support import wx_settings
 from tests.conftest import ADMIN_TOKEN, ServeApp
 from tests.fakes import weixin as wx
 from tests.fakes.weixin import FakeILink
+from tests.support.timing import scaled
 from tests.web.conftest import shot
 
 pytestmark = pytest.mark.slow
@@ -37,7 +38,9 @@ async def test_the_channels_page_logs_in_with_a_qr_image(serve: ServeApp, page: 
             assert await image.evaluate("img => img.naturalWidth") > 0
             await expect(page.locator("#weixin-qr")).to_contain_text("qrcode=qr-1")
             await shot(page, "dashboard-weixin-login")
-            await expect(page.locator("#weixin-login-status")).to_contain_text("confirmed", timeout=20_000)
+            await expect(page.locator("#weixin-login-status")).to_contain_text(
+                "confirmed", timeout=scaled(20) * 1000
+            )
             await expect(image).to_have_count(0)
             stored = await login.load(ChannelRecords(srv.runtime.engine, "weixin"), "default")
     assert stored is not None and stored.bot_token == fake.new_token and stored.bot_id == wx.BOT_ID

@@ -20,6 +20,7 @@ from playwright.async_api import Browser, Page, expect
 from channels.browser.adapter import BrowserSettings
 from tests.conftest import ADMIN_TOKEN, WEBHOOK_SECRET, ServeApp, webhook_settings
 from tests.support.db import database
+from tests.support.timing import scaled
 from tests.support.webhook import post_webhook
 from tests.web.conftest import ignore_expected, shot
 
@@ -159,7 +160,7 @@ async def test_dashboard_theme_language_live_charts_config_empty_and_mobile(
             assert (
                 await post_webhook(client, srv.url, WEBHOOK_SECRET, payload, wait=True)
             ).status_code == 200
-        await expect(page.locator("#sessions-table tbody tr")).to_have_count(1, timeout=15000)
+        await expect(page.locator("#sessions-table tbody tr")).to_have_count(1, timeout=scaled(15) * 1000)
 
         # Charts: axes with labels, a tooltip under the pointer.
         await page.goto(f"{srv.url}/admin#/overview?minutes=15")

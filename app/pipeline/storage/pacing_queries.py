@@ -53,6 +53,9 @@ async def _ensure(conn: AsyncConnection, names: Sequence[str]) -> None:
     )
 
 
+FINAL_RETURN_GRACE = 1.0  # seconds a handed-back answer may take to claim its slot again
+
+
 async def take(conn: AsyncConnection, request: PaceTake) -> PaceGrant:
     """The slot for one send (see `PaceTake`); run inside a transaction."""
     interval = {b.name: b.interval for b in request.buckets}
@@ -77,14 +80,16 @@ async def take(conn: AsyncConnection, request: PaceTake) -> PaceGrant:
             return PaceGrant(False, later)
     elif start - now > request.within:
         # Not soon: take nothing (the slot stays free for whoever comes first then), but
-        # keep previews off these buckets until this answer is back.
+        # keep previews off these buckets until this answer is back: handed back to the
+        # outbox until `start`, it comes back at the sender's next claim, an interval
+        # and a grace later at most on a busy machine.
         await conn.execute(
             _SET,
             [
                 dict(
                     name_=r.name,
                     next_free_=r.next_free,
-                    waiting_=max(r.finals_waiting_until, start),
+                    waiting_=max(r.finals_waiting_until, start + interval[r.name] + FINAL_RETURN_GRACE),
                     sending_=r.sending_until,
                 )
                 for r in rows
