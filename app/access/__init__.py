@@ -6,8 +6,9 @@ database (`AccessStore`), then the quotas (`QuotaCounters`, shared by every repl
 Nothing here imports the pipeline: ingest calls down into this package.
 """
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from app.lazy_names import lazy_names
 
 if TYPE_CHECKING:
     from app.access.counters import QuotaCounters
@@ -29,14 +30,7 @@ _EXPORTS = {
     "BadAccessInput": "app.access.store",
 }
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, _EXPORTS)
 
 
 __all__ = [

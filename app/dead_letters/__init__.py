@@ -1,7 +1,8 @@
 """Dead letters you can act on: list, retry once more, or discard (`store.py`)."""
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from app.lazy_names import lazy_names
 
 if TYPE_CHECKING:
     from app.dead_letters.store import BadDeadLetterId, DeadLetterFilter, DeadLetters, Resolved, parse_id
@@ -16,14 +17,7 @@ _EXPORTS = {
     "parse_id": "app.dead_letters.store",
 }
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, _EXPORTS)
 
 
 __all__ = ["BadDeadLetterId", "DeadLetterFilter", "DeadLetters", "Resolved", "parse_id"]

@@ -4,8 +4,9 @@ The core may depend on this package; it never imports a channel. The cron channe
 (`channels/cron`) fires due jobs into the pipeline.
 """
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from app.lazy_names import lazy_names
 
 if TYPE_CHECKING:
     from app.scheduling.schedule import InvalidSchedule, check_cron, next_cron_fire, parse_at, zone
@@ -25,14 +26,7 @@ _EXPORTS = {
     "UsesJobStore": "app.scheduling.store",
 }
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, _EXPORTS)
 
 
 __all__ = [

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from functools import lru_cache
 
 import structlog
 
@@ -34,12 +33,13 @@ class Prices:
             return (fresh * own.input + cached_tokens * cached_price + output_tokens * own.output) / MILLION
         if self.currency != "USD":
             return None  # the table is in USD: no guessing at an exchange rate
-        if model not in _ASKED:
-            await asyncio.to_thread(_known, model)
-            if len(_ASKED) >= _KNOWN_MODELS:
-                _ASKED.clear()  # a hint only: a model not in it is asked in a thread again
-            _ASKED.add(model)
-        return _table_cost(model, input_tokens, output_tokens, cached_tokens)
+        known = _KNOWN.get(model)
+        if known is None:
+            known = await asyncio.to_thread(_priced, model)
+            if len(_KNOWN) >= _KNOWN_MODELS:
+                _KNOWN.clear()  # bounded: a model asked again costs one more lookup
+            _KNOWN[model] = known
+        return _table_cost(model, input_tokens, output_tokens, cached_tokens) if known else None
 
     def audio_cost(self, model: str, seconds: float) -> float | None:
         """A transcription billed by duration: only the operator's own `audio_minute` (the
@@ -50,9 +50,7 @@ class Prices:
         return seconds / 60 * own.audio_minute
 
 
-def _table_cost(model: str, input_tokens: int, output_tokens: int, cached_tokens: int) -> float | None:
-    if not _known(model):  # before the import: it runs on every call
-        return None
+def _table_cost(model: str, input_tokens: int, output_tokens: int, cached_tokens: int) -> float:
     from genai_prices import Usage, calc_price
 
     usage = Usage(input_tokens=input_tokens, output_tokens=output_tokens, cache_read_tokens=cached_tokens)
@@ -60,11 +58,10 @@ def _table_cost(model: str, input_tokens: int, output_tokens: int, cached_tokens
 
 
 _KNOWN_MODELS = 256
-_ASKED: set[str] = set()  # models `_known` has answered for (its cache holds the answer)
+_KNOWN: dict[str, bool] = {}  # whether the table prices a model, asked once per model
 
 
-@lru_cache(maxsize=_KNOWN_MODELS)
-def _known(model: str) -> bool:
+def _priced(model: str) -> bool:
     """Whether the table prices `model` (asked once per model: an unknown one raises)."""
     from genai_prices import Usage, calc_price
 
