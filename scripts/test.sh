@@ -10,6 +10,20 @@ if ! pg_isready -h 127.0.0.1 -p 5432 -q 2>/dev/null; then
   pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql)" main start
   for _ in $(seq 1 30); do pg_isready -h 127.0.0.1 -p 5432 -q && break; sleep 1; done
 fi
+# Connections: six workers, each test with its own database and up to three server processes
+# (a pool of up to DB_POOL_SIZE=20 each, as in production) peak at ~70 on a quick host; on a
+# slow one the heavy tests overlap longer and went past PostgreSQL's default 100 ("sorry,
+# too many clients already"). The suite's cluster gets room for 300 (a restart, once).
+pg_max=$(psql -h 127.0.0.1 -U postgres -Atc "SHOW max_connections" 2>/dev/null || echo 0)
+if [ "${pg_max:-0}" -lt 300 ]; then
+  echo "PostgreSQL max_connections is ${pg_max}: raising it to 300 for the suite (restart)"
+  if psql -h 127.0.0.1 -U postgres -qc "ALTER SYSTEM SET max_connections = 300" \
+    && pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql)" main restart; then
+    for _ in $(seq 1 30); do pg_isready -h 127.0.0.1 -p 5432 -q && break; sleep 1; done
+  else
+    echo "could not raise max_connections: a slow host may see 'too many clients'" >&2
+  fi
+fi
 
 # Chromium for the browser tests (Debian's packages; Playwright does not download one).
 if [ ! -x /usr/bin/chromium ]; then

@@ -37,3 +37,13 @@ async def test_eventually_waits_for_a_plain_or_async_check_and_fails_at_the_scal
     with pytest.raises(AssertionError, match=r"within 0.1 s"):
         await eventually(lambda: False, timeout=0.2, interval=0.01)
     assert 0.1 <= loop.time() - started < 1
+
+
+def test_hypothesis_examples_get_the_scaled_deadline() -> None:
+    """Hypothesis's own 200 ms failed a correct property on a slow host (tests/conftest.py)."""
+    from datetime import timedelta
+
+    from hypothesis import settings
+
+    assert settings.get_current_profile_name() == "chatgate"
+    assert settings.get_profile("chatgate").deadline == timedelta(seconds=scaled(0.5))

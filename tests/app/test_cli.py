@@ -251,6 +251,13 @@ def test_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
     assert err == ""
 
 
+def _ctrl_c_as_at_a_terminal() -> None:
+    """A shell ignores SIGINT in what it starts in the background (`make test &`), and the
+    child inherits that: Python then raises no KeyboardInterrupt. A user's Ctrl-C reaches a
+    chat started at a terminal; so it does here, however the suite itself was started."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class _Interactive:
     """`chatgate chat` in a subprocess with its output collected as it comes."""
 
@@ -264,6 +271,7 @@ class _Interactive:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            preexec_fn=_ctrl_c_as_at_a_terminal,
         )
         self.out = ""
         self._reader = threading.Thread(target=self._read, daemon=True)

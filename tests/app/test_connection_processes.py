@@ -21,6 +21,7 @@ from tests.conftest import ADMIN_TOKEN
 from tests.fakes import telegram as tg
 from tests.fakes.telegram import FakeTelegram
 from tests.support.servers import ServerProcess, start_together, stop_all
+from tests.support.timing import scaled
 
 # serial: replicas take over within a lease TTL: timing that a loaded machine upsets.
 pytestmark = [pytest.mark.slow, pytest.mark.serial, pytest.mark.long]  # ~35 s each
@@ -130,6 +131,8 @@ async def test_sigterm_hands_the_poll_over_at_once_and_never_two_poll_together(p
                 **_env(pg_url, fake, name),
                 "CONNECTION_LEASE_TTL_SECONDS": str(ttl),
                 "TELEGRAM_POLLING_TIMEOUT_SECONDS": "2",
+                # A failure's report shows each replica's hold, hand-over and release.
+                "LOG_LEVEL": "INFO",
             }
             for name in ("replica-a", "replica-b")
         }
@@ -157,7 +160,9 @@ async def test_sigterm_hands_the_poll_over_at_once_and_never_two_poll_together(p
             await stop_all(*servers.values())
             await engine.dispose()
     assert status == 0
-    assert took < 2 + 2, f"handed over after {took:.1f} s (the poll in flight ends within 2 s)"
+    # The poll in flight ends within 2 s; the release and the survivor's next look (each
+    # second) follow, in up to 2 s on a quiet machine. Far below the 30 s of an expiry.
+    assert took < 2 + scaled(2), f"handed over after {took:.1f} s (the poll in flight ends within 2 s)"
     assert hold.takeovers == 0  # released, not expired
     texts = [f"{w} {i}" for w in ("before", "after") for i in range(5)]
     assert Counter(fake.sent_texts()) == Counter(f"You said: {t}" for t in texts)
