@@ -20,6 +20,7 @@ from app.db.models import messages, outbox
 from tests.conftest import ADMIN_TOKEN
 from tests.fakes.openai_server import FakeOpenAI, Reply
 from tests.support.servers import ServerProcess, stop_all
+from tests.support.timing import scaled
 
 ANSWER = " ".join(f"word{i}" for i in range(80))
 
@@ -39,7 +40,10 @@ def server_env(db_url: str, llm: FakeOpenAI, channel: Mapping[str, str]) -> dict
         "LLM_BASE_URL": llm.url,
         "LLM_API_KEY": "sk-test",
         "LLM_MODEL": "fake-model",
-        "LEASE_TTL_SECONDS": "2",
+        # Short, so the restarted server takes the killed one's sessions soon; scaled, so a
+        # starved server still renews it in time (else it takes its own lease over and runs
+        # the turn again: tests/app/agent/test_agent_crash.py saw that on a slow host).
+        "LEASE_TTL_SECONDS": str(scaled(2)),
         "INBOX_POLL_SECONDS": "0.2",
         "OUTBOX_POLL_SECONDS": "0.1",
         "OUTBOX_CLAIM_SECONDS": "2",
@@ -76,7 +80,8 @@ async def kill_mid_stream(
         server.kill()  # mid-stream: the preview shows part of the answer
         restarted = await asyncio.to_thread(ServerProcess(env).start)
         try:
-            for _ in range(300):
+            deadline = asyncio.get_running_loop().time() + scaled(30)
+            while asyncio.get_running_loop().time() < deadline:
                 async with engine.connect() as conn:
                     statuses = [r[0] for r in await conn.execute(select(outbox.c.status))]
                 if statuses and all(s == "sent" for s in statuses):

@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from app.db.models import messages, outbox, sessions
 from tests.channels.a2a.test_a2a import TOKEN_A, TOKEN_B, only_task, sdk_client, user_message, wait_state
 from tests.support.servers import ServerProcess, start_together, stop_all
+from tests.support.timing import scaled
 
 # serial: SIGKILL and restart of server processes: start-up under load outruns the ready timeout.
 pytestmark = [pytest.mark.slow, pytest.mark.serial]
@@ -23,7 +24,7 @@ def _env(db_url: str) -> dict[str, str]:
         "CHANNELS": "a2a",
         "A2A_TOKENS": f"{TOKEN_A}=agent-one,{TOKEN_B}=agent-two",
         "OFFLINE_LATENCY_MS": "1500",
-        "LEASE_TTL_SECONDS": "2",
+        "LEASE_TTL_SECONDS": str(scaled(2)),  # renewed in time by a starved server too
         "INBOX_POLL_SECONDS": "0.2",
         "OUTBOX_POLL_SECONDS": "0.1",
         "LOG_LEVEL": "WARNING",
