@@ -72,6 +72,21 @@ def redact_values(secrets: Iterable[str]) -> Any:
     return redact
 
 
+class _Stderr:
+    """`sys.stderr` as it is when a line is written, not when logging was configured.
+
+    A logger bound to the stream of its configuration writes into that stream for good: a
+    stream swapped in around it (`contextlib.redirect_stderr`, a test's captured output)
+    and closed since made every log call raise "I/O operation on closed file", and the
+    call that logged (a send, a turn) failed with it."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def configure_logging(level: str = "INFO", fmt: str = "json", secrets: Iterable[str] = ()) -> None:
     renderer: Any = structlog.processors.JSONRenderer() if fmt == "json" else structlog.dev.ConsoleRenderer()
     structlog.configure(
@@ -86,6 +101,6 @@ def configure_logging(level: str = "INFO", fmt: str = "json", secrets: Iterable[
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=_Stderr()),  # type: ignore[arg-type]
         cache_logger_on_first_use=False,
     )
