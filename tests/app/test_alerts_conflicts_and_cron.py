@@ -20,6 +20,7 @@ from tests.conftest import ADMIN_TOKEN, ServeApp
 from tests.fakes import telegram as tg
 from tests.fakes.http_receiver import HttpReceiver, Received
 from tests.fakes.telegram import FakeTelegram
+from tests.support.timing import eventually
 
 pytestmark = pytest.mark.slow
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -110,6 +111,8 @@ async def test_an_undelivered_cron_result_is_one_alert_until_its_retry_delivers_
             assert retried.status_code == 200, retried.text
             await receiver.wait_for(checks + 1, timeout=20)
             assert _states(receiver.received, f"cron:{job}") == ["firing", "resolved"]
+            # Resolved once the result left the dead letters (the retry); it is sent after.
+            await eventually(lambda: bool(fake.sent_texts()), timeout=20)
             assert "daily report" in fake.sent_texts()[0]
             metrics = (await client.get("/metrics")).text
             assert "chatgate_cron_undelivered 0.0" in metrics
