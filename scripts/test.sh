@@ -78,9 +78,13 @@ export PYTHONPYCACHEPREFIX="${PYTHONPYCACHEPREFIX:-${XDG_CACHE_HOME:-$HOME/.cach
 "$VENV/bin/ruff" check .
 "$VENV/bin/ruff" format --check .
 # The type check runs beside the first phase (that phase is bound by the CPU anyway, so mypy's
-# minute costs it half a minute) and is waited for after it; a type error still fails the run.
+# half a minute of CPU costs it ~15 s) and is waited for after it; a type error still fails
+# the run. Its cache lives beside the bytecode's, outside the tree: a fresh clone on a machine
+# that ran the suite before checks only what changed (0.9 s instead of 30 CPU-s; mypy
+# compares each module's hash, so a stale entry is rechecked, never trusted).
 mkdir -p test-artifacts
-"$VENV/bin/mypy" app channels tests bench >test-artifacts/mypy.txt 2>&1 &
+"$VENV/bin/mypy" --cache-dir "${XDG_CACHE_HOME:-$HOME/.cache}/chatgate-test/mypy" app channels tests bench \
+  >test-artifacts/mypy.txt 2>&1 &
 mypy_pid=$!
 trap 'kill "$mypy_pid" 2>/dev/null || true' EXIT
 # A phase whose tests failed runs those tests once more, alone, as CPython's regrtest re-runs

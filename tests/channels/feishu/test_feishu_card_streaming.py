@@ -6,18 +6,7 @@ import json
 from typing import Any
 
 import httpx
-import lark_oapi
-from lark_oapi.api.cardkit.v1 import Card as SdkCard
-from lark_oapi.api.cardkit.v1 import (
-    ContentCardElementRequest,
-    ContentCardElementRequestBody,
-    CreateCardRequest,
-    CreateCardRequestBody,
-    SettingsCardRequest,
-    SettingsCardRequestBody,
-    UpdateCardRequest,
-    UpdateCardRequestBody,
-)
+import pytest
 
 from tests.channels.discord.test_discord_streaming import ANSWER
 from tests.channels.feishu.support import feishu_settings, post_callback
@@ -27,7 +16,11 @@ from tests.fakes import feishu as fs
 from tests.fakes.feishu import Call, FakeFeishu
 from tests.fakes.openai_server import FakeOpenAI, Reply
 
+# The tests that check our calls against lark-oapi import it (~3 CPU-s) and share one worker.
+LARK = pytest.mark.xdist_group("lark-oapi")
 
+
+@LARK
 async def test_streamed_turn_is_one_card_updated_in_place_then_closed(serve: ServeApp) -> None:
     async with FakeOpenAI(default=Reply(content=ANSWER, chunk_delay=0.03)) as llm, FakeFeishu() as fake:
         settings = feishu_settings(fake, streaming="native", stream_edit_seconds=0.3)
@@ -65,6 +58,19 @@ async def test_streamed_turn_is_one_card_updated_in_place_then_closed(serve: Ser
 
 def _as_the_sdk_builds_it(call: Call) -> tuple[str, dict[str, Any]]:
     """The path and body lark-oapi (the official SDK) makes of the values we sent."""
+    import lark_oapi
+    from lark_oapi.api.cardkit.v1 import Card as SdkCard
+    from lark_oapi.api.cardkit.v1 import (
+        ContentCardElementRequest,
+        ContentCardElementRequestBody,
+        CreateCardRequest,
+        CreateCardRequestBody,
+        SettingsCardRequest,
+        SettingsCardRequestBody,
+        UpdateCardRequest,
+        UpdateCardRequestBody,
+    )
+
     b = call.body
     request: Any
     if call.kind == "card_create":
@@ -113,6 +119,7 @@ async def test_refused_card_creation_falls_back_to_a_text_preview_edited_in_plac
     assert fake.texts == {row["platform_message_id"]: stored}
 
 
+@LARK
 async def test_card_past_its_streaming_time_is_replaced_whole_by_the_answer(serve: ServeApp) -> None:
     async with (
         FakeOpenAI(default=Reply(content=ANSWER, chunk_delay=0.06)) as llm,

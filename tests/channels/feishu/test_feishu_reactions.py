@@ -9,11 +9,10 @@ reaction events are checked against lark-oapi's event models."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
-import lark_oapi as lark
-from lark_oapi.api.im.v1 import P2ImMessageReactionCreatedV1, P2ImMessageReactionDeletedV1
+import pytest
 from sqlalchemy import select
 
 from app.db.models import approvals, inbox, runs
@@ -25,6 +24,9 @@ from tests.fakes import feishu as fs
 from tests.fakes.feishu import FakeFeishu
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall, calls, text
 from tests.support.timing import eventually
+
+if TYPE_CHECKING:
+    from lark_oapi.api.im.v1 import P2ImMessageReactionCreatedV1, P2ImMessageReactionDeletedV1
 
 
 def echo(body: dict[str, Any]) -> Reply:
@@ -157,7 +159,10 @@ async def test_a_reaction_on_a_users_message_is_found_through_feishu_and_becomes
     assert len(fake.calls_of("chat_info")) == 1  # the chat's type is asked once
 
 
+@pytest.mark.xdist_group("lark-oapi")  # lark-oapi takes ~3 CPU-s to import: one worker pays
 def test_the_fakes_reaction_events_are_what_lark_oapi_reads() -> None:
+    import lark_oapi as lark
+
     created: list[P2ImMessageReactionCreatedV1] = []
     deleted: list[P2ImMessageReactionDeletedV1] = []
     handler = (

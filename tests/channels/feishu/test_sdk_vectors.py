@@ -12,13 +12,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
-import lark_oapi as lark
 import pytest
-from lark_oapi.api.im.v1 import P2ImMessageReceiveV1
-from lark_oapi.core.utils import AESCipher
 from sqlalchemy import select
 
 from app.db.models import inbox
@@ -30,14 +27,22 @@ from tests.conftest import ServeApp
 from tests.fakes import feishu as fs
 from tests.fakes.feishu import FakeFeishu
 
+if TYPE_CHECKING:
+    from lark_oapi.api.im.v1 import P2ImMessageReceiveV1
+
 VECTORS: list[dict[str, Any]] = json.loads((Path(__file__).parent / "sdk_vectors.json").read_text())[
     "vectors"
 ]
 BOT = "ou_bot_5ce6d572455d"  # the bot the vectors' group message mentions
+# lark-oapi takes ~3 CPU-s to import (it loads every API's models): the tests that use it
+# import it themselves and run on one worker, instead of every worker paying at collection.
+LARK = pytest.mark.xdist_group("lark-oapi")
 
 
 def sdk_accepts(body: bytes, headers: dict[str, str], key: str, token: str) -> list[P2ImMessageReceiveV1]:
     """The events lark-oapi's dispatcher delivers for this request (none: it refused it)."""
+    import lark_oapi as lark
+
     got: list[P2ImMessageReceiveV1] = []
     handler = (
         lark.EventDispatcherHandler.builder(key, token).register_p2_im_message_receive_v1(got.append).build()
@@ -51,7 +56,10 @@ def sdk_accepts(body: bytes, headers: dict[str, str], key: str, token: str) -> l
     return got
 
 
+@LARK
 def test_feishus_documented_example_decrypts() -> None:
+    from lark_oapi.core.utils import AESCipher
+
     # From Feishu's event subscription guide: Encrypt Key "test key".
     encrypted = "P37w+VZImNgPEO1RBhJ6RtKl7n6zymIbEG1pReEzghk="
     assert AESCipher("test key").decrypt_str(encrypted) == "hello world"
@@ -60,6 +68,7 @@ def test_feishus_documented_example_decrypts() -> None:
         crypto.decrypt("other key", encrypted)
 
 
+@LARK
 @pytest.mark.parametrize("vector", VECTORS, ids=[v["name"] for v in VECTORS])
 def test_sdk_vectors_verify_and_decrypt(vector: dict[str, Any]) -> None:
     body = vector["body"].encode()
@@ -131,6 +140,7 @@ async def test_sdk_vectors_are_accepted_by_the_app(serve: ServeApp) -> None:
     assert replies[f"/open-apis/im/v1/messages/{group['message_id']}/reply"].body["reply_in_thread"] is True
 
 
+@LARK
 def test_the_fakes_callbacks_are_what_the_sdk_accepts() -> None:
     event = fs.group_mention("hi", message_id="om_x1")
     body, headers = fs.callback(event)
