@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import re
 import ssl
+from typing import Any
 
 import aioimaplib
 
@@ -21,6 +22,7 @@ _FETCH_UID = re.compile(rb"\bUID (\d+)")
 _FETCH_SIZE = re.compile(rb"\bRFC822\.SIZE (\d+)")
 _UIDVALIDITY = re.compile(rb"\[UIDVALIDITY (\d+)\]")
 _UIDNEXT = re.compile(rb"\[UIDNEXT (\d+)\]")
+_EXISTS = re.compile(rb"^\* \d+ EXISTS\b")
 
 
 class MailboxError(Exception):
@@ -44,6 +46,8 @@ class Mailbox:
         self.client: aioimaplib.IMAP4 | None = None
         self.uidvalidity = 0
         self.uidnext = 1
+        # The server said `* n EXISTS` (new mail) since the last look at it (`new_mail`).
+        self.reported_new = False
 
     async def login(self) -> aioimaplib.IMAP4:
         s = self.settings
@@ -55,6 +59,7 @@ class Mailbox:
         else:
             client = aioimaplib.IMAP4(host, port, timeout=timeout)
         self.client = client
+        self._note_new_mail(client)
         try:
             await client.wait_hello_from_server()
         except (OSError, TimeoutError) as exc:
@@ -79,6 +84,27 @@ class Mailbox:
         if not self.uidvalidity:
             raise MailboxError("IMAP SELECT gave no UIDVALIDITY")
 
+    def _note_new_mail(self, client: aioimaplib.IMAP4) -> None:
+        """Remember every `* n EXISTS` the server sends, whatever command it answers.
+
+        A server reports new mail once, in the answer to the command running when it came:
+        a mail that arrives while the bot fetches or flags another one is told in that
+        FETCH's or STORE's answer, and the IDLE that follows does not tell it again.
+        aioimaplib drops an untagged EXISTS that comes during a FETCH or a STORE ("ignored
+        untagged response"), so that mail waited for the next IDLE round (up to
+        EMAIL_IDLE_SECONDS, ten minutes by default). The protocol's handler of untagged
+        lines is wrapped to see them first.
+        """
+        protocol = client.protocol
+        handle = protocol._untagged_response
+
+        def noting(line: bytes) -> Any:
+            if _EXISTS.match(line):
+                self.reported_new = True
+            return handle(line)
+
+        protocol._untagged_response = noting  # type: ignore[method-assign]
+
     def _client(self) -> aioimaplib.IMAP4:
         if self.client is None:
             raise MailboxError("not connected")
@@ -86,6 +112,7 @@ class Mailbox:
 
     async def new_mail(self, after: int) -> list[tuple[int, int]]:
         """(UID, size) of the mail with a UID above `after`, in UID order."""
+        self.reported_new = False  # what this FETCH finds; anything told from now on is newer
         response = _check(
             await self._client().uid("fetch", f"{after + 1}:*", "(UID RFC822.SIZE)"), "UID FETCH"
         )
@@ -117,7 +144,10 @@ class Mailbox:
         return self.settings.idle and self.client is not None and self.client.has_capability("IDLE")
 
     async def wait(self, seconds: float) -> None:
-        """Until the server says something changed (IDLE) or `seconds` passed."""
+        """Until the server says something changed (IDLE) or `seconds` passed; at once when
+        it told of new mail since the last `new_mail`."""
+        if self.reported_new:
+            return
         if not self.can_idle():
             await asyncio.sleep(min(seconds, self.settings.poll_seconds))
             return
