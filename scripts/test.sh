@@ -5,10 +5,14 @@ cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 
 # PostgreSQL: the tests that need it never skip, so make sure it runs.
+wait_for_postgres() {
+  for _ in $(seq 1 30); do pg_isready -h 127.0.0.1 -p 5432 -q && return 0; sleep 1; done
+  return 0  # the tests say plainly what is wrong if it never came
+}
 if ! pg_isready -h 127.0.0.1 -p 5432 -q 2>/dev/null; then
   echo "starting PostgreSQL"
   pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql)" main start
-  for _ in $(seq 1 30); do pg_isready -h 127.0.0.1 -p 5432 -q && break; sleep 1; done
+  wait_for_postgres
 fi
 # Connections: six workers, each test with its own database and up to three server processes
 # (a pool of up to DB_POOL_SIZE=20 each, as in production) peak at ~70 on a quick host; on a
@@ -19,7 +23,7 @@ if [ "${pg_max:-0}" -lt 300 ]; then
   echo "PostgreSQL max_connections is ${pg_max}: raising it to 300 for the suite (restart)"
   if psql -h 127.0.0.1 -U postgres -qc "ALTER SYSTEM SET max_connections = 300" \
     && pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql)" main restart; then
-    for _ in $(seq 1 30); do pg_isready -h 127.0.0.1 -p 5432 -q && break; sleep 1; done
+    wait_for_postgres
   else
     echo "could not raise max_connections: a slow host may see 'too many clients'" >&2
   fi
