@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import re
 import ssl
-from typing import Any
 
 import aioimaplib
 
@@ -92,18 +91,23 @@ class Mailbox:
         FETCH's or STORE's answer, and the IDLE that follows does not tell it again.
         aioimaplib drops an untagged EXISTS that comes during a FETCH or a STORE ("ignored
         untagged response"), so that mail waited for the next IDLE round (up to
-        EMAIL_IDLE_SECONDS, ten minutes by default). The protocol's handler of untagged
-        lines is wrapped to see them first.
+        EMAIL_IDLE_SECONDS, ten minutes by default). The protocol's `data_received` (the
+        transport calls it for each chunk) is wrapped to see the lines first. A mail whose
+        text holds such a line only costs one more look.
         """
         protocol = client.protocol
-        handle = protocol._untagged_response
+        receive = protocol.data_received
+        partial = b""
 
-        def noting(line: bytes) -> Any:
-            if _EXISTS.match(line):
+        def noting(data: bytes) -> None:
+            nonlocal partial
+            lines = (partial + data).split(b"\r\n")
+            partial = lines.pop()[-64:]  # an EXISTS line is short: its start is kept
+            if any(_EXISTS.match(line) for line in lines):
                 self.reported_new = True
-            return handle(line)
+            receive(data)
 
-        protocol._untagged_response = noting  # type: ignore[method-assign]
+        protocol.data_received = noting  # type: ignore[method-assign]
 
     def _client(self) -> aioimaplib.IMAP4:
         if self.client is None:
