@@ -5,9 +5,8 @@ cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 
 # PostgreSQL: the tests that need it never skip, so make sure it runs.
-wait_for_postgres() {
-  for _ in $(seq 1 30); do pg_isready -h 127.0.0.1 -p 5432 -q && return 0; sleep 1; done
-  return 0  # the tests say plainly what is wrong if it never came
+wait_for_postgres() {  # up to 30 s; if it never comes, the tests say so plainly
+  for _ in $(seq 1 30); do pg_isready -h 127.0.0.1 -p 5432 -q && break; sleep 1; done
 }
 if ! pg_isready -h 127.0.0.1 -p 5432 -q 2>/dev/null; then
   echo "starting PostgreSQL"
@@ -77,7 +76,8 @@ fi
 # every test module while collecting; with PYTHONDONTWRITEBYTECODE set (as in the machines
 # the suite runs on, and in our Docker image) each of them compiled it all from source again.
 unset PYTHONDONTWRITEBYTECODE
-export PYTHONPYCACHEPREFIX="${PYTHONPYCACHEPREFIX:-${XDG_CACHE_HOME:-$HOME/.cache}/chatgate-test/pycache}"
+TEST_CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/chatgate-test"
+export PYTHONPYCACHEPREFIX="${PYTHONPYCACHEPREFIX:-$TEST_CACHE/pycache}"
 
 "$VENV/bin/ruff" check .
 "$VENV/bin/ruff" format --check .
@@ -87,8 +87,7 @@ export PYTHONPYCACHEPREFIX="${PYTHONPYCACHEPREFIX:-${XDG_CACHE_HOME:-$HOME/.cach
 # that ran the suite before checks only what changed (0.9 s instead of 30 CPU-s; mypy
 # compares each module's hash, so a stale entry is rechecked, never trusted).
 mkdir -p test-artifacts
-"$VENV/bin/mypy" --cache-dir "${XDG_CACHE_HOME:-$HOME/.cache}/chatgate-test/mypy" app channels tests bench \
-  >test-artifacts/mypy.txt 2>&1 &
+"$VENV/bin/mypy" --cache-dir "$TEST_CACHE/mypy" app channels tests bench >test-artifacts/mypy.txt 2>&1 &
 mypy_pid=$!
 trap 'kill "$mypy_pid" 2>/dev/null || true' EXIT
 # A phase whose tests failed runs those tests once more, alone, as CPython's regrtest re-runs

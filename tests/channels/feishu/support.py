@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from channels.feishu import FeishuSettings
 from tests.app.agent.test_agent_e2e import openai_settings
@@ -16,6 +17,11 @@ from tests.fakes import feishu as fs
 from tests.fakes.feishu import FakeFeishu
 from tests.fakes.openai_server import FakeOpenAI
 from tests.support.servers import RunningApp
+
+# lark-oapi takes ~3 CPU-s to import (it loads every API's models): the tests that check us
+# against it import it themselves and share one worker, instead of every worker paying for
+# it while collecting.
+LARK_OAPI = pytest.mark.xdist_group("lark-oapi")
 
 
 def feishu_settings(fake: FakeFeishu, **overrides: Any) -> FeishuSettings:

@@ -6,21 +6,17 @@ import json
 from typing import Any
 
 import httpx
-import pytest
 
 from tests.channels.discord.test_discord_streaming import ANSWER
-from tests.channels.feishu.support import feishu_settings, post_callback
+from tests.channels.feishu.support import LARK_OAPI, feishu_settings, post_callback
 from tests.channels.support import llm_settings, stored_answer, wait_outbox_final
 from tests.conftest import ServeApp
 from tests.fakes import feishu as fs
 from tests.fakes.feishu import Call, FakeFeishu
 from tests.fakes.openai_server import FakeOpenAI, Reply
 
-# The tests that check our calls against lark-oapi import it (~3 CPU-s) and share one worker.
-LARK = pytest.mark.xdist_group("lark-oapi")
 
-
-@LARK
+@LARK_OAPI
 async def test_streamed_turn_is_one_card_updated_in_place_then_closed(serve: ServeApp) -> None:
     async with FakeOpenAI(default=Reply(content=ANSWER, chunk_delay=0.03)) as llm, FakeFeishu() as fake:
         settings = feishu_settings(fake, streaming="native", stream_edit_seconds=0.3)
@@ -119,7 +115,7 @@ async def test_refused_card_creation_falls_back_to_a_text_preview_edited_in_plac
     assert fake.texts == {row["platform_message_id"]: stored}
 
 
-@LARK
+@LARK_OAPI
 async def test_card_past_its_streaming_time_is_replaced_whole_by_the_answer(serve: ServeApp) -> None:
     async with (
         FakeOpenAI(default=Reply(content=ANSWER, chunk_delay=0.06)) as llm,

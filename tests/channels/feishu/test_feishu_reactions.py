@@ -12,12 +12,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
-import pytest
 from sqlalchemy import select
 
 from app.db.models import approvals, inbox, runs
 from tests.app.agent.test_agent_e2e import openai_settings
-from tests.channels.feishu.support import feishu_settings, post_callback, served_with_tools
+from tests.channels.feishu.support import LARK_OAPI, feishu_settings, post_callback, served_with_tools
 from tests.channels.support import count, wait_inbox_done, wait_outbox_final
 from tests.conftest import ServeApp
 from tests.fakes import feishu as fs
@@ -159,7 +158,7 @@ async def test_a_reaction_on_a_users_message_is_found_through_feishu_and_becomes
     assert len(fake.calls_of("chat_info")) == 1  # the chat's type is asked once
 
 
-@pytest.mark.xdist_group("lark-oapi")  # lark-oapi takes ~3 CPU-s to import: one worker pays
+@LARK_OAPI
 def test_the_fakes_reaction_events_are_what_lark_oapi_reads() -> None:
     import lark_oapi as lark
 

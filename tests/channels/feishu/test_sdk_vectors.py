@@ -21,7 +21,7 @@ from sqlalchemy import select
 from app.db.models import inbox
 from app.errors import ChannelAuthError
 from channels.feishu import crypto
-from tests.channels.feishu.support import feishu_settings
+from tests.channels.feishu.support import LARK_OAPI, feishu_settings
 from tests.channels.support import wait_outbox_final
 from tests.conftest import ServeApp
 from tests.fakes import feishu as fs
@@ -34,9 +34,6 @@ VECTORS: list[dict[str, Any]] = json.loads((Path(__file__).parent / "sdk_vectors
     "vectors"
 ]
 BOT = "ou_bot_5ce6d572455d"  # the bot the vectors' group message mentions
-# lark-oapi takes ~3 CPU-s to import (it loads every API's models): the tests that use it
-# import it themselves and run on one worker, instead of every worker paying at collection.
-LARK = pytest.mark.xdist_group("lark-oapi")
 
 
 def sdk_accepts(body: bytes, headers: dict[str, str], key: str, token: str) -> list[P2ImMessageReceiveV1]:
@@ -56,7 +53,7 @@ def sdk_accepts(body: bytes, headers: dict[str, str], key: str, token: str) -> l
     return got
 
 
-@LARK
+@LARK_OAPI
 def test_feishus_documented_example_decrypts() -> None:
     from lark_oapi.core.utils import AESCipher
 
@@ -68,7 +65,7 @@ def test_feishus_documented_example_decrypts() -> None:
         crypto.decrypt("other key", encrypted)
 
 
-@LARK
+@LARK_OAPI
 @pytest.mark.parametrize("vector", VECTORS, ids=[v["name"] for v in VECTORS])
 def test_sdk_vectors_verify_and_decrypt(vector: dict[str, Any]) -> None:
     body = vector["body"].encode()
@@ -140,7 +137,7 @@ async def test_sdk_vectors_are_accepted_by_the_app(serve: ServeApp) -> None:
     assert replies[f"/open-apis/im/v1/messages/{group['message_id']}/reply"].body["reply_in_thread"] is True
 
 
-@LARK
+@LARK_OAPI
 def test_the_fakes_callbacks_are_what_the_sdk_accepts() -> None:
     event = fs.group_mention("hi", message_id="om_x1")
     body, headers = fs.callback(event)
