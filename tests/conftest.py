@@ -23,15 +23,23 @@ from tests.support.timing import scaled
 
 
 def _share_one_tls_context() -> None:
-    """httpx makes a new SSL context for every client and loads certifi's CA bundle into it:
-    18 ms of CPU a client. The suite makes thousands of clients (most of them for the http://
+    """httpx makes a new SSL context for every client and loads the CA bundle into it: 18-26
+    ms of CPU a client. The suite makes thousands of clients (most of them for the http://
     URLs of its local fakes and servers), so that was a fifth of the test workers' CPU.
     Here the clients that ask for the default verification share one context per set of
     the settings it is made from (`trust_env`, `SSL_CERT_FILE`, `SSL_CERT_DIR`); any other
-    `verify` or a client certificate goes through as before."""
+    `verify` or a client certificate goes through as before. The same for `httpx2`, the
+    fork the `openai` and `mcp` SDKs use: every in-process app makes an OpenAI client; and
+    `httpx.create_ssl_context` itself, which the app's media fetcher calls once per app."""
+    import httpx
     from httpx._transports import default
+    from httpx2._transports import default as default2
 
-    make = default.create_ssl_context
+    for module in (httpx, default, default2):
+        setattr(module, "create_ssl_context", _shared(module.create_ssl_context))  # noqa: B010
+
+
+def _shared(make: Any) -> Any:
     made: dict[tuple[Any, ...], Any] = {}
 
     def create_ssl_context(verify: Any = True, cert: Any = None, trust_env: bool = True) -> Any:
@@ -42,7 +50,7 @@ def _share_one_tls_context() -> None:
             made[key] = make(verify=verify, cert=cert, trust_env=trust_env)
         return made[key]
 
-    default.create_ssl_context = create_ssl_context
+    return create_ssl_context
 
 
 _share_one_tls_context()
