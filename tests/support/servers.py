@@ -80,6 +80,9 @@ async def serve_in_loop(app: FastAPI) -> AsyncIterator[RunningApp]:
         await task
 
 
+BANNER = "chatgate is serving on"  # app/firstrun.py's first line, printed once the server listens
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -179,13 +182,19 @@ class ServerProcess:
                     raise _PortTaken(self.port)
                 raise RuntimeError(f"server exited early:\n{self.log()}")
             try:
-                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
+                # Ready, and ours: another worker's server may have bound the port first (ours
+                # then exits on "address already in use"), and its /readyz answers 200 too.
+                # Only the process that listens prints the banner.
+                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200 and self._listening():
                     return self
             except httpx.HTTPError:
                 pass
             time.sleep(0.1)
         self.kill()  # never leave a half-started server running past the test
         raise RuntimeError(f"server did not become ready:\n{self.log()}")
+
+    def _listening(self) -> bool:
+        return self.log_path is not None and BANNER in self.log_path.read_text(errors="replace")
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-5000:] if self.log_path else ""
