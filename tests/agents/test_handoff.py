@@ -64,6 +64,14 @@ async def test_handoff_continues_the_session_on_the_linked_platform_and_back(ser
 
             back = await say(client, srv, "/handoff back", chat="u1dm", sender="u1")
             assert back == "Handed back: each chat has its own conversation again."
+            # Telegram hears of it too, through the outbox: wait for that notice, or it could
+            # be taken below for the answer to Telegram's own "/handoff back".
+            await eventually(
+                lambda: any(
+                    c.params["text"] == "The conversation is back here, handed back from webhook."
+                    for c in tg_fake.calls_of("sendMessage")
+                )
+            )
             assert await say(client, srv, "and now?", chat="u1dm", sender="u1") == "fresh"
             assert await key_of(srv, "and now?") == "webhook:u1dm"
             assert ("user", "remember the milk") not in sent(fake.requests[-1])
