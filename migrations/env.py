@@ -36,6 +36,14 @@ async def _run_async() -> None:
         connect_args=config.attributes.get("connect_args", {}),  # app.migrate.alembic_config
     )
     async with engine.connect() as connection:
+        if connection.dialect.name == "sqlite":
+            # WAL from the start, set by this one connection: the app's connections each ask
+            # for it too (app.db.lite.PRAGMAS), and on a file still in rollback mode the
+            # first few of them, opening together, race to convert it; the losers get
+            # "database is locked" at once, before any busy timeout applies.
+            await connection.exec_driver_sql("PRAGMA busy_timeout=30000")
+            await connection.exec_driver_sql("PRAGMA journal_mode=WAL")
+            await connection.commit()  # SQLAlchemy began a transaction; the migrations begin their own
         await connection.run_sync(_run)
     await engine.dispose()
 
