@@ -10,6 +10,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
+from app.db.lite import BUSY_TIMEOUT, WAL
 from app.db.models import metadata
 
 config = context.config
@@ -41,8 +42,8 @@ async def _run_async() -> None:
             # for it too (app.db.lite.PRAGMAS), and on a file still in rollback mode the
             # first few of them, opening together, race to convert it; the losers get
             # "database is locked" at once, before any busy timeout applies.
-            await connection.exec_driver_sql("PRAGMA busy_timeout=30000")
-            await connection.exec_driver_sql("PRAGMA journal_mode=WAL")
+            await connection.exec_driver_sql(BUSY_TIMEOUT)
+            await connection.exec_driver_sql(WAL)
             await connection.commit()  # SQLAlchemy began a transaction; the migrations begin their own
         await connection.run_sync(_run)
     await engine.dispose()

@@ -35,8 +35,10 @@ def _share_one_tls_context() -> None:
     from httpx._transports import default
     from httpx2._transports import default as default2
 
-    for module in (httpx, default, default2):
-        setattr(module, "create_ssl_context", _shared(module.create_ssl_context))  # noqa: B010
+    shared = _shared(httpx.create_ssl_context)  # the same function as `default`'s
+    setattr(httpx, "create_ssl_context", shared)  # noqa: B010
+    setattr(default, "create_ssl_context", shared)  # noqa: B010
+    setattr(default2, "create_ssl_context", _shared(default2.create_ssl_context))  # noqa: B010
 
 
 def _shared(make: Any) -> Any:

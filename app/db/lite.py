@@ -42,9 +42,11 @@ from app.db.direct import BindPlan
 T = TypeVar("T")
 
 _DIALECT = sqlite.dialect()
+WAL = "PRAGMA journal_mode=WAL"  # kept in the file: the migration sets it first (migrations/env.py)
+BUSY_TIMEOUT = "PRAGMA busy_timeout=30000"
 PRAGMAS = (
-    "PRAGMA journal_mode=WAL",
-    "PRAGMA busy_timeout=30000",
+    WAL,
+    BUSY_TIMEOUT,
     "PRAGMA synchronous=NORMAL",
     "PRAGMA foreign_keys=ON",
 )

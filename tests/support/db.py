@@ -25,9 +25,8 @@ back to their start, VACUUM (the tables are 0 pages again), the planner's statis
 forgotten; ~20 ms of CPU (`TRUNCATE` of the 24 tables alone took 110 ms: new files for every
 table and index). So the next test gets what a copy of the template would give it: the tables
 at head, no rows but the migration's version, sequences from 1. Anything that goes wrong on the
-way drops the database. Empty databases (`migrated=False`) are created and dropped as before:
-under xdist their drops are deferred and batched, by a thread of their own, and the rest when
-the session ends; without xdist each one is dropped in its teardown.
+way drops the database. An empty database (`migrated=False`) is dropped after its test, by
+a thread of its own as well. `settle()` waits for those threads; the end of the session does.
 """
 
 from __future__ import annotations
@@ -40,9 +39,11 @@ import shutil
 import tempfile
 import threading
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 
@@ -54,14 +55,20 @@ _WORKER = os.environ.get("PYTEST_XDIST_WORKER", "main")
 _templates: dict[str, str] = {}  # kind -> template database name / file path
 _template_lock = asyncio.Lock()
 _atexit_registered: list[bool] = []
-DROP_BATCH = 8
-_DEFER_DROPS = "PYTEST_XDIST_WORKER" in os.environ
-_to_drop: list[str] = []  # databases of finished tests, not dropped yet
-_droppers: list[threading.Thread] = []
 _free: list[str] = []  # emptied databases at head, ready for the next test
 _free_lock = threading.Lock()
-_resetters: list[threading.Thread] = []
-_shape: dict[str, object] = {}  # the template's schema fingerprint and its tables
+_after_tests: list[threading.Thread] = []  # resetting or dropping a finished test's database
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """The PostgreSQL template's schema fingerprint and its tables (all but alembic's)."""
+
+    fingerprint: str
+    tables: str  # `public."a", public."b", …`
+
+
+_shape: list[_Shape] = []  # the one of this process's template, once it is made
 
 # What a test could change in a database's schema, as one hash: namespaces, relations,
 # columns and defaults, constraints, indexes, triggers, functions, types, sequences'
@@ -133,33 +140,23 @@ async def _admin(sql: str) -> None:
         await conn.close()
 
 
-async def _drop_all(names: list[str]) -> None:
-    # One connection, one drop after another: each DROP is a checkpoint anyway, and the
-    # suite's workers and servers share the cluster's `max_connections` (100 by default).
-    conn = await asyncpg.connect(ADMIN_URL)
-    try:
-        for name in names:
-            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await conn.close()
+def _after_test(job: Coroutine[Any, Any, None]) -> None:
+    """Run `job` in a thread of its own: the test that ends does not wait for it."""
+    _after_tests[:] = [t for t in _after_tests if t.is_alive()]
+    thread = threading.Thread(target=asyncio.run, args=(job,), daemon=True)
+    thread.start()
+    _after_tests.append(thread)
 
 
-def _drop_later(name: str) -> None:
-    _to_drop.append(name)
-    if len(_to_drop) >= DROP_BATCH:
-        batch = _to_drop[:]
-        _to_drop.clear()
-        _droppers[:] = [t for t in _droppers if t.is_alive()]
-        thread = threading.Thread(target=asyncio.run, args=(_drop_all(batch),), daemon=True)
-        thread.start()
-        _droppers.append(thread)
+async def _drop(name: str) -> None:
+    await _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def settle() -> None:
     """Wait until the databases of finished tests are ready for reuse or dropped."""
-    for thread in _resetters:
+    for thread in _after_tests:
         thread.join()
-    _resetters.clear()
+    _after_tests.clear()
 
 
 def drop_templates() -> None:
@@ -168,17 +165,14 @@ def drop_templates() -> None:
     atexit handlers), and at exit for anything else that made one."""
     settle()
     with _free_lock:
-        _to_drop.extend(_free)
+        names = _free[:]
         _free.clear()
-    for thread in _droppers:
-        thread.join()
-    _droppers.clear()
-    if _to_drop:
-        asyncio.run(_drop_all(_to_drop[:]))
-        _to_drop.clear()
-    name = _templates.pop("postgres", None)
-    if name:
-        asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    template = _templates.pop("postgres", None)
+    _shape.clear()
+    if template:
+        names.append(template)
+    for name in names:
+        asyncio.run(_drop(name))
     path = _templates.pop("sqlite", None)
     if path:
         shutil.rmtree(Path(path).parent, ignore_errors=True)
@@ -198,16 +192,14 @@ async def _template(kind: str) -> str:
             await upgrade(_sqlalchemy_url(name))
             conn = await asyncpg.connect(_with_database(ADMIN_URL, name))
             try:
-                _shape["fingerprint"] = await conn.fetchval(FINGERPRINT)
-                _shape["tables"] = [
-                    f'public."{row[0]}"'
-                    for row in await conn.fetch(
-                        "SELECT tablename FROM pg_tables WHERE schemaname = 'public'"
-                        " AND tablename <> 'alembic_version' ORDER BY tablename"
-                    )
-                ]
+                fingerprint = await conn.fetchval(FINGERPRINT)
+                tables = await conn.fetch(
+                    "SELECT tablename FROM pg_tables WHERE schemaname = 'public'"
+                    " AND tablename <> 'alembic_version' ORDER BY tablename"
+                )
             finally:
                 await conn.close()
+            _shape.append(_Shape(fingerprint, ", ".join(f'public."{row[0]}"' for row in tables)))
         else:
             path = Path(tempfile.mkdtemp(prefix=f"chatgate-template-{_WORKER}-")) / "chatgate.db"
             _templates[kind] = str(path)
@@ -228,20 +220,14 @@ async def postgres_database(*, migrated: bool = True) -> AsyncIterator[str]:
         try:
             yield _sqlalchemy_url(name)
         finally:
-            _resetters[:] = [t for t in _resetters if t.is_alive()]
-            thread = threading.Thread(target=asyncio.run, args=(_reuse_later(name),), daemon=True)
-            thread.start()
-            _resetters.append(thread)
+            _after_test(_reuse_later(name))
         return
     name = _new_name()
     await _admin(f'CREATE DATABASE "{name}"')
     try:
         yield _sqlalchemy_url(name)
     finally:
-        if _DEFER_DROPS:
-            _drop_later(name)
-        else:
-            await _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        _after_test(_drop(name))
 
 
 def _new_name() -> str:
@@ -255,24 +241,20 @@ async def _reuse_later(name: str) -> None:
         current = await _close_and_rename(name)
         conn = await asyncpg.connect(_with_database(ADMIN_URL, current))
         try:
-            if await conn.fetchval(FINGERPRINT) != _shape["fingerprint"]:
+            shape = _shape[0]
+            if await conn.fetchval(FINGERPRINT) != shape.fingerprint:
                 raise RuntimeError("the test changed the schema")
-            tables = _shape["tables"]
-            assert isinstance(tables, list)
             await conn.execute("SET synchronous_commit = off")  # nothing here outlives a crash
             await conn.execute("SET session_replication_role = replica")  # no foreign key order
-            async with conn.transaction():
-                for table in tables:
-                    await conn.execute(f"DELETE FROM {table}")
-                await conn.execute("SELECT setval(seqrelid, seqstart, false) FROM pg_sequence")
+            # One round trip: a script of several statements runs as one transaction.
+            deletes = "".join(f"DELETE FROM {table};" for table in shape.tables.split(", "))
+            await conn.execute(deletes + "SELECT setval(seqrelid, seqstart, false) FROM pg_sequence")
             # VACUUM gives the emptied pages back (a table is 0 pages again, and new rows go
             # where they go in a new database); the planner forgets what it learned.
-            await conn.execute(f"VACUUM {', '.join(tables)}")
+            await conn.execute(f"VACUUM {shape.tables}")
             await conn.execute(
                 "DELETE FROM pg_statistic s USING pg_class c WHERE s.starelid = c.oid"
-                " AND c.relnamespace = 'public'::regnamespace"
-            )
-            await conn.execute(
+                " AND c.relnamespace = 'public'::regnamespace;"
                 "UPDATE pg_class SET reltuples = -1, relpages = 0, relallvisible = 0"
                 " WHERE relnamespace = 'public'::regnamespace AND relkind IN ('r', 'i', 't')"
             )
@@ -280,7 +262,7 @@ async def _reuse_later(name: str) -> None:
             await conn.close()
     except Exception:  # whatever it was, the database is not reused
         with contextlib.suppress(Exception):
-            await _admin(f'DROP DATABASE IF EXISTS "{current}" WITH (FORCE)')
+            await _drop(current)
         return
     with _free_lock:
         _free.append(current)
