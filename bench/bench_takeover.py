@@ -74,8 +74,8 @@ async def one_round(mode: str, *, ttl: float, events: int, keys: int, latency_ms
             "SHUTDOWN_GRACE_SECONDS": "20",
             "WORKER_ID": "replica-a",
         }
-        a = await asyncio.to_thread(ServerProcess(env).start)
-        b = await asyncio.to_thread(ServerProcess({**env, "WORKER_ID": "replica-b"}).start)
+        a = await asyncio.to_thread(ServerProcess(env, preloaded=False).start)
+        b = await asyncio.to_thread(ServerProcess({**env, "WORKER_ID": "replica-b"}, preloaded=False).start)
         engine = create_async_engine(url)
         try:
             await _send([a.url, b.url], events, keys)

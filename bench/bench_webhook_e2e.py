@@ -77,8 +77,8 @@ async def run(
         if gc_log is not None:
             env["CHATGATE_GC_LOG"] = str(gc_log)
             env["PYTHONPATH"] = str(Path(__file__).parent / "gcprobe")
-        procs = [ServerProcess(env).start()]  # the first one migrates
-        procs += [ServerProcess(env).start() for _ in range(servers - 1)]
+        procs = [ServerProcess(env, preloaded=False).start()]  # the first one migrates
+        procs += [ServerProcess(env, preloaded=False).start() for _ in range(servers - 1)]
         engine = create_async_engine(url)
         try:
             if warmup:

@@ -20,6 +20,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from tests.support.timing import scaled
+from tests.support.zygote import Forked, zygote
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -136,7 +137,12 @@ def forget_started() -> None:
 class ServerProcess:
     """`python -m app serve` in its own process, for multi-process and crash tests."""
 
-    def __init__(self, env: Mapping[str, str], port: int | None = None) -> None:
+    def __init__(self, env: Mapping[str, str], port: int | None = None, *, preloaded: bool = True) -> None:
+        # preloaded: forked from this worker's preloaded interpreter (tests/support/zygote.py),
+        # the same `python -m app serve` without importing everything again (~1.1 CPU-s a
+        # server); the benchmarks start theirs from scratch, as a deployment does, and so does
+        # every test with TEST_SERVER_ZYGOTE=off (an A/B, or ruling the zygote out of a bug).
+        self.preloaded = preloaded and os.environ.get("TEST_SERVER_ZYGOTE", "on") != "off"
         # A port picked here is free now, but another test worker (pytest-xdist) may bind
         # it before the server does: then start() picks another one (a given port is kept).
         self._pick_port = port is None
@@ -148,7 +154,7 @@ class ServerProcess:
         # (Telegram's one message a second per chat, DingTalk's twenty a minute) would turn a
         # replica test's dozen answers into a dozen seconds. A test about pacing turns it on.
         self.env.setdefault("PACING_ENABLED", "false")
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: Forked | subprocess.Popen[bytes] | None = None
         self.log_path: Path | None = None
 
     def start(self, timeout: float = 60.0) -> ServerProcess:  # start-up on a loaded machine
@@ -167,14 +173,18 @@ class ServerProcess:
         os.close(fd)
         self.log_path = Path(name)
         _STARTED.append(self)
-        log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "app", "serve", "--host", "127.0.0.1", "--port", str(self.port)],
-            cwd=ROOT,
-            env=self.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+        args = ["serve", "--host", "127.0.0.1", "--port", str(self.port)]
+        if self.preloaded:
+            self.proc = zygote(str(ROOT)).spawn(args, self.env, str(ROOT), str(self.log_path))
+        else:
+            with self.log_path.open("ab") as log:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-m", "app", *args],
+                    cwd=ROOT,
+                    env=self.env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
         deadline = time.monotonic() + scaled(timeout)
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
