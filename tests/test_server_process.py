@@ -43,3 +43,11 @@ async def _two_servers_one_port(env: dict[str, str], monkeypatch: pytest.MonkeyP
             await stop_all(second)
     finally:
         await stop_all(first)
+
+
+def test_kept_ports_are_below_the_ports_the_kernel_hands_out_and_never_twice() -> None:
+    lowest_ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    picked = [servers.kept_port() for _ in range(3)]
+    assert len(set(picked)) == 3
+    assert all(port < lowest_ephemeral for port in picked)
+    assert all(port != servers.free_port() for port in picked for _ in range(20))

@@ -10,7 +10,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,6 +88,33 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def _kept_ports() -> Iterator[int]:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    first = 20_000 + (int(worker) % 12 if worker.isdigit() else 0) * 1_000
+    for port in range(first, first + 1_000):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        yield port
+    raise RuntimeError(f"no free port left in {first}-{first + 999}")
+
+
+_KEPT = _kept_ports()
+
+
+def kept_port() -> int:
+    """A free port for a server that must come back on it after it died.
+
+    A port from `free_port()` is in the kernel's ephemeral range (32768-60999 here), where
+    another worker's `free_port()` or any outgoing connection may take it while our server
+    is down. These come from below that range, 1,000 for each xdist worker (up to 12), each
+    handed out once, so nothing else in the suite gets them.
+    """
+    return next(_KEPT)
 
 
 _STARTED: list[ServerProcess] = []  # by the running test (one at a time per worker process)

@@ -28,7 +28,7 @@ from app.agent.tools import Risk, ToolContext, ToolRegistry
 from app.sessions.messages import ChatMessage, tool_call
 from tests.conftest import ADMIN_TOKEN, ServeApp
 from tests.memory.support import say
-from tests.support.servers import ROOT, free_port
+from tests.support.servers import ROOT, free_port, kept_port
 from tests.support.timing import eventually, scaled
 
 STDIO = {"name": "fx", "command": [sys.executable, "-m", "tests.fakes.mcp_server", "stdio"], "cwd": str(ROOT)}
@@ -132,10 +132,8 @@ async def test_trusted_server_and_tool_allow_list() -> None:
         await mcp.stop()
 
 
-@pytest.mark.alone
-@pytest.mark.serial  # the server comes back on the same port: another worker could take it meanwhile
 async def test_streamable_http_server_and_reconnect_after_it_died() -> None:
-    port = free_port()
+    port = kept_port()  # the server comes back on it
     registry = ToolRegistry()
     config = {"name": "web", "url": f"http://127.0.0.1:{port}/mcp", "headers": {"X-Chatgate-Test": "1"}}
     mcp = source(registry, config, timeout=5)
@@ -409,10 +407,8 @@ async def test_a_hung_server_is_found_by_the_liveness_probe_and_replaced() -> No
         await mcp.stop()
 
 
-@pytest.mark.alone
-@pytest.mark.serial  # the server comes back on the same port: another worker could take it meanwhile
 async def test_a_vanished_http_server_is_reported_down_without_a_call() -> None:
-    port = free_port()
+    port = kept_port()  # the server comes back on it
     registry = ToolRegistry()
     config = {"name": "gone", "url": f"http://127.0.0.1:{port}/mcp"}
     mcp = source(registry, config, timeout=5, probe_interval=0.3, probe_timeout=2)
