@@ -29,7 +29,7 @@ import subprocess
 import sys
 import threading
 import traceback
-from typing import Any
+from typing import Any, NoReturn
 
 # What `chatgate serve` imports before it reads a setting, and uvicorn's parts it loads.
 PRELOAD = (
@@ -94,11 +94,7 @@ def _serve() -> None:
                 continue
             data = os.read(0, 65536)
             if not data:
-                for pid in live:
-                    os.kill(pid, signal.SIGKILL)
-                for pid in live:
-                    os.waitpid(pid, 0)
-                return
+                _end(live)
             pending += data
             while b"\n" in pending:
                 line, pending = pending.split(b"\n", 1)
@@ -113,17 +109,29 @@ def _serve() -> None:
                     os.close(wake_w)
                     raise _Child(request)
                 live.add(pid)
-                _say({"pid": pid})
+                _say({"pid": pid}, live)
         while live:
             pid, status = os.waitpid(-1, os.WNOHANG)
             if pid == 0:
                 break
             live.discard(pid)
-            _say({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+            _say({"exit": pid, "code": os.waitstatus_to_exitcode(status)}, live)
 
 
-def _say(message: dict[str, Any]) -> None:
-    os.write(1, json.dumps(message).encode() + b"\n")
+def _say(message: dict[str, Any], live: set[int]) -> None:
+    try:
+        os.write(1, json.dumps(message).encode() + b"\n")
+    except BrokenPipeError:  # the test process is gone
+        _end(live)
+
+
+def _end(live: set[int]) -> NoReturn:
+    """The test process is done with us (or gone): kill and reap what we forked, and exit."""
+    for pid in live:
+        os.kill(pid, signal.SIGKILL)
+    for pid in live:
+        os.waitpid(pid, 0)
+    raise SystemExit(0)
 
 
 def _run(request: dict[str, Any]) -> int:
