@@ -13,7 +13,7 @@ from sqlalchemy import select
 
 from app.db.models import approvals
 from tests.app.agent.test_agent_e2e import openai_settings
-from tests.channels.support import session_messages, wait_inbox_done
+from tests.channels.support import session_messages, settled_outbox, wait_inbox_done
 from tests.channels.telegram.support import post_update, tg_settings
 from tests.conftest import ServeApp
 from tests.fakes import telegram as tg
@@ -147,6 +147,10 @@ async def test_a_check_mark_reaction_approves_and_other_reactions_are_notes_for_
         ):
             await post_update(client, srv.url, tg.update(1, tg.message("write r.txt")))
             await fake.wait_for("editMessageReplyMarkup", 1)
+            # The prompt's Telegram message id is ours once its delivery is stored, a moment
+            # after the buttons were put on it: a reaction before that finds no reply of ours
+            # (see the stop note of 2026-12-08) and would be dropped.
+            await settled_outbox(srv.runtime)
             prompt = _prompt_message(fake, tg.private_chat())
             await post_update(client, srv.url, tg.reaction_update(2, prompt["message_id"], "👍"))
             await eventually(lambda: "Written." in fake.sent_texts())
