@@ -65,7 +65,7 @@ class _Shape:
     """The PostgreSQL template's schema fingerprint and its tables (all but alembic's)."""
 
     fingerprint: str
-    tables: str  # `public."a", public."b", …`
+    tables: tuple[str, ...]  # `public."a"`, …
 
 
 _shape: list[_Shape] = []  # the one of this process's template, once it is made
@@ -199,7 +199,7 @@ async def _template(kind: str) -> str:
                 )
             finally:
                 await conn.close()
-            _shape.append(_Shape(fingerprint, ", ".join(f'public."{row[0]}"' for row in tables)))
+            _shape.append(_Shape(fingerprint, tuple(f'public."{row[0]}"' for row in tables)))
         else:
             path = Path(tempfile.mkdtemp(prefix=f"chatgate-template-{_WORKER}-")) / "chatgate.db"
             _templates[kind] = str(path)
@@ -247,11 +247,11 @@ async def _reuse_later(name: str) -> None:
             await conn.execute("SET synchronous_commit = off")  # nothing here outlives a crash
             await conn.execute("SET session_replication_role = replica")  # no foreign key order
             # One round trip: a script of several statements runs as one transaction.
-            deletes = "".join(f"DELETE FROM {table};" for table in shape.tables.split(", "))
+            deletes = "".join(f"DELETE FROM {table};" for table in shape.tables)
             await conn.execute(deletes + "SELECT setval(seqrelid, seqstart, false) FROM pg_sequence")
             # VACUUM gives the emptied pages back (a table is 0 pages again, and new rows go
             # where they go in a new database); the planner forgets what it learned.
-            await conn.execute(f"VACUUM {shape.tables}")
+            await conn.execute(f"VACUUM {', '.join(shape.tables)}")
             await conn.execute(
                 "DELETE FROM pg_statistic s USING pg_class c WHERE s.starelid = c.oid"
                 " AND c.relnamespace = 'public'::regnamespace;"

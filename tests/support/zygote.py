@@ -190,9 +190,6 @@ class Forked:
         if self.poll() is None:  # as Popen: never signal a pid that may have been reused
             os.kill(self.pid, sig)
 
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
-
 
 class Zygote:
     """One per test process, started on first use and ended with it."""
